@@ -1,0 +1,137 @@
+//! Reverse-mode differentiation: gradients are returned in a store, never written onto tensors.
+//!
+//! `backward` walks every path to trainable parameters; `grad_wrt` walks only the paths to the tensors named, and
+//! each op computes only the input gradients that lie on such a path — an attack asking for ∂L/∂x pays for no
+//! weight gradient, and training (whose inputs are constants) pays for no input gradient.
+
+use std::collections::{HashMap, HashSet};
+
+use ndarray::ArrayD;
+
+use crate::tensor::{Role, Tensor, TensorId};
+use crate::{Error, Result};
+
+/// Gradients keyed by tensor id.
+#[derive(Default)]
+pub struct Gradients {
+    map: HashMap<TensorId, ArrayD<f32>>,
+}
+
+impl Gradients {
+    /// The gradient of `t`, if it was computed.
+    pub fn get(&self, t: &Tensor) -> Option<&ArrayD<f32>> {
+        self.map.get(&t.id())
+    }
+
+    /// The gradient with a given id.
+    pub fn get_id(&self, id: TensorId) -> Option<&ArrayD<f32>> {
+        self.map.get(&id)
+    }
+
+    /// How many gradients the store holds.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Nodes reachable from `root` through tracked ops, inputs before the nodes that use them.
+fn topo_order(root: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !t.is_tracked() || !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(op) = &t.0.op {
+            for input in op.inputs() {
+                if input.is_tracked() && !seen.contains(&input.id()) {
+                    stack.push((input.clone(), false));
+                }
+            }
+        }
+    }
+    order
+}
+
+fn run(root: &Tensor, is_target: impl Fn(&Tensor) -> bool) -> Result<Gradients> {
+    let order = topo_order(root);
+    // A node is needed when it is a target or some input of it is needed (inputs come first in `order`).
+    let mut needed: HashSet<TensorId> = HashSet::new();
+    for t in &order {
+        let on_path =
+            is_target(t) || t.0.op.as_ref().is_some_and(|op| op.inputs().iter().any(|i| needed.contains(&i.id())));
+        if on_path {
+            needed.insert(t.id());
+        }
+    }
+    let mut grads: HashMap<TensorId, ArrayD<f32>> = HashMap::new();
+    let mut out = Gradients::default();
+    if !needed.contains(&root.id()) {
+        return Ok(out);
+    }
+    grads.insert(root.id(), ArrayD::ones(root.shape()));
+    for t in order.iter().rev() {
+        let Some(g) = grads.remove(&t.id()) else { continue };
+        if is_target(t) {
+            if t.0.op.is_none() {
+                out.map.insert(t.id(), g);
+                continue;
+            }
+            out.map.insert(t.id(), g.clone());
+        }
+        let Some(op) = &t.0.op else { continue };
+        let inputs = op.inputs();
+        let need: Vec<bool> = inputs.iter().map(|i| needed.contains(&i.id())).collect();
+        let input_grads = op.backward(t.value(), &g, &need)?;
+        for ((input, ig), n) in inputs.iter().zip(input_grads).zip(need) {
+            let (Some(ig), true) = (ig, n) else { continue };
+            if ig.shape() != input.shape() {
+                return Err(Error::Autograd {
+                    op: op.name(),
+                    msg: format!("backward produced shape {:?} for input {:?}", ig.shape(), input.shape()),
+                });
+            }
+            match grads.get_mut(&input.id()) {
+                Some(acc) => *acc += &ig,
+                None => {
+                    grads.insert(input.id(), ig);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Differentiation.
+impl Tensor {
+    /// Gradients of this tensor (summed, if it is not a scalar) with respect to every trainable parameter it
+    /// depends on.
+    pub fn backward(&self) -> Result<Gradients> {
+        run(self, |t| t.0.role == Role::Parameter)
+    }
+
+    /// Gradients of this tensor (summed, if not a scalar) with respect to `targets` only, in their order.
+    /// A target the tensor does not depend on gets a zero gradient.
+    pub fn grad_wrt(&self, targets: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let ids: HashSet<TensorId> = targets.iter().map(|t| t.id()).collect();
+        let grads = run(self, |t| ids.contains(&t.id()))?;
+        Ok(targets
+            .iter()
+            .map(|t| match grads.get(t) {
+                Some(g) => Tensor::new(g.clone()),
+                None => Tensor::zeros(t.shape()),
+            })
+            .collect())
+    }
+}

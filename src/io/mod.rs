@@ -1,0 +1,1 @@
+//! Model files: safetensors (and, later, ONNX import).

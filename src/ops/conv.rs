@@ -1,0 +1,387 @@
+//! 2-D convolution (cross-correlation, as PyTorch) as im2col + GEMM, batch-parallel, with its backward.
+//!
+//! Forward, per image and group: `out[Og, HoWo] = W[Og, K] · col[K, HoWo]` with `K = Cg·kh·kw`.
+//! Backward: `dcol = Wᵀ · dout` scattered back by col2im for ∂L/∂x, and `dW = Σₙ dout · colᵀ` for ∂L/∂W — only
+//! the products whose inputs are tracked are computed. Weight gradients are summed per fixed chunk of images and
+//! the chunks added in order, so results do not depend on the thread count.
+
+use ndarray::{Array1, Array4, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix4};
+use rayon::prelude::*;
+
+use super::matmul::gemm;
+use super::{record, Op};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// Stride, zero padding, dilation and groups of a convolution (PyTorch's meaning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dParams {
+    /// Step between output positions (rows, columns).
+    pub stride: (usize, usize),
+    /// Zeros added on each side (rows, columns).
+    pub padding: (usize, usize),
+    /// Spacing between kernel taps (rows, columns).
+    pub dilation: (usize, usize),
+    /// Channel groups: input and output channels split into this many independent convolutions.
+    pub groups: usize,
+}
+
+impl Default for Conv2dParams {
+    fn default() -> Self {
+        Conv2dParams { stride: (1, 1), padding: (0, 0), dilation: (1, 1), groups: 1 }
+    }
+}
+
+/// Geometry shared by the forward and backward kernels.
+#[derive(Clone, Copy)]
+struct Geom {
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    ho: usize,
+    wo: usize,
+    p: Conv2dParams,
+}
+
+impl Geom {
+    fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+    fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+    fn k(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    fn hw_out(&self) -> usize {
+        self.ho * self.wo
+    }
+    fn is_pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.p.stride == (1, 1) && self.p.padding == (0, 0)
+    }
+}
+
+/// Images per chunk for weight-gradient partial sums: fixed, so the summation order is too.
+const WGRAD_CHUNK: usize = 8;
+
+/// Output size of a convolution or pooling window along one axis, or `None` if the window does not fit.
+pub(crate) fn out_size(len: usize, k: usize, stride: usize, pad: usize, dil: usize) -> Option<usize> {
+    let span = dil * (k - 1) + 1;
+    (len + 2 * pad).checked_sub(span).map(|r| r / stride + 1)
+}
+
+fn geometry(x: &[usize], w: &[usize], b: Option<&[usize]>, p: Conv2dParams) -> Result<Geom> {
+    let op = "conv2d";
+    let [_, c, h, wd] = *x else {
+        return Err(Error::RankMismatch { op, expected: 4, got: x.len(), shape: x.to_vec() });
+    };
+    let [o, cg, kh, kw] = *w else {
+        return Err(Error::RankMismatch { op, expected: 4, got: w.len(), shape: w.to_vec() });
+    };
+    if p.groups == 0
+        || p.stride.0 == 0
+        || p.stride.1 == 0
+        || p.dilation.0 == 0
+        || p.dilation.1 == 0
+        || kh == 0
+        || kw == 0
+    {
+        return Err(Error::invalid(op, format!("stride, dilation, kernel and groups must be positive: {p:?}")));
+    }
+    if c % p.groups != 0 || o % p.groups != 0 || cg * p.groups != c {
+        return Err(Error::ShapeMismatch { op, expected: vec![o, c / p.groups.max(1), kh, kw], got: w.to_vec() });
+    }
+    if let Some(b) = b {
+        if b != [o] {
+            return Err(Error::ShapeMismatch { op, expected: vec![o], got: b.to_vec() });
+        }
+    }
+    let ho = out_size(h, kh, p.stride.0, p.padding.0, p.dilation.0);
+    let wo = out_size(wd, kw, p.stride.1, p.padding.1, p.dilation.1);
+    let (Some(ho), Some(wo)) = (ho, wo) else {
+        return Err(Error::invalid(op, format!("kernel {kh}x{kw} does not fit input {h}x{wd} with {p:?}")));
+    };
+    Ok(Geom { c, h, w: wd, o, kh, kw, ho, wo, p })
+}
+
+/// Unfolds the channels `c0..c0+Cg` of one image `[C, H, W]` into `col[K, Ho·Wo]`.
+fn im2col(img: &[f32], g: &Geom, c0: usize, col: &mut [f32]) {
+    let (hw_out, (sh, sw), (ph, pw), (dh, dw)) = (g.hw_out(), g.p.stride, g.p.padding, g.p.dilation);
+    let mut row = 0;
+    for c in c0..c0 + g.cg() {
+        let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let dst = &mut col[row * hw_out..(row + 1) * hw_out];
+                row += 1;
+                for oh in 0..g.ho {
+                    let out_row = &mut dst[oh * g.wo..(oh + 1) * g.wo];
+                    let ih = (oh * sh + ki * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= g.h as isize {
+                        out_row.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[ih as usize * g.w..(ih as usize + 1) * g.w];
+                    let off = (kj * dw) as isize - pw as isize;
+                    for (ow, d) in out_row.iter_mut().enumerate() {
+                        let iw = (ow * sw) as isize + off;
+                        *d = if iw >= 0 && iw < g.w as isize { src[iw as usize] } else { 0.0 };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds `col[K, Ho·Wo]` back into the channels `c0..c0+Cg` of one image gradient (the adjoint of [`im2col`]).
+fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
+    let (hw_out, (sh, sw), (ph, pw), (dh, dw)) = (g.hw_out(), g.p.stride, g.p.padding, g.p.dilation);
+    let mut row = 0;
+    for c in c0..c0 + g.cg() {
+        let plane = &mut img[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let src = &col[row * hw_out..(row + 1) * hw_out];
+                row += 1;
+                for oh in 0..g.ho {
+                    let ih = (oh * sh + ki * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= g.h as isize {
+                        continue;
+                    }
+                    let dst = &mut plane[ih as usize * g.w..(ih as usize + 1) * g.w];
+                    let off = (kj * dw) as isize - pw as isize;
+                    for (ow, &v) in src[oh * g.wo..(oh + 1) * g.wo].iter().enumerate() {
+                        let iw = (ow * sw) as isize + off;
+                        if iw >= 0 && iw < g.w as isize {
+                            dst[iw as usize] += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn mat(s: &[f32], r: usize, c: usize) -> ArrayView2<'_, f32> {
+    ArrayView2::from_shape((r, c), s).expect("slice length is r·c")
+}
+
+fn mat_mut(s: &mut [f32], r: usize, c: usize) -> ArrayViewMut2<'_, f32> {
+    ArrayViewMut2::from_shape((r, c), s).expect("slice length is r·c")
+}
+
+/// Forward for one image: `out[O, Ho·Wo]` from `img[C, H, W]`.
+fn forward_image(img: &[f32], wt: &[f32], bias: Option<&[f32]>, g: &Geom, col: &mut [f32], out: &mut [f32], par: bool) {
+    let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+    for grp in 0..g.p.groups {
+        let wg = mat(&wt[grp * og * k..(grp + 1) * og * k], og, k);
+        let dst = mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw);
+        if g.is_pointwise() {
+            let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
+            gemm(wg, mat(src, k, hw), dst, false, par);
+        } else {
+            im2col(img, g, grp * g.cg(), col);
+            gemm(wg, mat(col, k, hw), dst, false, par);
+        }
+    }
+    if let Some(b) = bias {
+        for (plane, &bv) in out.chunks_mut(hw).zip(b) {
+            plane.iter_mut().for_each(|v| *v += bv);
+        }
+    }
+}
+
+fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams) -> Result<Tensor> {
+    let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
+    let n = x.shape()[0];
+    let xs = x.value().as_standard_layout();
+    let ws = w.value().as_standard_layout();
+    let bs = b.map(|b| b.value().as_standard_layout().to_owned());
+    let (xs, ws) = (xs.as_slice().expect("standard layout"), ws.as_slice().expect("standard layout"));
+    let bias = bs.as_ref().map(|b| b.as_slice().expect("standard layout"));
+    let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
+    let col_len = if g.is_pointwise() { 0 } else { g.k() * g.hw_out() };
+    let mut out = vec![0.0f32; n * out_len];
+    if n == 1 {
+        let mut col = vec![0.0; col_len];
+        forward_image(xs, ws, bias, &g, &mut col, &mut out, true);
+    } else {
+        out.par_chunks_mut(out_len)
+            .zip(xs.par_chunks(in_len))
+            .for_each_init(|| vec![0.0; col_len], |col, (o, img)| forward_image(img, ws, bias, &g, col, o, false));
+    }
+    let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
+    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p }))
+}
+
+pub(crate) fn conv2d_backward(
+    x: &Tensor,
+    w: &Tensor,
+    has_bias: bool,
+    p: &Conv2dParams,
+    gout: &ArrayD<f32>,
+    need: &[bool],
+) -> Result<Vec<Option<ArrayD<f32>>>> {
+    let g = geometry(x.shape(), w.shape(), None, *p)?;
+    let n = x.shape()[0];
+    let (need_x, need_w) = (need[0], need[1]);
+    let need_b = has_bias && need.get(2).copied().unwrap_or(false);
+    let xs = x.value().as_standard_layout();
+    let ws = w.value().as_standard_layout();
+    let gs = gout.as_standard_layout();
+    let (xs, ws, gs) = (xs.as_slice().expect("std"), ws.as_slice().expect("std"), gs.as_slice().expect("std"));
+    let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+    let (in_len, out_len, w_len) = (g.c * g.h * g.w, g.o * hw, g.o * k);
+    let col_len = k * hw;
+    let par_inside = n == 1;
+
+    let mut dx = if need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
+    if need_x {
+        dx.par_chunks_mut(in_len).zip(gs.par_chunks(out_len)).for_each_init(
+            || vec![0.0f32; col_len],
+            |col, (dimg, gimg)| {
+                for grp in 0..g.p.groups {
+                    let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
+                    let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+                    if g.is_pointwise() {
+                        let dst = &mut dimg[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
+                        gemm(wg.t(), gg, mat_mut(dst, k, hw), false, par_inside);
+                    } else {
+                        gemm(wg.t(), gg, mat_mut(col, k, hw), false, par_inside);
+                        col2im(col, &g, grp * g.cg(), dimg);
+                    }
+                }
+            },
+        );
+    }
+
+    let dw = need_w.then(|| {
+        let chunk_in = WGRAD_CHUNK * in_len;
+        let chunk_out = WGRAD_CHUNK * out_len;
+        let partials: Vec<Vec<f32>> = xs
+            .par_chunks(chunk_in)
+            .zip(gs.par_chunks(chunk_out))
+            .map(|(ximgs, gimgs)| {
+                let mut acc = vec![0.0f32; w_len];
+                let mut col = vec![0.0f32; col_len];
+                for (img, gimg) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)) {
+                    for grp in 0..g.p.groups {
+                        let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+                        let src = if g.is_pointwise() {
+                            &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw]
+                        } else {
+                            im2col(img, &g, grp * g.cg(), &mut col);
+                            &col[..]
+                        };
+                        let dst = mat_mut(&mut acc[grp * og * k..(grp + 1) * og * k], og, k);
+                        gemm(gg, mat(src, k, hw).t(), dst, true, par_inside);
+                    }
+                }
+                acc
+            })
+            .collect();
+        let mut total = vec![0.0f32; w_len];
+        for part in &partials {
+            total.iter_mut().zip(part).for_each(|(t, v)| *t += v);
+        }
+        ArrayD::from_shape_vec(w.shape(), total).expect("weight-sized")
+    });
+
+    let db = need_b.then(|| {
+        let g4 = gout.view().into_dimensionality::<Ix4>().expect("conv output is 4-D");
+        let sums: Vec<f32> =
+            (0..g.o).into_par_iter().map(|o| g4.index_axis(Axis(1), o).iter().fold(0.0f32, |a, &v| a + v)).collect();
+        Array1::from(sums).into_dyn()
+    });
+
+    let dx = need_x.then(|| ArrayD::from_shape_vec(x.shape(), dx).expect("input-sized"));
+    let mut out = vec![dx, dw];
+    if has_bias {
+        out.push(db);
+    }
+    Ok(out)
+}
+
+/// Convolution.
+impl Tensor {
+    /// 2-D cross-correlation of `self` [N, C, H, W] with `weight` [O, C/groups, kh, kw] plus an optional
+    /// `bias` [O]; output [N, O, Ho, Wo] with Ho = ⌊(H + 2p − d(kh−1) − 1)/s⌋ + 1.
+    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
+        conv2d(self, weight, bias, params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The direct seven-loop convolution: the oracle for the im2col kernel.
+    fn naive(x: &Array4<f32>, w: &Array4<f32>, b: &[f32], p: Conv2dParams) -> Array4<f32> {
+        let (n, c, h, wd) = x.dim();
+        let (o, cg, kh, kw) = w.dim();
+        let ho = out_size(h, kh, p.stride.0, p.padding.0, p.dilation.0).unwrap();
+        let wo = out_size(wd, kw, p.stride.1, p.padding.1, p.dilation.1).unwrap();
+        let og = o / p.groups;
+        let mut out = Array4::zeros((n, o, ho, wo));
+        for ni in 0..n {
+            for oc in 0..o {
+                let grp = oc / og;
+                for i in 0..ho {
+                    for j in 0..wo {
+                        let mut s = b[oc] as f64;
+                        for ci in 0..cg {
+                            for a in 0..kh {
+                                for bb in 0..kw {
+                                    let ih = (i * p.stride.0 + a * p.dilation.0) as isize - p.padding.0 as isize;
+                                    let iw = (j * p.stride.1 + bb * p.dilation.1) as isize - p.padding.1 as isize;
+                                    if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < wd {
+                                        s += (x[[ni, grp * cg + ci, ih as usize, iw as usize]] * w[[oc, ci, a, bb]])
+                                            as f64;
+                                    }
+                                }
+                            }
+                        }
+                        out[[ni, oc, i, j]] = s as f32;
+                    }
+                }
+            }
+        }
+        let _ = c;
+        out
+    }
+
+    #[test]
+    fn im2col_gemm_matches_direct_convolution() {
+        let cases = [
+            (2, 4, 9, 8, 6, 3, 3, Conv2dParams::default()),
+            (3, 4, 9, 8, 6, 3, 2, Conv2dParams { stride: (2, 1), padding: (1, 2), dilation: (1, 2), groups: 2 }),
+            (1, 6, 5, 5, 6, 1, 1, Conv2dParams { groups: 3, ..Default::default() }),
+            (2, 3, 7, 7, 4, 1, 1, Conv2dParams::default()),
+        ];
+        for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+            let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed as u64);
+            let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 100 + seed as u64);
+            let b = Tensor::uniform(&[o], -1.0, 1.0, 200 + seed as u64);
+            let got = x.conv2d(&wt, Some(&b), p).unwrap();
+            let x4 = x.to_array().into_dimensionality::<Ix4>().unwrap();
+            let w4 = wt.to_array().into_dimensionality::<Ix4>().unwrap();
+            let want = naive(&x4, &w4, &b.to_vec(), p);
+            assert_eq!(got.shape(), want.shape());
+            for (a, b) in got.value().iter().zip(want.iter()) {
+                assert!((a - b).abs() < 1e-5, "case {seed}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_larger_than_input_is_an_error() {
+        let x = Tensor::zeros(&[1, 1, 3, 3]);
+        let w = Tensor::zeros(&[1, 1, 5, 5]);
+        assert!(matches!(x.conv2d(&w, None, Conv2dParams::default()), Err(Error::InvalidArgument { .. })));
+        let w = Tensor::zeros(&[2, 2, 1, 1]);
+        assert!(matches!(x.conv2d(&w, None, Conv2dParams::default()), Err(Error::ShapeMismatch { .. })));
+    }
+}

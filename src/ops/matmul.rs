@@ -1,0 +1,159 @@
+//! Matrix products on a fast f32 GEMM (the `gemm` crate), 2-D and batched, with their backward.
+
+use ndarray::{Array2, Array3, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, Ix3};
+
+use super::{record, Op};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// Products with at least this many multiply-adds let the GEMM use every thread.
+const PAR_GEMM_WORK: usize = 1 << 20;
+
+/// `c = a·b` (or `c += a·b` when `accumulate`), any strides.
+///
+/// The `gemm` crate splits the output across threads but keeps each element's reduction over k in one fixed
+/// order, so the result does not depend on the thread count (tested in `tests/determinism.rs`).
+pub(crate) fn gemm(
+    a: ArrayView2<f32>,
+    b: ArrayView2<f32>,
+    mut c: ArrayViewMut2<f32>,
+    accumulate: bool,
+    parallel: bool,
+) {
+    let (m, k) = a.dim();
+    let (k2, n) = b.dim();
+    assert!(k == k2 && c.dim() == (m, n), "gemm: callers check shapes");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
+    }
+    let par =
+        if parallel && m * n * k >= PAR_GEMM_WORK { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let (sa, sb, sc) = (a.strides(), b.strides(), c.strides());
+    let (cs, rs) = (sc[1], sc[0]);
+    // SAFETY: the three views are valid for their dims and strides, `c` is uniquely borrowed, and a view's
+    // strides never alias its own elements; `a` and `b` may alias each other since they are only read.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            cs,
+            rs,
+            accumulate,
+            a.as_ptr(),
+            sa[1],
+            sa[0],
+            b.as_ptr(),
+            sb[1],
+            sb[0],
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// `a·b` into a fresh matrix.
+pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
+    let mut c = Array2::zeros((a.nrows(), b.ncols()));
+    gemm(a, b, c.view_mut(), false, true);
+    c
+}
+
+fn batched(a: &ArrayD<f32>, b: &ArrayD<f32>) -> Array3<f32> {
+    let a = a.view().into_dimensionality::<Ix3>().expect("rank checked");
+    let b = b.view().into_dimensionality::<Ix3>().expect("rank checked");
+    let mut c = Array3::zeros((a.shape()[0], a.shape()[1], b.shape()[2]));
+    for ((ai, bi), ci) in a.outer_iter().zip(b.outer_iter()).zip(c.outer_iter_mut()) {
+        gemm(ai, bi, ci, false, true);
+    }
+    c
+}
+
+pub(crate) fn matmul_backward(
+    a: &Tensor,
+    b: &Tensor,
+    g: &ArrayD<f32>,
+    need: &[bool],
+) -> Result<Vec<Option<ArrayD<f32>>>> {
+    let (av, bv) = (a.value(), b.value());
+    if a.rank() == 2 && b.rank() == 2 {
+        let g2 = g.view().into_dimensionality::<Ix2>().expect("output is a matrix");
+        let a2 = av.view().into_dimensionality::<Ix2>().expect("rank checked");
+        let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
+        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G
+        let ga = need[0].then(|| matmul2(g2, b2.t()).into_dyn());
+        let gb = need[1].then(|| matmul2(a2.t(), g2).into_dyn());
+        return Ok(vec![ga, gb]);
+    }
+    let g3 = g.view().into_dimensionality::<Ix3>().expect("output is batched");
+    let a3 = av.view().into_dimensionality::<Ix3>().expect("rank checked");
+    let ga = need[0].then(|| {
+        let mut out = Array3::zeros(a3.raw_dim());
+        for (i, mut o) in out.outer_iter_mut().enumerate() {
+            let bi = if b.rank() == 3 { bv.index_axis(Axis(0), i) } else { bv.view() };
+            let bi = bi.into_dimensionality::<Ix2>().expect("matrix");
+            gemm(g3.index_axis(Axis(0), i), bi.t(), o.view_mut(), false, true);
+        }
+        out.into_dyn()
+    });
+    let gb = need[1].then(|| {
+        if b.rank() == 3 {
+            let mut out = Array3::zeros((bv.shape()[0], bv.shape()[1], bv.shape()[2]));
+            for (i, mut o) in out.outer_iter_mut().enumerate() {
+                gemm(a3.index_axis(Axis(0), i).t(), g3.index_axis(Axis(0), i), o.view_mut(), false, true);
+            }
+            out.into_dyn()
+        } else {
+            let mut out = Array2::zeros((bv.shape()[0], bv.shape()[1]));
+            for i in 0..a3.shape()[0] {
+                gemm(a3.index_axis(Axis(0), i).t(), g3.index_axis(Axis(0), i), out.view_mut(), true, true);
+            }
+            out.into_dyn()
+        }
+    });
+    Ok(vec![ga, gb])
+}
+
+/// Matrix products.
+impl Tensor {
+    /// Matrix product: `[m,k]·[k,n]`, batched `[B,m,k]·[B,k,n]`, or `[B,m,k]·[k,n]`.
+    /// Derivatives: ∂/∂A = G·Bᵀ, ∂/∂B = Aᵀ·G.
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let (sa, sb) = (self.shape(), other.shape());
+        let ok = match (sa.len(), sb.len()) {
+            (2, 2) => sa[1] == sb[0],
+            (3, 3) => sa[0] == sb[0] && sa[2] == sb[1],
+            (3, 2) => sa[2] == sb[0],
+            _ => false,
+        };
+        if !ok {
+            return Err(Error::ShapeMismatch { op: "matmul", expected: sa.to_vec(), got: sb.to_vec() });
+        }
+        let value = if sa.len() == 2 {
+            let a = self.value().view().into_dimensionality::<Ix2>().expect("rank checked");
+            let b = other.value().view().into_dimensionality::<Ix2>().expect("rank checked");
+            matmul2(a, b).into_dyn()
+        } else if sb.len() == 3 {
+            batched(&self.value().to_owned(), &other.value().to_owned()).into_dyn()
+        } else {
+            // [B,m,k]·[k,n]: one GEMM over the flattened batch.
+            let a = self.value().as_standard_layout().into_owned();
+            let (bn, m, k) = (sa[0], sa[1], sa[2]);
+            let a2 = a.into_shape_with_order((bn * m, k)).expect("contiguous");
+            let b = other.value().view().into_dimensionality::<Ix2>().expect("rank checked");
+            matmul2(a2.view(), b).into_shape_with_order((bn, m, sb[1])).expect("same size").into_dyn()
+        };
+        Ok(record(value, Op::MatMul(self.clone(), other.clone())))
+    }
+}

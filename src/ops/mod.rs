@@ -1,0 +1,135 @@
+//! Operations: a closed [`Op`] enum recording how a tensor was made, and a thin backward dispatcher.
+//!
+//! Each op family lives in its own file with its forward and backward side by side. Adding a variant fails to
+//! compile until it names its inputs and its backward.
+
+pub(crate) mod conv;
+pub(crate) mod elementwise;
+pub(crate) mod index;
+pub(crate) mod loss;
+pub(crate) mod matmul;
+pub(crate) mod pool;
+pub(crate) mod reduce;
+pub(crate) mod shape;
+
+use ndarray::ArrayD;
+
+use crate::tensor::{grad_enabled, Array, Role, Tensor};
+use crate::Result;
+
+pub use conv::Conv2dParams;
+pub use elementwise::UnaryKind;
+pub use loss::Reduction;
+pub use pool::Pool2dParams;
+
+/// How a tracked tensor was computed: the op, its inputs and whatever its backward needs.
+pub(crate) enum Op {
+    Binary(elementwise::BinaryKind, Tensor, Tensor),
+    Unary(UnaryKind, Tensor),
+    MatMul(Tensor, Tensor),
+    Sum { x: Tensor, axes: Vec<usize>, keepdim: bool },
+    MaxAlong { x: Tensor, axis: usize, keepdim: bool, index: Vec<usize> },
+    Reshape(Tensor),
+    Permute(Tensor, Vec<usize>),
+    BroadcastTo(Tensor),
+    Narrow { x: Tensor, axis: usize, start: usize },
+    Pad { x: Tensor, pads: Vec<(usize, usize)> },
+    Concat { xs: Vec<Tensor>, axis: usize },
+    IndexSelect { x: Tensor, axis: usize, index: Vec<usize> },
+    Gather { x: Tensor, index: ndarray::Array2<usize> },
+    Where { mask: ArrayD<bool>, a: Tensor, b: Tensor },
+    Conv2d { x: Tensor, w: Tensor, b: Option<Tensor>, p: Conv2dParams },
+    MaxPool2d { x: Tensor, index: Vec<u32> },
+    AvgPool2d { x: Tensor, p: Pool2dParams },
+}
+
+impl Op {
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Op::Binary(k, ..) => k.name(),
+            Op::Unary(k, _) => k.name(),
+            Op::MatMul(..) => "matmul",
+            Op::Sum { .. } => "sum",
+            Op::MaxAlong { .. } => "max",
+            Op::Reshape(_) => "reshape",
+            Op::Permute(..) => "permute",
+            Op::BroadcastTo(_) => "broadcast_to",
+            Op::Narrow { .. } => "narrow",
+            Op::Pad { .. } => "pad",
+            Op::Concat { .. } => "concat",
+            Op::IndexSelect { .. } => "index_select",
+            Op::Gather { .. } => "gather",
+            Op::Where { .. } => "where",
+            Op::Conv2d { .. } => "conv2d",
+            Op::MaxPool2d { .. } => "max_pool2d",
+            Op::AvgPool2d { .. } => "avg_pool2d",
+        }
+    }
+
+    /// The tensors this op read, in the order `backward` returns their gradients.
+    pub(crate) fn inputs(&self) -> Vec<&Tensor> {
+        match self {
+            Op::Binary(_, a, b) | Op::MatMul(a, b) | Op::Where { a, b, .. } => vec![a, b],
+            Op::Unary(_, x)
+            | Op::Sum { x, .. }
+            | Op::MaxAlong { x, .. }
+            | Op::Reshape(x)
+            | Op::Permute(x, _)
+            | Op::BroadcastTo(x)
+            | Op::Narrow { x, .. }
+            | Op::Pad { x, .. }
+            | Op::IndexSelect { x, .. }
+            | Op::Gather { x, .. }
+            | Op::MaxPool2d { x, .. }
+            | Op::AvgPool2d { x, .. } => vec![x],
+            Op::Concat { xs, .. } => xs.iter().collect(),
+            Op::Conv2d { x, w, b, .. } => {
+                let mut v = vec![x, w];
+                if let Some(b) = b {
+                    v.push(b);
+                }
+                v
+            }
+        }
+    }
+
+    /// Gradients of the inputs given the output's gradient `g`; only inputs with `need[i]` are computed.
+    pub(crate) fn backward(&self, out: &Array, g: &ArrayD<f32>, need: &[bool]) -> Result<Vec<Option<ArrayD<f32>>>> {
+        match self {
+            Op::Binary(k, a, b) => Ok(elementwise::binary_backward(*k, a, b, g, need)),
+            Op::Unary(k, x) => Ok(vec![Some(elementwise::unary_backward(*k, x.value(), out, g))]),
+            Op::MatMul(a, b) => matmul::matmul_backward(a, b, g, need),
+            Op::Sum { x, axes, keepdim } => Ok(vec![Some(reduce::sum_backward(x.shape(), axes, *keepdim, g))]),
+            Op::MaxAlong { x, axis, keepdim, index } => {
+                Ok(vec![Some(reduce::max_backward(x.shape(), *axis, *keepdim, index, g))])
+            }
+            Op::Reshape(x) => Ok(vec![Some(shape::reshape_backward(x.shape(), g))]),
+            Op::Permute(_, perm) => Ok(vec![Some(shape::permute_backward(perm, g))]),
+            Op::BroadcastTo(x) => Ok(vec![Some(shape::sum_to_shape(g.clone(), x.shape()))]),
+            Op::Narrow { x, axis, start } => Ok(vec![Some(shape::narrow_backward(x.shape(), *axis, *start, g))]),
+            Op::Pad { x, pads } => Ok(vec![Some(shape::pad_backward(x.shape(), pads, g))]),
+            Op::Concat { xs, axis } => Ok(shape::concat_backward(xs, *axis, g, need)),
+            Op::IndexSelect { x, axis, index } => {
+                Ok(vec![Some(index::index_select_backward(x.shape(), *axis, index, g))])
+            }
+            Op::Gather { x, index } => Ok(vec![Some(index::gather_backward(x.shape(), index, g))]),
+            Op::Where { mask, a, b } => Ok(index::where_backward(mask, a, b, g, need)),
+            Op::Conv2d { x, w, b, p } => conv::conv2d_backward(x, w, b.is_some(), p, g, need),
+            Op::MaxPool2d { x, index } => Ok(vec![Some(pool::max_pool2d_backward(x.shape(), index, g))]),
+            Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
+        }
+    }
+}
+
+/// Wraps a computed value: records `op` when gradients are enabled and some input is tracked, else a constant.
+pub(crate) fn record(value: impl Into<Array>, op: Op) -> Tensor {
+    let value = value.into();
+    if grad_enabled() && op.inputs().iter().any(|t| t.is_tracked()) {
+        Tensor::from_node(value, Role::Computed, Some(op))
+    } else {
+        Tensor::new(value)
+    }
+}
+
+/// Above this many elements, elementwise kernels split across rayon's threads.
+pub(crate) const PAR_THRESHOLD: usize = 1 << 15;

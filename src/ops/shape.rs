@@ -1,0 +1,207 @@
+//! Shape ops: reshape, permute, broadcast, narrow, pad, concat — views where possible, with their backwards.
+
+use ndarray::{ArrayD, Axis, IxDyn, Slice};
+
+use super::{record, Op};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// Sums a broadcast gradient back down to `shape` (leading axes, then axes of size 1).
+pub(crate) fn sum_to_shape(mut g: ArrayD<f32>, shape: &[usize]) -> ArrayD<f32> {
+    if g.shape() == shape {
+        return g;
+    }
+    while g.ndim() > shape.len() {
+        g = g.sum_axis(Axis(0));
+    }
+    for (ax, &d) in shape.iter().enumerate() {
+        if d == 1 && g.shape()[ax] != 1 {
+            g = g.sum_axis(Axis(ax)).insert_axis(Axis(ax));
+        }
+    }
+    g
+}
+
+pub(crate) fn reshape_backward(shape: &[usize], g: &ArrayD<f32>) -> ArrayD<f32> {
+    g.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).expect("same number of elements")
+}
+
+pub(crate) fn permute_backward(perm: &[usize], g: &ArrayD<f32>) -> ArrayD<f32> {
+    let mut inv = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p] = i;
+    }
+    g.clone().permuted_axes(IxDyn(&inv))
+}
+
+pub(crate) fn narrow_backward(shape: &[usize], axis: usize, start: usize, g: &ArrayD<f32>) -> ArrayD<f32> {
+    let mut out = ArrayD::zeros(IxDyn(shape));
+    let len = g.shape()[axis];
+    out.slice_axis_mut(Axis(axis), Slice::from(start..start + len)).assign(g);
+    out
+}
+
+pub(crate) fn pad_backward(shape: &[usize], pads: &[(usize, usize)], g: &ArrayD<f32>) -> ArrayD<f32> {
+    let mut v = g.view();
+    for (ax, (&(before, _), &d)) in pads.iter().zip(shape).enumerate() {
+        v.slice_axis_inplace(Axis(ax), Slice::from(before..before + d));
+    }
+    v.to_owned()
+}
+
+pub(crate) fn concat_backward(xs: &[Tensor], axis: usize, g: &ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
+    let mut start = 0;
+    xs.iter()
+        .zip(need)
+        .map(|(x, &n)| {
+            let len = x.shape()[axis];
+            let piece = n.then(|| g.slice_axis(Axis(axis), Slice::from(start..start + len)).to_owned());
+            start += len;
+            piece
+        })
+        .collect()
+}
+
+fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {
+    if axis >= rank {
+        return Err(Error::invalid(op, format!("axis {axis} out of range for rank {rank}")));
+    }
+    Ok(())
+}
+
+/// Shape manipulation.
+impl Tensor {
+    /// The same values in a new shape (row-major); a view when the value is contiguous.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(Error::ShapeMismatch { op: "reshape", expected: shape.to_vec(), got: self.shape().to_vec() });
+        }
+        let v = self.value();
+        let value = if v.is_standard_layout() {
+            v.clone().into_shape_with_order(IxDyn(shape)).expect("contiguous and same size")
+        } else {
+            v.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).expect("same size").into_shared()
+        };
+        Ok(record(value, Op::Reshape(self.clone())))
+    }
+
+    /// Flattens every axis from `start` on into one (as `torch.flatten(x, start)`).
+    pub fn flatten_from(&self, start: usize) -> Result<Tensor> {
+        check_axis("flatten", start, self.rank().max(1))?;
+        let mut shape = self.shape()[..start].to_vec();
+        shape.push(self.shape()[start..].iter().product());
+        self.reshape(&shape)
+    }
+
+    /// Inserts an axis of size 1 at `axis`.
+    pub fn unsqueeze(&self, axis: usize) -> Result<Tensor> {
+        check_axis("unsqueeze", axis, self.rank() + 1)?;
+        let mut shape = self.shape().to_vec();
+        shape.insert(axis, 1);
+        self.reshape(&shape)
+    }
+
+    /// Removes an axis of size 1.
+    pub fn squeeze(&self, axis: usize) -> Result<Tensor> {
+        check_axis("squeeze", axis, self.rank())?;
+        if self.shape()[axis] != 1 {
+            return Err(Error::invalid("squeeze", format!("axis {axis} has size {}", self.shape()[axis])));
+        }
+        let mut shape = self.shape().to_vec();
+        shape.remove(axis);
+        self.reshape(&shape)
+    }
+
+    /// Reorders the axes (a view).
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        let mut seen = vec![false; self.rank()];
+        if perm.len() != self.rank() || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true)) {
+            return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of {} axes", self.rank())));
+        }
+        let value = self.value().clone().permuted_axes(IxDyn(perm));
+        Ok(record(value, Op::Permute(self.clone(), perm.to_vec())))
+    }
+
+    /// Swaps two axes (a view).
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor> {
+        check_axis("transpose", a.max(b), self.rank())?;
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// The transpose of a matrix.
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() != 2 {
+            return Err(self.rank_error("t", 2));
+        }
+        self.transpose(0, 1)
+    }
+
+    /// Broadcasts to `shape` (NumPy rules).
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        let view = self.value().broadcast(IxDyn(shape)).ok_or_else(|| Error::Broadcast {
+            op: "broadcast_to",
+            lhs: self.shape().to_vec(),
+            rhs: shape.to_vec(),
+        })?;
+        Ok(record(view.to_owned(), Op::BroadcastTo(self.clone())))
+    }
+
+    /// `len` entries along `axis` starting at `start` (a view).
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Tensor> {
+        check_axis("narrow", axis, self.rank())?;
+        if start + len > self.shape()[axis] {
+            return Err(Error::invalid(
+                "narrow",
+                format!("range {start}..{} exceeds axis {axis} of size {}", start + len, self.shape()[axis]),
+            ));
+        }
+        let mut value = self.value().clone();
+        value.slice_axis_inplace(Axis(axis), Slice::from(start..start + len));
+        Ok(record(value, Op::Narrow { x: self.clone(), axis, start }))
+    }
+
+    /// Pads every axis with `(before, after)` copies of `value` (constant padding).
+    pub fn pad(&self, pads: &[(usize, usize)], value: f32) -> Result<Tensor> {
+        if pads.len() != self.rank() {
+            return Err(Error::invalid("pad", format!("{} pad pairs for rank {}", pads.len(), self.rank())));
+        }
+        let shape: Vec<usize> = self.shape().iter().zip(pads).map(|(&d, &(a, b))| d + a + b).collect();
+        let mut out = ArrayD::from_elem(IxDyn(&shape), value);
+        {
+            let mut v = out.view_mut();
+            for (ax, (&(before, _), &d)) in pads.iter().zip(self.shape()).enumerate() {
+                v.slice_axis_inplace(Axis(ax), Slice::from(before..before + d));
+            }
+            v.assign(self.value());
+        }
+        Ok(record(out, Op::Pad { x: self.clone(), pads: pads.to_vec() }))
+    }
+
+    /// Joins tensors along an existing axis.
+    pub fn concat(xs: &[Tensor], axis: usize) -> Result<Tensor> {
+        let first = xs.first().ok_or_else(|| Error::invalid("concat", "no tensors given"))?;
+        check_axis("concat", axis, first.rank())?;
+        for x in xs {
+            let same = x.rank() == first.rank()
+                && x.shape().iter().zip(first.shape()).enumerate().all(|(i, (a, b))| i == axis || a == b);
+            if !same {
+                return Err(Error::ShapeMismatch {
+                    op: "concat",
+                    expected: first.shape().to_vec(),
+                    got: x.shape().to_vec(),
+                });
+            }
+        }
+        let views: Vec<_> = xs.iter().map(|x| x.value().view()).collect();
+        let value = ndarray::concatenate(Axis(axis), &views).expect("shapes checked above");
+        Ok(record(value, Op::Concat { xs: xs.to_vec(), axis }))
+    }
+
+    /// Joins tensors of equal shape along a new axis.
+    pub fn stack(xs: &[Tensor], axis: usize) -> Result<Tensor> {
+        let parts = xs.iter().map(|x| x.unsqueeze(axis)).collect::<Result<Vec<_>>>()?;
+        Tensor::concat(&parts, axis)
+    }
+}

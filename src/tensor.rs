@@ -1,0 +1,259 @@
+//! The tensor: a cheap, immutable handle on an f32 n-d array and the operation that made it.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ndarray::{ArcArray, ArrayD, IxDyn};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::ops::Op;
+use crate::{Error, Result};
+
+/// The storage of every tensor: a shared, reference-counted f32 array of any rank.
+pub type Array = ArcArray<f32, IxDyn>;
+
+/// A unique identity for a tensor node; gradient stores are keyed by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(u64);
+
+impl TensorId {
+    fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TensorId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// How a tensor takes part in differentiation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A constant: no gradient flows into it and no op is recorded for it.
+    Constant,
+    /// A leaf whose gradient may be asked for with `grad_wrt` (an attack's input).
+    Variable,
+    /// A trainable parameter: `backward` returns its gradient.
+    Parameter,
+    /// The result of an op with at least one tracked input.
+    Computed,
+}
+
+pub(crate) struct Node {
+    pub(crate) id: TensorId,
+    pub(crate) value: Array,
+    pub(crate) role: Role,
+    pub(crate) op: Option<Op>,
+}
+
+/// An immutable f32 tensor: a shared value plus, when tracked, the op that computed it.
+///
+/// Clones are reference counts. Every op returns a new tensor; nothing is mutated in place, so a caller's data
+/// can never be changed by an attack or a defense.
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Node>);
+
+thread_local! {
+    static NO_GRAD_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Runs `f` with gradient recording switched off on this thread: every op returns a constant.
+///
+/// Evaluation, prediction and detectors run in this scope so that they build no graph.
+pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
+    struct Guard;
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            NO_GRAD_DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+    NO_GRAD_DEPTH.with(|d| d.set(d.get() + 1));
+    let _guard = Guard;
+    f()
+}
+
+/// Whether ops on this thread currently record a graph.
+pub fn grad_enabled() -> bool {
+    NO_GRAD_DEPTH.with(|d| d.get() == 0)
+}
+
+impl Tensor {
+    pub(crate) fn from_node(value: Array, role: Role, op: Option<Op>) -> Tensor {
+        Tensor(Arc::new(Node { id: TensorId::fresh(), value, role, op }))
+    }
+
+    /// A constant tensor wrapping an array (shared, not copied).
+    pub fn new(value: impl Into<Array>) -> Tensor {
+        Tensor::from_node(value.into(), Role::Constant, None)
+    }
+
+    /// A constant tensor from a flat slice and a shape.
+    pub fn from_slice(data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape)
+    }
+
+    /// A constant tensor from a flat vector (row-major) and a shape.
+    pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(Error::ShapeMismatch { op: "from_vec", expected: shape.to_vec(), got: vec![data.len()] });
+        }
+        let a = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length checked above");
+        Ok(Tensor::new(a))
+    }
+
+    /// A scalar (rank-0) constant.
+    pub fn scalar(v: f32) -> Tensor {
+        Tensor::new(ArrayD::from_elem(IxDyn(&[]), v))
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: &[usize]) -> Tensor {
+        Tensor::full(shape, 0.0)
+    }
+
+    /// A tensor of ones.
+    pub fn ones(shape: &[usize]) -> Tensor {
+        Tensor::full(shape, 1.0)
+    }
+
+    /// A tensor filled with `v`.
+    pub fn full(shape: &[usize], v: f32) -> Tensor {
+        Tensor::new(ArrayD::from_elem(IxDyn(shape), v))
+    }
+
+    /// Uniform samples in `[lo, hi)` from a ChaCha8 generator seeded with `seed`.
+    pub fn uniform(shape: &[usize], lo: f32, hi: f32, seed: u64) -> Tensor {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        Tensor::new(ArrayD::from_shape_simple_fn(IxDyn(shape), || lo + (hi - lo) * rng.random::<f32>()))
+    }
+
+    /// Normal samples N(mean, std²) from a ChaCha8 generator seeded with `seed` (Box–Muller).
+    pub fn normal(shape: &[usize], mean: f32, std: f32, seed: u64) -> Tensor {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let n: usize = shape.iter().product();
+        let v = normal_vec(&mut rng, n);
+        let a = ArrayD::from_shape_vec(IxDyn(shape), v.into_iter().map(|z| mean + std * z).collect())
+            .expect("length equals the product of the shape");
+        Tensor::new(a)
+    }
+
+    /// The same value as a leaf whose gradient can be asked for with [`Tensor::grad_wrt`].
+    pub fn variable(&self) -> Tensor {
+        Tensor::from_node(self.0.value.clone(), Role::Variable, None)
+    }
+
+    /// The same value as a trainable-parameter leaf: [`Tensor::backward`] reports its gradient.
+    pub(crate) fn parameter(value: Array) -> Tensor {
+        Tensor::from_node(value, Role::Parameter, None)
+    }
+
+    /// The same value, cut from the graph (a constant).
+    pub fn detach(&self) -> Tensor {
+        if self.0.role == Role::Constant {
+            return self.clone();
+        }
+        Tensor::new(self.0.value.clone())
+    }
+
+    /// This node's identity.
+    pub fn id(&self) -> TensorId {
+        self.0.id
+    }
+
+    /// Whether gradients can flow through this tensor.
+    pub fn is_tracked(&self) -> bool {
+        self.0.role != Role::Constant
+    }
+
+    /// The value (a shared array: cloning it is a reference count).
+    pub fn value(&self) -> &Array {
+        &self.0.value
+    }
+
+    /// The value as an owned standard-layout array (copies).
+    pub fn to_array(&self) -> ArrayD<f32> {
+        self.0.value.to_owned()
+    }
+
+    /// The values in row-major order.
+    pub fn to_vec(&self) -> Vec<f32> {
+        self.0.value.iter().copied().collect()
+    }
+
+    /// The only value of a one-element tensor.
+    pub fn item(&self) -> Result<f32> {
+        if self.numel() != 1 {
+            return Err(Error::ShapeMismatch { op: "item", expected: vec![1], got: self.shape().to_vec() });
+        }
+        Ok(*self.0.value.iter().next().expect("one element"))
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.0.value.shape()
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.value.ndim()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.value.len()
+    }
+
+    /// The two dimensions of a rank-2 tensor.
+    pub fn dims2(&self, op: &'static str) -> Result<(usize, usize)> {
+        match *self.shape() {
+            [a, b] => Ok((a, b)),
+            _ => Err(self.rank_error(op, 2)),
+        }
+    }
+
+    /// The four dimensions of a rank-4 (N, C, H, W) tensor.
+    pub fn dims4(&self, op: &'static str) -> Result<(usize, usize, usize, usize)> {
+        match *self.shape() {
+            [a, b, c, d] => Ok((a, b, c, d)),
+            _ => Err(self.rank_error(op, 4)),
+        }
+    }
+
+    pub(crate) fn rank_error(&self, op: &'static str, expected: usize) -> Error {
+        Error::RankMismatch { op, expected, got: self.rank(), shape: self.shape().to_vec() }
+    }
+
+    /// Whether every value is finite.
+    pub fn all_finite(&self) -> bool {
+        self.0.value.iter().all(|v| v.is_finite())
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = self.0.op.as_ref().map(|o| o.name()).unwrap_or("leaf");
+        write!(f, "Tensor(id={:?}, shape={:?}, role={:?}, op={op})", self.0.id, self.shape(), self.0.role)
+    }
+}
+
+impl From<ArrayD<f32>> for Tensor {
+    fn from(a: ArrayD<f32>) -> Tensor {
+        Tensor::new(a)
+    }
+}
+
+/// `n` standard-normal samples (Box–Muller, both outputs used) from `rng`.
+pub fn normal_vec(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: log is finite
+        let u2: f64 = rng.random::<f64>();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let t = 2.0 * std::f64::consts::PI * u2;
+        out.push((r * t.cos()) as f32);
+        out.push((r * t.sin()) as f32);
+    }
+    out.truncate(n);
+    out
+}
