@@ -28,6 +28,11 @@ impl Gradients {
         self.map.get(&id)
     }
 
+    /// The gradient with a given id, mutable (for clipping).
+    pub fn get_id_mut(&mut self, id: TensorId) -> Option<&mut ArrayD<f32>> {
+        self.map.get_mut(&id)
+    }
+
     /// How many gradients the store holds.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -29,6 +29,7 @@ pub mod classifier;
 pub mod data;
 pub mod io;
 pub mod nn;
+pub mod optim;
 
 pub use classifier::{Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
 pub use nn::{Module, ModuleExt, Param, Sequential};

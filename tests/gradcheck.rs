@@ -1,0 +1,256 @@
+//! Every differentiable op: a central finite-difference check (loss accumulated in f64) on random shapes,
+//! including broadcasting and batch 1, with inputs kept off kinks and ties.
+
+use armoury::nn::{BatchNorm, Module};
+use armoury::{no_grad, Conv2dParams, Pool2dParams, Reduction, Result, Tensor};
+use ndarray::{Array2, ArrayD, IxDyn};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+type F = dyn Fn(&[Tensor]) -> Result<Tensor>;
+
+/// Uniform in ±[lo, hi] (random sign): keeps values at least `lo` away from 0.
+fn away_from_zero(shape: &[usize], lo: f32, hi: f32, seed: u64) -> ArrayD<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || {
+        let m = lo + (hi - lo) * rng.random::<f32>();
+        if rng.random::<bool>() {
+            m
+        } else {
+            -m
+        }
+    })
+}
+
+fn uniform(shape: &[usize], lo: f32, hi: f32, seed: u64) -> ArrayD<f32> {
+    Tensor::uniform(shape, lo, hi, seed).to_array()
+}
+
+/// Distinct values spaced by `gap`, shuffled: no ties for max/argmax-style ops.
+fn distinct(shape: &[usize], gap: f32, seed: u64) -> ArrayD<f32> {
+    let n: usize = shape.iter().product();
+    let mut v: Vec<f32> = (0..n).map(|i| (i as f32 - n as f32 / 2.0) * gap).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for i in (1..n).rev() {
+        v.swap(i, rng.random_range(0..=i));
+    }
+    ArrayD::from_shape_vec(IxDyn(shape), v).unwrap()
+}
+
+fn projected(out: &Tensor, r: &ArrayD<f32>) -> f64 {
+    out.value().iter().zip(r.iter()).map(|(&a, &b)| a as f64 * b as f64).sum()
+}
+
+/// Compares autodiff with central differences of L = Σ r ⊙ f(inputs), for every input.
+fn check(name: &str, inputs: &[ArrayD<f32>], f: &F) {
+    let vars: Vec<Tensor> = inputs.iter().map(|a| Tensor::new(a.clone()).variable()).collect();
+    let out = f(&vars).unwrap_or_else(|e| panic!("{name}: forward failed: {e}"));
+    let r = uniform(out.shape(), -1.0, 1.0, 7);
+    let loss = out.mul(&Tensor::new(r.clone())).unwrap().sum_all();
+    let refs: Vec<&Tensor> = vars.iter().collect();
+    let grads = loss.grad_wrt(&refs).unwrap();
+    let h = 2e-3f32;
+    for (k, input) in inputs.iter().enumerate() {
+        assert_eq!(grads[k].shape(), input.shape(), "{name}: gradient shape of input {k}");
+        let n = input.len();
+        let stride = (n / 40).max(1); // at most ~40 probes per input
+        for idx in (0..n).step_by(stride) {
+            let eval = |delta: f32| {
+                let perturbed: Vec<Tensor> = inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(j, a)| {
+                        let mut a = a.clone();
+                        if j == k {
+                            a.as_slice_mut().unwrap()[idx] += delta;
+                        }
+                        Tensor::new(a)
+                    })
+                    .collect();
+                projected(&no_grad(|| f(&perturbed)).unwrap(), &r)
+            };
+            let fd = (eval(h) - eval(-h)) / (2.0 * h as f64);
+            let ad = grads[k].value().as_slice().map(|s| s[idx]).unwrap_or_else(|| grads[k].to_vec()[idx]) as f64;
+            let tol = 2e-3 + 1e-2 * fd.abs().max(ad.abs());
+            assert!(
+                (fd - ad).abs() <= tol,
+                "{name}: input {k} element {idx}: autodiff {ad:.6} vs finite difference {fd:.6}"
+            );
+        }
+    }
+}
+
+#[test]
+fn elementwise_binary_with_broadcasting_and_batch_one() {
+    let shapes: [(&[usize], &[usize]); 4] =
+        [(&[3, 4], &[3, 4]), (&[2, 3, 4], &[4]), (&[1, 5], &[3, 1]), (&[1, 1], &[1, 1])];
+    for (i, (sa, sb)) in shapes.iter().enumerate() {
+        let s = i as u64 * 10;
+        let a = uniform(sa, -2.0, 2.0, s);
+        let b = away_from_zero(sb, 0.5, 2.0, s + 1);
+        check("add", &[a.clone(), b.clone()], &|t| t[0].add(&t[1]));
+        check("sub", &[a.clone(), b.clone()], &|t| t[0].sub(&t[1]));
+        check("mul", &[a.clone(), b.clone()], &|t| t[0].mul(&t[1]));
+        check("div", &[a.clone(), b.clone()], &|t| t[0].div(&t[1]));
+        // keep a and b apart so max/min has no ties within the step
+        let b2 = b.mapv(|v| v + 0.0);
+        let a2 =
+            ndarray::Zip::from(&a.broadcast(a.raw_dim()).unwrap())
+                .map_collect(|&v| if v.abs() < 0.3 { v + 0.6 } else { v });
+        check("maximum", &[a2.clone(), b2.mapv(|v| v * 0.1 + 0.05)], &|t| t[0].maximum(&t[1]));
+        check("minimum", &[a2, b2.mapv(|v| v * 0.1 + 0.05)], &|t| t[0].minimum(&t[1]));
+    }
+}
+
+#[test]
+fn unary_functions() {
+    let x = away_from_zero(&[3, 5], 0.1, 2.0, 3);
+    let pos = uniform(&[3, 5], 0.2, 3.0, 4);
+    let open = uniform(&[2, 6], -0.8, 0.8, 5);
+    check("neg", &[x.clone()], &|t| Ok(t[0].neg()));
+    check("affine", &[x.clone()], &|t| Ok(t[0].affine(-1.5, 0.3)));
+    check("powf", &[pos.clone()], &|t| Ok(t[0].powf(2.5)));
+    check("powf_neg", &[pos.clone()], &|t| Ok(t[0].powf(-0.5)));
+    check("exp", &[x.clone()], &|t| Ok(t[0].exp()));
+    check("log", &[pos.clone()], &|t| Ok(t[0].log()));
+    check("sqrt", &[pos.clone()], &|t| Ok(t[0].sqrt()));
+    check("abs", &[x.clone()], &|t| Ok(t[0].abs()));
+    check("sign", &[x.clone()], &|t| Ok(t[0].sign()));
+    check("clamp", &[x.clone()], &|t| Ok(t[0].clamp(-0.05, 0.05)));
+    check("relu", &[x.clone()], &|t| Ok(t[0].relu()));
+    check("leaky_relu", &[x.clone()], &|t| Ok(t[0].leaky_relu(0.1)));
+    check("sigmoid", &[x.clone()], &|t| Ok(t[0].sigmoid()));
+    check("tanh", &[x.clone()], &|t| Ok(t[0].tanh()));
+    check("softplus", &[x.mapv(|v| v * 10.0)], &|t| Ok(t[0].softplus()));
+    check("atanh", &[open], &|t| Ok(t[0].atanh()));
+}
+
+#[test]
+fn matmul_2d_batched_and_broadcast() {
+    check("matmul", &[uniform(&[3, 4], -1.0, 1.0, 1), uniform(&[4, 5], -1.0, 1.0, 2)], &|t| t[0].matmul(&t[1]));
+    check("matmul_b1", &[uniform(&[1, 4], -1.0, 1.0, 1), uniform(&[4, 2], -1.0, 1.0, 2)], &|t| t[0].matmul(&t[1]));
+    check("matmul_t", &[uniform(&[3, 4], -1.0, 1.0, 1), uniform(&[5, 4], -1.0, 1.0, 2)], &|t| t[0].matmul(&t[1].t()?));
+    check("bmm", &[uniform(&[2, 3, 4], -1.0, 1.0, 3), uniform(&[2, 4, 2], -1.0, 1.0, 4)], &|t| t[0].matmul(&t[1]));
+    check("bmm_2d", &[uniform(&[2, 3, 4], -1.0, 1.0, 3), uniform(&[4, 2], -1.0, 1.0, 4)], &|t| t[0].matmul(&t[1]));
+}
+
+#[test]
+fn reductions() {
+    let x = uniform(&[2, 3, 4], -1.0, 1.0, 9);
+    check("sum_all", &[x.clone()], &|t| Ok(t[0].sum_all()));
+    check("sum_axes", &[x.clone()], &|t| t[0].sum(&[0, 2], false));
+    check("sum_keepdim", &[x.clone()], &|t| t[0].sum(&[1], true));
+    check("mean", &[x.clone()], &|t| t[0].mean(&[2], false));
+    check("mean_all", &[x.clone()], &|t| t[0].mean_all());
+    let d = distinct(&[3, 5], 0.05, 2);
+    check("max", &[d.clone()], &|t| t[0].max(1, false));
+    check("max_keepdim", &[d.clone()], &|t| t[0].max(0, true));
+    check("min", &[d.clone()], &|t| t[0].min(1, false));
+    check("topk", &[d], &|t| Ok(t[0].topk(2)?.0));
+}
+
+#[test]
+fn shape_ops() {
+    let x = uniform(&[2, 3, 4], -1.0, 1.0, 11);
+    check("reshape", &[x.clone()], &|t| t[0].reshape(&[6, 4]));
+    check("flatten", &[x.clone()], &|t| t[0].flatten_from(1));
+    check("permute", &[x.clone()], &|t| t[0].permute(&[2, 0, 1])?.mul(&Tensor::ones(&[4, 2, 3])));
+    check("transpose_then_matmul", &[x.clone()], &|t| t[0].transpose(1, 2)?.reshape(&[8, 3]));
+    check("narrow", &[x.clone()], &|t| t[0].narrow(2, 1, 2));
+    check("pad", &[x.clone()], &|t| t[0].pad(&[(0, 0), (1, 2), (2, 0)], 0.5));
+    check("broadcast_to", &[uniform(&[3, 1], -1.0, 1.0, 1)], &|t| t[0].broadcast_to(&[2, 3, 4]));
+    check("unsqueeze_squeeze", &[x.clone()], &|t| t[0].unsqueeze(1)?.squeeze(1));
+    let y = uniform(&[2, 2, 4], -1.0, 1.0, 12);
+    check("concat", &[x.clone(), y], &|t| Tensor::concat(&[t[0].clone(), t[1].clone()], 1));
+    check("stack", &[x.clone(), x.mapv(|v| v * 2.0)], &|t| Tensor::stack(&[t[0].clone(), t[1].clone()], 0));
+}
+
+#[test]
+fn indexing() {
+    let x = uniform(&[4, 5], -1.0, 1.0, 13);
+    check("index_select", &[x.clone()], &|t| t[0].index_select(0, &[3, 0, 3]));
+    check("index_select_cols", &[x.clone()], &|t| t[0].index_select(1, &[4, 1]));
+    let idx = Array2::from_shape_vec((4, 2), vec![0, 4, 1, 1, 2, 3, 4, 0]).unwrap();
+    check("gather", &[x.clone()], &|t| t[0].gather(&idx));
+    check("pick", &[x.clone()], &|t| t[0].pick(&[1, 0, 4, 2]));
+    let mask = x.mapv(|v| v > 0.0);
+    let y = uniform(&[4, 5], -1.0, 1.0, 14);
+    check("where", &[x.clone(), y], &|t| Tensor::where_(&mask, &t[0], &t[1]));
+    check("where_broadcast", &[x.clone(), uniform(&[5], -1.0, 1.0, 2)], &|t| Tensor::where_(&mask, &t[0], &t[1]));
+    check("masked_fill", &[x], &|t| t[0].masked_fill(&mask, 3.0));
+}
+
+#[test]
+fn convolution() {
+    let cases = [
+        ([2, 3, 7, 6], [4, 3, 3, 3], Conv2dParams::default()),
+        ([1, 2, 6, 6], [2, 2, 3, 2], Conv2dParams { stride: (2, 1), padding: (1, 1), dilation: (1, 2), groups: 1 }),
+        ([2, 4, 5, 5], [6, 2, 3, 3], Conv2dParams { stride: (1, 2), padding: (1, 0), dilation: (1, 1), groups: 2 }),
+        ([3, 4, 3, 3], [2, 4, 1, 1], Conv2dParams::default()),
+    ];
+    for (i, (xs, ws, p)) in cases.iter().enumerate() {
+        let s = 100 + i as u64 * 3;
+        let inputs = [uniform(xs, -1.0, 1.0, s), uniform(ws, -1.0, 1.0, s + 1), uniform(&[ws[0]], -1.0, 1.0, s + 2)];
+        let p = *p;
+        check(&format!("conv2d case {i}"), &inputs, &move |t| t[0].conv2d(&t[1], Some(&t[2]), p));
+        check(&format!("conv2d no bias {i}"), &inputs[..2], &move |t| t[0].conv2d(&t[1], None, p));
+    }
+}
+
+#[test]
+fn pooling() {
+    let x = distinct(&[2, 3, 7, 6], 0.01, 5);
+    let sq = Pool2dParams::square(2);
+    check("max_pool2d", &[x.clone()], &|t| t[0].max_pool2d(sq));
+    let strided =
+        Pool2dParams { kernel: (3, 3), stride: (2, 2), padding: (1, 1), ceil_mode: true, count_include_pad: true };
+    check("max_pool2d_pad_ceil", &[x.clone()], &|t| t[0].max_pool2d(strided));
+    check("avg_pool2d", &[x.clone()], &|t| t[0].avg_pool2d(sq));
+    check("avg_pool2d_pad", &[x.clone()], &|t| t[0].avg_pool2d(strided));
+    let excl = Pool2dParams { count_include_pad: false, ..strided };
+    check("avg_pool2d_exclude_pad", &[x.clone()], &|t| t[0].avg_pool2d(excl));
+    check("global_avg_pool2d", &[x], &|t| t[0].global_avg_pool2d());
+}
+
+#[test]
+fn normalisation_and_softmax() {
+    let x = uniform(&[4, 3, 2, 2], -1.0, 1.0, 21);
+    let bn = BatchNorm::new(3);
+    bn.weight.set(uniform(&[3], 0.5, 1.5, 1)).unwrap();
+    bn.bias.set(uniform(&[3], -0.5, 0.5, 2)).unwrap();
+    check("batch_norm_train", &[x.clone()], &|t| bn.forward_t(&t[0], true));
+    check("batch_norm_eval", &[x.clone()], &|t| bn.forward_t(&t[0], false));
+    let bn1 = BatchNorm::new(5);
+    check("batch_norm1d_train", &[uniform(&[6, 5], -1.0, 1.0, 3)], &|t| bn1.forward_t(&t[0], true));
+    let z = uniform(&[3, 6], -3.0, 3.0, 22);
+    check("softmax", &[z.clone()], &|t| t[0].softmax(1));
+    check("log_softmax", &[z.clone()], &|t| t[0].log_softmax(1));
+    check("log_softmax_axis0", &[z], &|t| t[0].log_softmax(0));
+}
+
+#[test]
+fn losses() {
+    let z = uniform(&[4, 5], -3.0, 3.0, 31);
+    let labels = [1, 0, 4, 4];
+    for red in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        check("cross_entropy", &[z.clone()], &|t| t[0].cross_entropy(&labels, red));
+        check("nll", &[z.clone()], &|t| t[0].log_softmax(1)?.nll_loss(&labels, red));
+        check("mse", &[z.clone(), uniform(&[4, 5], -1.0, 1.0, 2)], &|t| t[0].mse_loss(&t[1], red));
+    }
+    let p = uniform(&[4, 5], 0.1, 1.0, 33);
+    let q = uniform(&[4, 5], -2.0, 2.0, 34);
+    check("kl_div", &[q.clone(), p.clone()], &|t| t[0].log_softmax(1)?.kl_div(&t[1].softmax(1)?, Reduction::Mean));
+    check("kl_div_sum", &[q], &|t| t[0].log_softmax(1)?.kl_div(&Tensor::new(p.clone()).softmax(1)?, Reduction::Sum));
+    let d = distinct(&[4, 5], 0.1, 35);
+    check("cw_margin", &[d], &|t| t[0].cw_margin(&labels));
+    check("cross_entropy_batch1", &[uniform(&[1, 3], -1.0, 1.0, 36)], &|t| t[0].cross_entropy(&[2], Reduction::Mean));
+}
+
+#[test]
+fn a_wrong_backward_would_fail_the_check() {
+    // Guard against a checker that cannot fail: a function whose "gradient" is deliberately wrong (detached
+    // half) must be rejected.
+    let x = uniform(&[3], 0.5, 1.0, 1);
+    let result = std::panic::catch_unwind(|| check("detached", &[x], &|t| t[0].mul(&t[0].detach())));
+    assert!(result.is_err(), "the finite-difference check accepted a wrong gradient");
+}
