@@ -200,12 +200,12 @@ pub struct ModuleClassifier {
 impl ModuleClassifier {
     /// Wraps `module` with its input shape (C, H, W), class count and input bounds.
     pub fn new(
-        module: impl Into<Arc<dyn Module>>,
+        module: impl Module + 'static,
         input_shape: &[usize],
         num_classes: usize,
         bounds: (f32, f32),
     ) -> Result<Self> {
-        if !(bounds.0 < bounds.1) || !bounds.0.is_finite() || !bounds.1.is_finite() {
+        if !bounds.0.is_finite() || !bounds.1.is_finite() || bounds.0 >= bounds.1 {
             return Err(Error::invalid(
                 "ModuleClassifier::new",
                 format!("bounds {bounds:?} must be finite with min < max"),
@@ -218,7 +218,7 @@ impl ModuleClassifier {
             ));
         }
         Ok(ModuleClassifier {
-            module: module.into(),
+            module: Arc::new(module),
             input_shape: input_shape.to_vec(),
             num_classes,
             bounds,

@@ -29,7 +29,9 @@ pub mod classifier;
 pub mod data;
 pub mod io;
 pub mod nn;
+pub mod onnx;
 pub mod optim;
+pub mod train;
 
 pub use classifier::{Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
 pub use nn::{Module, ModuleExt, Param, Sequential};

@@ -7,7 +7,7 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-type F = dyn Fn(&[Tensor]) -> Result<Tensor>;
+
 
 /// Uniform in ±[lo, hi] (random sign): keeps values at least `lo` away from 0.
 fn away_from_zero(shape: &[usize], lo: f32, hi: f32, seed: u64) -> ArrayD<f32> {
@@ -42,7 +42,7 @@ fn projected(out: &Tensor, r: &ArrayD<f32>) -> f64 {
 }
 
 /// Compares autodiff with central differences of L = Σ r ⊙ f(inputs), for every input.
-fn check(name: &str, inputs: &[ArrayD<f32>], f: &F) {
+fn check(name: &str, inputs: &[ArrayD<f32>], f: &dyn Fn(&[Tensor]) -> Result<Tensor>) {
     let vars: Vec<Tensor> = inputs.iter().map(|a| Tensor::new(a.clone()).variable()).collect();
     let out = f(&vars).unwrap_or_else(|e| panic!("{name}: forward failed: {e}"));
     let r = uniform(out.shape(), -1.0, 1.0, 7);

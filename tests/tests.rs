@@ -2,3 +2,8 @@
 
 mod common;
 mod gradcheck;
+mod fixtures_xcheck;
+mod data;
+mod ops;
+mod onnx;
+mod train;

@@ -1,1 +1,63 @@
 //! Data: IDX files, data sets, image folders, PNG grids, the embedded sample and the full-data loader.
+//!
+//! - [`Dataset`]: N×C×H×W f32 images in `[0,1]` (u8 / 255) with labels; shuffling (seeded), splitting, subsets and
+//!   batches all return new data sets, never mutating the original.
+//! - [`sample()`]: the first 2,000 training and 1,000 test images of Fashion-MNIST, embedded in the crate.
+//! - [`find_full_data`] looks for the full set (the caller's directory, then `$ARMOURY_DATA`, then the Debian
+//!   package `dataset-fashion-mnist`); [`load_default`] falls back to the sample.
+//! - [`Idx`] reads and writes IDX files (MNIST's format; plain or gzip), [`load_idx_dir`] loads any IDX set.
+//! - [`load_image_folder`] reads one sub-folder of PNG/JPEG images per class.
+//! - [`save_png_grid`] draws rows of images (clean, adversarial, [`perturbation_image`]) into one PNG.
+//!
+//! ```
+//! use armoury::data;
+//! let fm = data::sample()?;
+//! assert_eq!(fm.train.image_shape(), [1, 28, 28]);
+//! let (x, y) = fm.test.batches(128)?.next().expect("the test set is not empty");
+//! assert_eq!((x.shape(), y.len()), (&[128, 1, 28, 28][..], 128));
+//! # Ok::<(), armoury::Error>(())
+//! ```
+
+mod dataset;
+mod folder;
+mod grid;
+mod idx;
+mod sample;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{Error, Result};
+
+pub use dataset::{load_idx_dir, Batches, Dataset, TrainTest};
+pub use folder::{load_image_folder, ImageFolderOptions};
+pub use grid::{perturbation_image, save_png_grid, GridRow, GRID_GAP};
+pub use idx::{read_idx_images, read_idx_labels, write_idx_images, write_idx_labels, Idx, IdxData, IdxType};
+pub use sample::{
+    find_full_data, find_full_data_in, full_data_candidates, load_default, sample, DataLocation, DATA_ENV_VAR,
+    DEBIAN_FASHION_MNIST_DIR, SAMPLE_NAME,
+};
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, flushed, then renamed over
+/// `path`. Readers never see a half-written file; on error the temporary file is removed.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name =
+        path.file_name().ok_or_else(|| Error::invalid("write", format!("{} does not name a file", path.display())))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp_name =
+        format!(".{}.{}.{}.tmp", name.to_string_lossy(), std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+    let tmp = dir.join(tmp_name);
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}

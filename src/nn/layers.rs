@@ -83,7 +83,7 @@ impl Conv2d {
         seed: u64,
     ) -> Result<Conv2d> {
         let groups = params.groups.max(1);
-        if in_channels % groups != 0 || out_channels % groups != 0 {
+        if !in_channels.is_multiple_of(groups) || !out_channels.is_multiple_of(groups) {
             return Err(Error::invalid(
                 "Conv2d::new",
                 format!("{in_channels}→{out_channels} channels do not split into {groups} groups"),

@@ -12,9 +12,9 @@ pub fn mlp(seed: u64) -> Sequential {
     Sequential::new()
         .add("flatten", Flatten)
         .add("fc1", Linear::new(784, 256, true, seed))
-        .add("relu1", ReLU)
+        .add("fc1_relu", ReLU)
         .add("fc2", Linear::new(256, 256, true, seed + 2))
-        .add("relu2", ReLU)
+        .add("fc2_relu", ReLU)
         .add("fc3", Linear::new(256, 10, true, seed + 4))
 }
 

@@ -254,7 +254,7 @@ pub(crate) fn binary_backward(
             BinaryKind::Sub => g.clone(),
             BinaryKind::Mul => zip_grad(g, av, bv, |g, _, y| g * y),
             BinaryKind::Div => zip_grad(g, av, bv, |g, _, y| g / y),
-            BinaryKind::Maximum => zip_grad(g, av, bv, |g, x, y| tie_share(g, x, y)),
+            BinaryKind::Maximum => zip_grad(g, av, bv, tie_share),
             BinaryKind::Minimum => zip_grad(g, av, bv, |g, x, y| tie_share(g, y, x)),
         };
         sum_to_shape(full, a.shape())
@@ -266,7 +266,7 @@ pub(crate) fn binary_backward(
             BinaryKind::Mul => zip_grad(g, av, bv, |g, x, _| g * x),
             BinaryKind::Div => zip_grad(g, av, bv, |g, x, y| -g * x / (y * y)),
             BinaryKind::Maximum => zip_grad(g, av, bv, |g, x, y| tie_share(g, y, x)),
-            BinaryKind::Minimum => zip_grad(g, av, bv, |g, x, y| tie_share(g, x, y)),
+            BinaryKind::Minimum => zip_grad(g, av, bv, tie_share),
         };
         sum_to_shape(full, b.shape())
     });

@@ -88,7 +88,8 @@ pub struct Sgd {
 impl Sgd {
     /// SGD over `params`.
     pub fn new(params: Vec<Param>, cfg: SgdConfig) -> Result<Sgd> {
-        if !(cfg.lr >= 0.0)
+        if cfg.lr.is_nan()
+            || cfg.lr < 0.0
             || cfg.momentum < 0.0
             || cfg.weight_decay < 0.0
             || (cfg.nesterov && (cfg.momentum <= 0.0 || cfg.dampening != 0.0))
@@ -264,7 +265,7 @@ impl Optimizer for Adam {
 
 /// Scales the gradients of `params` so their global L2 norm is at most `max_norm`; returns the norm before.
 pub fn clip_grad_norm(grads: &mut Gradients, params: &[Param], max_norm: f32) -> Result<f32> {
-    if !(max_norm > 0.0) {
+    if max_norm.is_nan() || max_norm <= 0.0 {
         return Err(Error::invalid("clip_grad_norm", format!("max_norm = {max_norm} must be positive")));
     }
     let ids: Vec<_> = params.iter().map(|p| p.tensor().id()).collect();

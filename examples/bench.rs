@@ -1,0 +1,44 @@
+//! Core speed: forward, forward + input gradient, a training step and a training epoch of the reference
+//! models, as time, images/s and GFLOP/s, against the PyTorch/onnxruntime figures of SPEC §6.
+//!
+//! `cargo run --release --example bench [-- --quick]`
+
+#[path = "support/bench.rs"]
+mod bench;
+
+use armoury::data;
+use armoury::nn::ReferenceModel;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let set = data::load_default(None)?;
+    let train = if set.train.len() >= 60_000 { set.train.take(60_000)? } else { set.train.repeat_to(60_000)? };
+    let probe = set.test.repeat_to(1000)?;
+    println!("data: {} ({}), {} threads", set.name, set.source, rayon::current_num_threads());
+    let mut rows = Vec::new();
+    for model in [ReferenceModel::Cnn, ReferenceModel::Mlp] {
+        rows.extend(bench::inference(model, &[1, 128, 1000], &probe)?);
+        rows.extend(bench::training(model, &train, !quick)?);
+    }
+    println!("{:<5} {:<20} {:>6} {:>11} {:>12} {:>9}", "model", "workload", "batch", "ms", "images/s", "GFLOP/s");
+    for r in &rows {
+        println!("{:<5} {:<20} {:>6} {:>11.3} {:>12.0} {:>9.1}", r.model, r.workload, r.batch, r.ms, r.images_per_s, r.gflops);
+    }
+    let targets = [
+        ("cnn", "forward_input_grad", 1000, 50.0, "3x faster than PyTorch's 150 ms"),
+        ("cnn", "forward", 1000, 15.0, "within 2x of onnxruntime's 7.7 ms"),
+        ("cnn", "forward_input_grad", 1, 0.3, "under 0.3 ms"),
+        ("mlp", "forward_input_grad", 1000, 6.0, "within 1.5x of PyTorch's 4.0 ms"),
+        ("cnn", "train_epoch", 60000, 3900.0, "faster than PyTorch's 3.9-5.1 s"),
+    ];
+    println!("\ntargets:");
+    for (m, w, b, limit, what) in targets {
+        if let Some(r) = rows.iter().find(|r| r.model == m && r.workload == w && r.batch == b) {
+            let ok = if r.ms <= limit { "met" } else { "MISSED" };
+            println!("  {m} {w} batch {b}: {:.3} ms (target <= {limit} ms, {what}) {ok}", r.ms);
+        }
+    }
+    let json: Vec<String> = rows.iter().map(bench::Row::json).collect();
+    println!("{{\"bench\":[{}]}}", json.join(","));
+    Ok(())
+}
