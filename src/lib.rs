@@ -25,6 +25,7 @@ pub use autograd::Gradients;
 pub use error::{Error, Result};
 pub use ops::{Conv2dParams, Pool2dParams, Reduction, UnaryKind};
 pub use tensor::{grad_enabled, no_grad, normal_vec, Array, Tensor, TensorId};
+pub mod attack;
 pub mod classifier;
 pub mod data;
 pub mod io;
@@ -33,5 +34,6 @@ pub mod onnx;
 pub mod optim;
 pub mod train;
 
+pub use attack::{Attack, AttackResult, Goal, Norms, Resolved};
 pub use classifier::{Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
 pub use nn::{Module, ModuleExt, Param, Sequential};

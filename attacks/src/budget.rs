@@ -1,0 +1,284 @@
+//! Norms, budgets and projections shared by the attacks.
+
+use armoury::{Error, Result, Tensor};
+use ndarray::{Axis, IxDyn};
+
+/// The norm an attack's budget is measured in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    /// Sum of absolute values.
+    L1,
+    /// Euclidean.
+    L2,
+    /// Largest absolute value.
+    Linf,
+}
+
+impl Norm {
+    /// `l1`, `l2` or `linf`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Norm::L1 => "L1",
+            Norm::L2 => "L2",
+            Norm::Linf => "Linf",
+        }
+    }
+
+    /// The norm of a vector, accumulated in f64.
+    pub fn of(self, v: &[f32]) -> f64 {
+        match self {
+            Norm::L1 => v.iter().map(|&a| (a as f64).abs()).sum(),
+            Norm::L2 => v.iter().map(|&a| (a as f64) * (a as f64)).sum::<f64>().sqrt(),
+            Norm::Linf => v.iter().fold(0.0f64, |m, &a| m.max((a as f64).abs())),
+        }
+    }
+}
+
+impl std::str::FromStr for Norm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Norm> {
+        match s.to_ascii_lowercase().as_str() {
+            "l1" => Ok(Norm::L1),
+            "l2" => Ok(Norm::L2),
+            "linf" | "inf" | "l_inf" => Ok(Norm::Linf),
+            _ => Err(Error::invalid("norm", format!("unknown norm '{s}' (expected l1, l2 or linf)"))),
+        }
+    }
+}
+
+/// A perturbation budget: one ε for every sample, or one per sample. Always in input units.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Epsilon {
+    /// The same budget for every sample.
+    Scalar(f32),
+    /// A budget per sample.
+    PerSample(Vec<f32>),
+}
+
+impl From<f32> for Epsilon {
+    fn from(e: f32) -> Self {
+        Epsilon::Scalar(e)
+    }
+}
+
+impl Epsilon {
+    /// The budget of every sample of a batch of `n`, validated (finite, ≥ 0, one per sample).
+    pub fn resolve(&self, n: usize) -> Result<Vec<f32>> {
+        let v = match self {
+            Epsilon::Scalar(e) => vec![*e; n],
+            Epsilon::PerSample(v) => {
+                if v.len() != n {
+                    return Err(Error::ShapeMismatch { op: "epsilon", expected: vec![n], got: vec![v.len()] });
+                }
+                v.clone()
+            }
+        };
+        if let Some(bad) = v.iter().find(|e| !e.is_finite() || **e < 0.0) {
+            return Err(Error::invalid("epsilon", format!("ε = {bad} must be finite and ≥ 0")));
+        }
+        Ok(v)
+    }
+
+    /// A short description for attack names.
+    pub fn describe(&self) -> String {
+        match self {
+            Epsilon::Scalar(e) => format!("{e}"),
+            Epsilon::PerSample(_) => "per-sample".into(),
+        }
+    }
+}
+
+/// Rows of a batch `[N, …]` as an owned `[N, D]` array in standard layout.
+pub fn rows(x: &Tensor) -> ndarray::Array2<f32> {
+    let n = x.shape()[0];
+    let d = x.numel() / n.max(1);
+    x.value().as_standard_layout().into_owned().into_shape_with_order((n, d)).expect("N·D elements")
+}
+
+/// An `[N, D]` array back to the batch shape.
+pub fn unrows(a: ndarray::Array2<f32>, shape: &[usize]) -> Tensor {
+    Tensor::new(a.into_shape_with_order(IxDyn(shape)).expect("same element count").into_dyn())
+}
+
+/// Projects each row of `delta` onto the `norm`-ball of radius `eps[i]` (Euclidean projection; for L1 the
+/// sort-based simplex projection of Duchi et al. 2008).
+pub fn project_ball(delta: &mut ndarray::Array2<f32>, norm: Norm, eps: &[f32]) {
+    for (mut row, &e) in delta.axis_iter_mut(Axis(0)).zip(eps) {
+        let r = row.as_slice_mut().expect("standard layout rows");
+        match norm {
+            Norm::Linf => r.iter_mut().for_each(|v| *v = v.clamp(-e, e)),
+            Norm::L2 => {
+                let n = Norm::L2.of(r);
+                if n > e as f64 {
+                    let s = (e as f64 / n) as f32;
+                    r.iter_mut().for_each(|v| *v *= s);
+                }
+            }
+            Norm::L1 => project_l1(r, e),
+        }
+    }
+}
+
+/// Euclidean projection onto the L1 ball of radius `eps`: soft-threshold at the θ that makes ‖·‖₁ = eps.
+pub fn project_l1(r: &mut [f32], eps: f32) {
+    if Norm::L1.of(r) <= eps as f64 {
+        return;
+    }
+    if eps == 0.0 {
+        r.fill(0.0);
+        return;
+    }
+    let mut mags: Vec<f64> = r.iter().map(|v| (*v as f64).abs()).collect();
+    mags.sort_by(|a, b| b.total_cmp(a));
+    let (mut cum, mut theta) = (0.0f64, 0.0f64);
+    for (k, &m) in mags.iter().enumerate() {
+        cum += m;
+        let t = (cum - eps as f64) / (k + 1) as f64;
+        if m - t > 0.0 {
+            theta = t;
+        } else {
+            break;
+        }
+    }
+    r.iter_mut().for_each(|v| *v = (v.signum() as f64 * ((*v as f64).abs() - theta).max(0.0)) as f32);
+}
+
+/// Makes `adv` a feasible answer: inside `[lo, hi]` and within `eps[i]` of `x` in `norm`, measured exactly (in
+/// f64 on the f32 values), nudging values toward `x` where rounding went past the budget.
+pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: Norm, eps: &[f32], bounds: (f32, f32)) {
+    for ((xr, mut ar), &e) in x.axis_iter(Axis(0)).zip(adv.axis_iter_mut(Axis(0))).zip(eps) {
+        for (a, &xv) in ar.iter_mut().zip(xr) {
+            *a = a.clamp(bounds.0, bounds.1);
+            if !a.is_finite() {
+                *a = xv;
+            }
+        }
+        for _ in 0..64 {
+            let delta: Vec<f32> = ar.iter().zip(xr).map(|(&a, &xv)| ((a as f64) - (xv as f64)) as f32).collect();
+            let n = exact_norm(norm, xr.as_slice().expect("rows"), ar.as_slice().expect("rows"));
+            if n <= e as f64 {
+                break;
+            }
+            match norm {
+                Norm::Linf => {
+                    for (a, &xv) in ar.iter_mut().zip(xr) {
+                        while ((*a as f64) - (xv as f64)).abs() > e as f64 {
+                            *a = step_toward(*a, xv);
+                        }
+                    }
+                }
+                Norm::L2 | Norm::L1 => {
+                    let s = (e as f64 / n) * (1.0 - 1e-7);
+                    for ((a, &xv), &d) in ar.iter_mut().zip(xr).zip(&delta) {
+                        *a = (xv as f64 + d as f64 * s) as f32;
+                        if ((*a as f64) - (xv as f64)).abs() > (d as f64).abs() {
+                            *a = step_toward(*a, xv);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// ‖adv − x‖ computed in f64 from the f32 values.
+pub fn exact_norm(norm: Norm, x: &[f32], adv: &[f32]) -> f64 {
+    let it = x.iter().zip(adv).map(|(&a, &b)| (b as f64) - (a as f64));
+    match norm {
+        Norm::L1 => it.map(f64::abs).sum(),
+        Norm::L2 => it.map(|d| d * d).sum::<f64>().sqrt(),
+        Norm::Linf => it.fold(0.0, |m, d| m.max(d.abs())),
+    }
+}
+
+/// The next f32 from `a` in the direction of `b`.
+fn step_toward(a: f32, b: f32) -> f32 {
+    if a == b {
+        return a;
+    }
+    let bits = a.to_bits();
+    let up = (b > a) == (a >= 0.0);
+    if a == 0.0 {
+        return if b > 0.0 { f32::from_bits(1) } else { -f32::from_bits(1) };
+    }
+    f32::from_bits(if up { bits + 1 } else { bits - 1 })
+}
+
+/// The gradient rows scaled for a steepest-ascent step of unit size in `norm`: sign (L∞), g/‖g‖₂ (L2), or, for L1,
+/// the sparse direction of Tramèr & Boneh (2019): sign(g) on the coordinates at or above the `q`-quantile of
+/// |g|, divided by their count. Rows with a zero gradient stay zero.
+pub fn steepest(g: &ndarray::Array2<f32>, norm: Norm, l1_quantile: f32) -> ndarray::Array2<f32> {
+    let mut out = g.clone();
+    for mut row in out.axis_iter_mut(Axis(0)) {
+        let r = row.as_slice_mut().expect("rows");
+        match norm {
+            Norm::Linf => r.iter_mut().for_each(|v| *v = sign(*v)),
+            Norm::L2 => {
+                let n = Norm::L2.of(r);
+                if n > 0.0 {
+                    r.iter_mut().for_each(|v| *v = (*v as f64 / n) as f32);
+                }
+            }
+            Norm::L1 => {
+                let mut mags: Vec<f32> = r.iter().map(|v| v.abs()).collect();
+                let k = ((mags.len() as f32 * l1_quantile) as usize).min(mags.len() - 1);
+                let (_, &mut thresh, _) = mags.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
+                let thresh = thresh.max(f32::MIN_POSITIVE);
+                let count = r.iter().filter(|v| v.abs() >= thresh).count().max(1) as f32;
+                r.iter_mut().for_each(|v| *v = if v.abs() >= thresh { sign(*v) / count } else { 0.0 });
+            }
+        }
+    }
+    out
+}
+
+/// sign with sign(0) = 0.
+pub fn sign(v: f32) -> f32 {
+    if v > 0.0 {
+        1.0
+    } else if v < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+/// An `[N, D]` array of uniform samples in the `norm`-ball of radius `eps[i]` around 0 (L∞: uniform in the cube;
+/// L2: uniform in the ball; L1: uniform in the ball via exponential/Laplace sampling), one generator per row.
+pub fn random_in_ball(n: usize, d: usize, norm: Norm, eps: &[f32], seeds: &[u64]) -> ndarray::Array2<f32> {
+    use rand::{Rng, SeedableRng};
+    let mut out = ndarray::Array2::zeros((n, d));
+    for ((mut row, &e), &s) in out.axis_iter_mut(Axis(0)).zip(eps).zip(seeds) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
+        match norm {
+            Norm::Linf => row.iter_mut().for_each(|v| *v = e * (2.0 * rng.random::<f32>() - 1.0)),
+            Norm::L2 => {
+                let z = armoury::normal_vec(&mut rng, d);
+                let zn = Norm::L2.of(&z).max(1e-12);
+                let radius = e as f64 * rng.random::<f64>().powf(1.0 / d as f64);
+                row.iter_mut().zip(&z).for_each(|(v, &g)| *v = (g as f64 / zn * radius) as f32);
+            }
+            Norm::L1 => {
+                // Laplace direction normalised to the L1 sphere, radius scaled by U^(1/d).
+                let lap: Vec<f64> = (0..d).map(|_| -(1.0 - rng.random::<f64>()).ln() * if rng.random::<bool>() { 1.0 } else { -1.0 }).collect();
+                let ln: f64 = lap.iter().map(|v| v.abs()).sum::<f64>().max(1e-12);
+                let radius = e as f64 * rng.random::<f64>().powf(1.0 / d as f64);
+                row.iter_mut().zip(&lap).for_each(|(v, &g)| *v = (g / ln * radius) as f32);
+            }
+        }
+    }
+    out
+}
+
+/// Validates a positive step size.
+pub fn check_positive(op: &'static str, what: &str, v: f32) -> Result<()> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(Error::invalid(op, format!("{what} = {v} must be positive")));
+    }
+    Ok(())
+}
+
+/// A per-sample seed for every row of `x` (content-derived; see [`armoury::attack::sample_seed`]).
+pub fn row_seeds(x: &ndarray::Array2<f32>, seed: u64, stream: u64) -> Vec<u64> {
+    x.axis_iter(Axis(0)).map(|r| armoury::attack::sample_seed(seed, stream, r.as_slice().expect("rows"))).collect()
+}

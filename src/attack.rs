@@ -1,0 +1,254 @@
+//! The attack contract (Foolbox-style): one call takes a classifier, the inputs, their true labels and a
+//! [`Goal`], and returns per-sample results whose success is re-evaluated on the returned inputs.
+//!
+//! It lives in the core so that defenses, detectors, the evaluator and the fuzzer can take any attack as
+//! `&dyn Attack` without depending on the attack crate's concrete types.
+
+use ndarray::{Array2, Axis};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::classifier::{argmax_rows, Classifier};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// What counts as success.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Goal {
+    /// Any prediction other than the true label.
+    Untargeted,
+    /// Exactly the given class for each sample.
+    Targeted(Vec<usize>),
+    /// A class drawn uniformly from those other than the true label, from a ChaCha8 generator per sample
+    /// seeded by [`sample_seed`] — the same target for the same image whatever the batch or its order.
+    RandomTarget {
+        /// The seed.
+        seed: u64,
+    },
+    /// The class the model finds least likely on the clean input.
+    LeastLikely,
+}
+
+/// The goal with every target resolved to a class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// Leave the true class.
+    Untargeted,
+    /// Reach these classes.
+    Targeted(Vec<usize>),
+}
+
+impl Resolved {
+    /// Whether `prediction` fulfils the goal for sample `i` with true label `label`.
+    pub fn is_success(&self, i: usize, label: usize, prediction: usize) -> bool {
+        match self {
+            Resolved::Untargeted => prediction != label,
+            Resolved::Targeted(t) => prediction == t[i],
+        }
+    }
+
+    /// Whether the goal is targeted.
+    pub fn is_targeted(&self) -> bool {
+        matches!(self, Resolved::Targeted(_))
+    }
+
+    /// The class whose loss an attack descends (target) or ascends (true label) for sample `i`.
+    pub fn class(&self, i: usize, labels: &[usize]) -> usize {
+        match self {
+            Resolved::Untargeted => labels[i],
+            Resolved::Targeted(t) => t[i],
+        }
+    }
+}
+
+/// Checks inputs and labels against the classifier and resolves the goal's targets.
+pub fn resolve_goal(model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<Resolved> {
+    let n = model.check_input(x)?;
+    let k = model.num_classes();
+    check_labels("attack labels", labels, n, k)?;
+    Ok(match goal {
+        Goal::Untargeted => Resolved::Untargeted,
+        Goal::Targeted(t) => {
+            check_labels("attack targets", t, n, k)?;
+            Resolved::Targeted(t.clone())
+        }
+        Goal::RandomTarget { seed } => Resolved::Targeted(
+            labels
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| {
+                    let mut rng = ChaCha8Rng::seed_from_u64(sample_seed(*seed, 0, &sample(x, i)));
+                    let t = rng.random_range(0..k - 1);
+                    if t >= l {
+                        t + 1
+                    } else {
+                        t
+                    }
+                })
+                .collect(),
+        ),
+        Goal::LeastLikely => {
+            let z = model.logits(x)?;
+            Resolved::Targeted(z.rows().into_iter().map(|r| argmin(r.iter().copied())).collect())
+        }
+    })
+}
+
+/// A seed for one sample's random choices, derived from the attack's seed, a stream number (restart, …) and the
+/// sample's own values — so results are the same whatever the batch size, the sample's position in the batch
+/// or the thread count (SPEC §4.7).
+pub fn sample_seed(seed: u64, stream: u64, values: &[f32]) -> u64 {
+    // FNV-1a over the bit patterns, then a SplitMix64 finaliser.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.rotate_left(29);
+    for v in values {
+        h ^= u64::from(v.to_bits());
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The values of sample `i` of a batch `[N, …]`, in row-major order (any layout).
+pub fn sample(x: &Tensor, i: usize) -> Vec<f32> {
+    x.value().index_axis(Axis(0), i).iter().copied().collect()
+}
+
+fn argmin(it: impl Iterator<Item = f32>) -> usize {
+    it.enumerate().fold((0, f32::INFINITY), |(bi, bv), (i, v)| if v < bv { (i, v) } else { (bi, bv) }).0
+}
+
+fn check_labels(op: &'static str, labels: &[usize], n: usize, k: usize) -> Result<()> {
+    if labels.len() != n {
+        return Err(Error::ShapeMismatch { op, expected: vec![n], got: vec![labels.len()] });
+    }
+    if let Some(&label) = labels.iter().find(|&&l| l >= k) {
+        return Err(Error::LabelOutOfRange { op, label, num_classes: k });
+    }
+    Ok(())
+}
+
+/// Perturbation norms of one sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Norms {
+    /// Number of changed input values.
+    pub l0: f32,
+    /// Sum of absolute changes.
+    pub l1: f32,
+    /// Euclidean norm of the change.
+    pub l2: f32,
+    /// Largest absolute change.
+    pub linf: f32,
+}
+
+impl Norms {
+    /// The norms of `delta`.
+    pub fn of(delta: &[f32]) -> Norms {
+        let (mut l0, mut l1, mut l2, mut linf) = (0usize, 0f64, 0f64, 0f32);
+        for &d in delta {
+            let a = d.abs();
+            l0 += usize::from(a > 0.0);
+            l1 += a as f64;
+            l2 += (a as f64) * (a as f64);
+            linf = linf.max(a);
+        }
+        Norms { l0: l0 as f32, l1: l1 as f32, l2: l2.sqrt() as f32, linf }
+    }
+}
+
+/// What an attack achieved, per sample.
+#[derive(Clone, Debug)]
+pub struct AttackResult {
+    /// The adversarial inputs (inside the bounds and the budget), same shape as the inputs.
+    pub adversarial: Tensor,
+    /// Whether each returned input fulfils the goal — re-evaluated by running the model on it.
+    pub success: Vec<bool>,
+    /// The model's prediction on each returned input.
+    pub predictions: Vec<usize>,
+    /// Perturbation norms of each sample.
+    pub norms: Vec<Norms>,
+    /// Gradient evaluations spent on each sample (white-box attacks).
+    pub gradients: Vec<u64>,
+    /// Model queries spent on each sample (black-box attacks; forward passes of white-box ones).
+    pub queries: Vec<u64>,
+    /// The goal the attack pursued, with targets resolved.
+    pub goal: Resolved,
+}
+
+impl AttackResult {
+    /// Builds a result, re-running `model` on `adversarial` to decide success.
+    pub fn evaluate(
+        model: &dyn Classifier,
+        x: &Tensor,
+        adversarial: Tensor,
+        labels: &[usize],
+        goal: Resolved,
+        gradients: Vec<u64>,
+        queries: Vec<u64>,
+    ) -> Result<AttackResult> {
+        if adversarial.shape() != x.shape() {
+            return Err(Error::ShapeMismatch { op: "attack result", expected: x.shape().to_vec(), got: adversarial.shape().to_vec() });
+        }
+        let predictions = argmax_rows(&model.logits(&adversarial)?);
+        let success = predictions.iter().enumerate().map(|(i, &p)| goal.is_success(i, labels[i], p)).collect();
+        let norms = per_sample_norms(x, &adversarial);
+        Ok(AttackResult { adversarial, success, predictions, norms, gradients, queries, goal })
+    }
+
+    /// Fraction of samples where the attack succeeded.
+    pub fn success_rate(&self) -> f32 {
+        self.success.iter().filter(|&&s| s).count() as f32 / self.success.len().max(1) as f32
+    }
+
+    /// Fraction of samples still classified correctly (untargeted robust accuracy).
+    pub fn robust_accuracy(&self, labels: &[usize]) -> f32 {
+        self.predictions.iter().zip(labels).filter(|(p, l)| p == l).count() as f32 / labels.len().max(1) as f32
+    }
+
+    /// Total gradient evaluations.
+    pub fn total_gradients(&self) -> u64 {
+        self.gradients.iter().sum()
+    }
+}
+
+/// Per-sample norms of `adv − x` for batches [N, …].
+pub fn per_sample_norms(x: &Tensor, adv: &Tensor) -> Vec<Norms> {
+    let n = x.shape().first().copied().unwrap_or(0);
+    let d = x.numel() / n.max(1);
+    let xs = x.value().as_standard_layout().into_owned();
+    let a = adv.value().as_standard_layout().into_owned();
+    let (xs, a) = (xs.as_slice().expect("standard"), a.as_slice().expect("standard"));
+    (0..n)
+        .map(|i| {
+            let delta: Vec<f32> = xs[i * d..(i + 1) * d].iter().zip(&a[i * d..(i + 1) * d]).map(|(p, q)| q - p).collect();
+            Norms::of(&delta)
+        })
+        .collect()
+}
+
+/// An adversarial attack.
+pub trait Attack: Send + Sync {
+    /// A short name with the main settings, e.g. `PGD-Linf(eps=0.1, steps=40)`.
+    fn name(&self) -> String;
+
+    /// Attacks `x` (true labels `labels`) toward `goal`. Never mutates `x`.
+    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult>;
+
+    /// Runs the attack once per budget in `eps` (a sweep), results in the same order. Budget-free attacks
+    /// return an error.
+    fn sweep(&self, _model: &dyn Classifier, _x: &Tensor, _labels: &[usize], _goal: &Goal, _eps: &[f32]) -> Result<Vec<AttackResult>> {
+        Err(Error::invalid("sweep", format!("{} has no perturbation budget to sweep", self.name())))
+    }
+}
+
+/// Logit margin helper: for each row, the largest logit other than `class[i]`.
+pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Vec<(usize, f32)> {
+    z.axis_iter(Axis(0))
+        .zip(class)
+        .map(|(r, &c)| {
+            r.iter().enumerate().filter(|(j, _)| *j != c).fold((usize::MAX, f32::NEG_INFINITY), |(bi, bv), (j, &v)| if v > bv { (j, v) } else { (bi, bv) })
+        })
+        .collect()
+}
