@@ -7,3 +7,5 @@ mod data;
 mod ops;
 mod onnx;
 mod train;
+mod attack_props;
+mod attacks_gradient;

@@ -260,7 +260,12 @@ impl Pgd {
         let bounds = ctx.model.bounds();
         let (n, d) = x2.dim();
         let seeds = row_seeds(x2, self.seed, r as u64);
-        let mut delta = if self.random_start { random_in_ball(n, d, self.norm, eps, &seeds) } else { Array2::zeros((n, d)) };
+        // Zero steps is the identity (SPEC §4.2): no random start without a step after it.
+        let mut delta = if self.random_start && self.steps > 0 {
+            random_in_ball(n, d, self.norm, eps, &seeds)
+        } else {
+            Array2::zeros((n, d))
+        };
         let mut adv = x2 + &delta;
         clip(&mut adv, bounds);
         let mut g_acc = Array2::<f32>::zeros((n, d));
@@ -489,5 +494,32 @@ impl Attack for Llc {
         } else {
             Pgd::fgsm(self.eps).run(model, x, labels, &Goal::LeastLikely)
         }
+    }
+}
+
+/// Uniform noise in the ε-ball (a baseline: any attack worth running must beat it).
+#[derive(Clone, Debug)]
+pub struct UniformNoise {
+    /// The ball's norm.
+    pub norm: Norm,
+    /// Its radius.
+    pub eps: Epsilon,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
+impl Attack for UniformNoise {
+    fn name(&self) -> String {
+        format!("UniformNoise-{}(eps={})", self.norm.name(), self.eps.describe())
+    }
+
+    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+        let goal = resolve_goal(model, x, labels, goal)?;
+        let eps = self.eps.resolve(labels.len())?;
+        let x2 = rows(x);
+        let (n, d) = x2.dim();
+        let mut adv = &x2 + &random_in_ball(n, d, self.norm, &eps, &row_seeds(&x2, self.seed, 0));
+        enforce(&x2, &mut adv, self.norm, &eps, model.bounds());
+        AttackResult::evaluate(model, x, unrows(adv, x.shape()), labels, goal, vec![0; n], vec![1; n])
     }
 }

@@ -27,5 +27,5 @@ mod gradient;
 pub mod losses;
 
 pub use budget::{Epsilon, Norm};
-pub use gradient::{Diversity, Llc, Pgd, RFgsm, VarianceTuning};
+pub use gradient::{Diversity, Llc, Pgd, RFgsm, UniformNoise, VarianceTuning};
 pub use losses::Loss;
