@@ -1,0 +1,177 @@
+//! Attack a model and report what broke.
+//!
+//! `cargo run --release --example attack -- --attack pgd --eps 0.1 [--norm linf] [--steps 40] [--step-size A]
+//! [--restarts R] [--model cnn|mlp|FILE.onnx] [--bounds 0,1] [--weights FILE.safetensors] [--data DIR]
+//! [--limit N] [--targeted random|least-likely|CLASS] [--seed S] [--out DIR]`
+//!
+//! Loads the weights (or trains the reference model with SPEC §2's recipe), attacks the first N test images,
+//! prints a table, writes a PNG grid of clean / adversarial / magnified-perturbation images, and ends with one
+//! JSON line.
+
+#[path = "support/model.rs"]
+mod model;
+#[path = "support/progress.rs"]
+mod progress;
+#[path = "support/registry.rs"]
+mod registry;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use armoury::data::{perturbation_image, save_png_grid, GridRow};
+use armoury::{Classifier, Goal, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+
+struct Args {
+    attack: registry::AttackArgs,
+    model: model::ModelChoice,
+    bounds: (f32, f32),
+    weights: Option<PathBuf>,
+    data: Option<PathBuf>,
+    limit: usize,
+    targeted: Option<String>,
+    out: PathBuf,
+}
+
+fn parse() -> Result<Args, Box<dyn std::error::Error>> {
+    use lexopt::prelude::*;
+    let mut a = Args {
+        attack: registry::AttackArgs {
+            name: "pgd".into(),
+            eps: 0.1,
+            norm: None,
+            steps: None,
+            step_size: None,
+            restarts: 1,
+            queries: None,
+            seed: 0,
+        },
+        model: model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
+        bounds: (0.0, 1.0),
+        weights: None,
+        data: None,
+        limit: 1000,
+        targeted: None,
+        out: PathBuf::from("out"),
+    };
+    let mut p = lexopt::Parser::from_env();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("attack") => a.attack.name = p.value()?.string()?.to_lowercase(),
+            Long("eps") => a.attack.eps = p.value()?.parse()?,
+            Long("norm") => a.attack.norm = Some(p.value()?.parse()?),
+            Long("steps") => a.attack.steps = Some(p.value()?.parse()?),
+            Long("step-size") => a.attack.step_size = Some(p.value()?.parse()?),
+            Long("restarts") => a.attack.restarts = p.value()?.parse()?,
+            Long("queries") => a.attack.queries = Some(p.value()?.parse()?),
+            Long("seed") => a.attack.seed = p.value()?.parse()?,
+            Long("model") => a.model = p.value()?.parse()?,
+            Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
+            Long("weights") => a.weights = Some(p.value()?.into()),
+            Long("data") => a.data = Some(p.value()?.into()),
+            Long("limit") => a.limit = p.value()?.parse()?,
+            Long("targeted") => a.targeted = Some(p.value()?.string()?),
+            Long("out") => a.out = p.value()?.into(),
+            Long("help") | Short('h') => {
+                println!("attacks: {}", registry::NAMES.join(", "));
+                std::process::exit(0);
+            }
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    let set = model::load_data(args.data.as_deref())?;
+    println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
+    let (_, clf) = model::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.attack.seed)?;
+    let attack = registry::build(&args.attack)?;
+    let n = args.limit.min(set.test.len());
+    let (x, y) = set.test.batch(0..n)?;
+    let goal = match args.targeted.as_deref() {
+        None => Goal::Untargeted,
+        Some("random") => Goal::RandomTarget { seed: args.attack.seed },
+        Some("least-likely") | Some("ll") => Goal::LeastLikely,
+        Some(c) => Goal::Targeted(vec![c.parse()?; n]),
+    };
+    println!("attack: {} on {} images, goal {:?}", attack.name(), n, goal);
+
+    let clean_pred = clf.predict(&x)?;
+    let clean_acc = clean_pred.iter().zip(&y).filter(|(p, l)| p == l).count() as f64 / n as f64;
+    let start = Instant::now();
+    let bar = ProgressBar::new(n as u64);
+    bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} images ({elapsed}, eta {eta})")?.progress_chars("=> "));
+    let chunk = 250;
+    let mut results = Vec::new();
+    for s in (0..n).step_by(chunk) {
+        let e = (s + chunk).min(n);
+        let xs = x.narrow(0, s, e - s)?;
+        let g = match &goal {
+            Goal::Targeted(t) => Goal::Targeted(t[s..e].to_vec()),
+            other => other.clone(),
+        };
+        results.push(attack.run(&clf, &xs, &y[s..e], &g)?);
+        bar.inc((e - s) as u64);
+    }
+    bar.finish_and_clear();
+    let seconds = start.elapsed().as_secs_f64();
+    let adv = Tensor::concat(&results.iter().map(|r| r.adversarial.clone()).collect::<Vec<_>>(), 0)?;
+    let success: Vec<bool> = results.iter().flat_map(|r| r.success.iter().copied()).collect();
+    let preds: Vec<usize> = results.iter().flat_map(|r| r.predictions.iter().copied()).collect();
+    let norms: Vec<armoury::Norms> = results.iter().flat_map(|r| r.norms.iter().copied()).collect();
+    let gradients: u64 = results.iter().map(|r| r.total_gradients()).sum();
+    let mut queries: Vec<u64> = results.iter().flat_map(|r| r.queries.iter().copied()).collect();
+    let robust = preds.iter().zip(&y).filter(|(p, l)| p == l).count() as f64 / n as f64;
+    let rate = success.iter().filter(|&&s| s).count() as f64 / n as f64;
+    let succ: Vec<&armoury::Norms> = norms.iter().zip(&success).filter(|(_, &s)| s).map(|(m, _)| m).collect();
+    let mean = |f: &dyn Fn(&armoury::Norms) -> f32| {
+        if succ.is_empty() {
+            0.0
+        } else {
+            succ.iter().map(|m| f(m) as f64).sum::<f64>() / succ.len() as f64
+        }
+    };
+    let (mean_l0, mean_l2, mean_linf) = (mean(&|m| m.l0), mean(&|m| m.l2), mean(&|m| m.linf));
+    queries.sort_unstable();
+    let q_mean = queries.iter().sum::<u64>() as f64 / n as f64;
+    let q_median = queries[n / 2];
+    let q_max = *queries.last().unwrap_or(&0);
+
+    std::fs::create_dir_all(&args.out)?;
+    let png = args.out.join(format!("attack-{}.png", args.attack.name));
+    let show = n.min(8);
+    let mut rows = vec![GridRow::new("clean", (0..show).map(|i| x.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?)];
+    rows.push(GridRow::new("adv", (0..show).map(|i| adv.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?));
+    let magnify = 0.5 / args.attack.eps.max(1e-3);
+    let pert = (0..show)
+        .map(|i| perturbation_image(&x.narrow(0, i, 1)?, &adv.narrow(0, i, 1)?, magnify))
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.push(GridRow::new(format!("x{magnify:.0}"), pert));
+    save_png_grid(&png, &rows, 3)?;
+
+    println!("\n{:<26} {:>12}", "figure", "value");
+    let table = [
+        ("images", format!("{n}")),
+        ("clean accuracy", format!("{clean_acc:.4}")),
+        ("robust accuracy", format!("{robust:.4}")),
+        ("success rate", format!("{rate:.4}")),
+        ("mean L0 (successes)", format!("{mean_l0:.1}")),
+        ("mean L2 (successes)", format!("{mean_l2:.4}")),
+        ("mean Linf (successes)", format!("{mean_linf:.4}")),
+        ("gradients", format!("{gradients}")),
+        ("queries mean/median/max", format!("{q_mean:.0}/{q_median}/{q_max}")),
+        ("seconds", format!("{seconds:.2}")),
+        ("images/s", format!("{:.0}", n as f64 / seconds)),
+    ];
+    for (k, v) in table {
+        println!("{k:<26} {v:>12}");
+    }
+    println!("grid: {}", png.display());
+    println!(
+        "{{\"attack\":\"{}\",\"eps\":{},\"images\":{n},\"clean_accuracy\":{clean_acc:.4},\"robust_accuracy\":{robust:.4},\"success_rate\":{rate:.4},\"mean_l2\":{mean_l2:.4},\"mean_linf\":{mean_linf:.4},\"seconds\":{seconds:.3},\"gradients\":{gradients},\"queries_mean\":{q_mean:.1},\"queries_median\":{q_median},\"queries_max\":{q_max}}}",
+        args.attack.name, args.attack.eps
+    );
+    Ok(())
+}
