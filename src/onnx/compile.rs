@@ -77,8 +77,10 @@ pub(crate) type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
 /// An operator with its attributes.
 #[derive(Clone, Debug)]
 pub(crate) enum Kind {
-    /// Identity, and Dropout in inference (output 0 is input 0; a mask output is all ones).
-    Identity,
+    /// Identity, and Dropout in inference (output 0 is input 0; a requested mask output is all ones).
+    Identity {
+        mask: bool,
+    },
     Binary(Bin),
     Unary(UnaryKind),
     PRelu,
@@ -251,14 +253,14 @@ pub(crate) fn compile(node: &NodeProto, info: &NodeInfo) -> Result<Kind> {
     let opset = info.opset;
     let unary = |k: UnaryKind| Ok(Kind::Unary(k));
     let kind = match node.op_type.as_str() {
-        "Identity" => Ok(Kind::Identity),
+        "Identity" => Ok(Kind::Identity { mask: false }),
         "Dropout" => {
             a.ignore("ratio");
             a.ignore("seed");
             if a.int("is_test", 1)? == 0 && opset < 7 {
                 return Err(info.unsupported("is_test = 0 (training-mode dropout)"));
             }
-            Ok(Kind::Identity)
+            Ok(Kind::Identity { mask: node.output.get(1).is_some_and(|o| !o.is_empty()) })
         }
         "Add" => Ok(Kind::Binary(Bin::Add)),
         "Sub" => Ok(Kind::Binary(Bin::Sub)),

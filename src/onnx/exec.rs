@@ -74,7 +74,8 @@ pub(crate) fn exec(kind: &Kind, info: &NodeInfo, ins: &[Option<&Value>]) -> Resu
     let one = |v: Value| Ok(vec![v]);
     let x = || req(info, ins, 0);
     match kind {
-        Kind::Identity => {
+        Kind::Identity { mask: false } => one(x()?.clone()),
+        Kind::Identity { mask: true } => {
             let v = x()?.clone();
             let mask = Value::I(Ints { shape: v.shape().to_vec(), data: vec![1; v.shape().iter().product()] });
             Ok(vec![v, mask])

@@ -324,7 +324,7 @@ fn build(model: &ModelProto) -> Result<Graph> {
     for node in &graph.node {
         let info = NodeInfo::new(node, opset);
         let kind = compile(node, &info)?;
-        let produced = if matches!(kind, Kind::Identity) { 2 } else { 1 };
+        let produced = if matches!(kind, Kind::Identity { mask: true }) { 2 } else { 1 };
         if node.output.iter().skip(produced).any(|o| !o.is_empty()) || node.output.is_empty() {
             return Err(info.unsupported(format!("{} outputs", node.output.len())));
         }

@@ -1,0 +1,94 @@
+//! Layers' modes and buffers, and the classifier contract: validation, counters, black-box views.
+
+use armoury::nn::{cnn, BatchNorm, Dropout, Flatten, Linear, Module, ModuleExt, Sequential};
+use armoury::{Classifier, Error, LabelOracle, ModuleClassifier, Param, ScoreOracle, Tensor};
+
+#[test]
+fn dropout_is_seeded_scaled_and_off_in_eval() {
+    let d = Dropout::new(0.25, 7).unwrap();
+    let x = Tensor::ones(&[1000]);
+    assert_eq!(d.forward_t(&x, false).unwrap().to_vec(), x.to_vec(), "evaluation: identity");
+    let y = d.forward_t(&x, true).unwrap().to_vec();
+    let kept = y.iter().filter(|&&v| v != 0.0).count();
+    assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6), "kept values scaled by 1/(1−p)");
+    assert!((kept as f32 / 1000.0 - 0.75).abs() < 0.05, "kept fraction {kept}");
+    // ∂y/∂x = mask/(1−p)
+    let xv = x.variable();
+    let y2 = Dropout::new(0.25, 7).unwrap().forward_t(&xv, true).unwrap();
+    let g = y2.grad_wrt(&[&xv]).unwrap()[0].to_vec();
+    assert_eq!(g, y, "gradient equals the scaled mask");
+    // same seed and call number → same mask; successive calls differ
+    assert_eq!(Dropout::new(0.25, 7).unwrap().forward_t(&x, true).unwrap().to_vec(), y);
+    assert_ne!(d.forward_t(&x, true).unwrap().to_vec(), y);
+    assert!(Dropout::new(1.0, 0).is_err());
+}
+
+#[test]
+fn batch_norm_updates_running_statistics_like_pytorch() {
+    let bn = BatchNorm::new(2);
+    // channel 0 values 1,2,3,4 (mean 2.5, biased var 1.25, unbiased 5/3); channel 1 all 2 (var 0)
+    let x = Tensor::from_vec(vec![1.0, 2.0, 2.0, 2.0, 3.0, 2.0, 4.0, 2.0], &[4, 2]).unwrap();
+    let y = bn.forward_t(&x, true).unwrap().to_vec();
+    let inv = 1.0 / (1.25f32 + 1e-5).sqrt();
+    assert!((y[0] - (1.0 - 2.5) * inv).abs() < 1e-5 && y[1].abs() < 1e-3);
+    let rm: Vec<f32> = bn.running_mean.value().iter().copied().collect();
+    let rv: Vec<f32> = bn.running_var.value().iter().copied().collect();
+    assert!((rm[0] - 0.25).abs() < 1e-6 && (rm[1] - 0.2).abs() < 1e-6, "{rm:?}");
+    assert!((rv[0] - (0.9 + 0.1 * 5.0 / 3.0)).abs() < 1e-6 && (rv[1] - 0.9).abs() < 1e-6, "{rv:?}");
+    assert_eq!(bn.num_batches_tracked.value().iter().next().copied(), Some(1.0));
+    // evaluation uses the running statistics and changes nothing
+    let e = bn.forward_t(&x, false).unwrap().to_vec();
+    assert!((e[0] - (1.0 - 0.25) / (rv[0] + 1e-5).sqrt()).abs() < 1e-5);
+    assert_eq!(bn.running_mean.value().iter().copied().collect::<Vec<_>>(), rm);
+    assert!(bn.forward_t(&Tensor::zeros(&[4, 3]), true).is_err());
+}
+
+#[test]
+fn sequential_names_modes_and_params() {
+    let net = Sequential::new().add("flat", Flatten).add("fc", Linear::new(4, 2, true, 0)).add("bn", BatchNorm::new(2));
+    let names: Vec<String> = net.named_params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["fc.weight", "fc.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]);
+    assert_eq!(net.parameters().len(), 4, "buffers are not trainable");
+    assert!(!net.is_training());
+    net.train();
+    assert!(net.is_training());
+    net.eval();
+    assert!(!net.is_training());
+    let p = Param::new(Tensor::zeros(&[2]).to_array());
+    assert!(matches!(p.set(Tensor::zeros(&[3]).to_array()), Err(Error::ShapeMismatch { .. })));
+    let err = Linear::new(4, 2, true, 0).forward_t(&Tensor::zeros(&[1, 5]), false);
+    assert!(matches!(err, Err(Error::ShapeMismatch { .. })));
+}
+
+#[test]
+fn classifier_validates_counts_and_views() {
+    let clf = ModuleClassifier::new(cnn(0), &[1, 28, 28], 10, (0.0, 1.0)).unwrap();
+    let x = Tensor::uniform(&[3, 1, 28, 28], 0.0, 1.0, 1);
+    assert!(matches!(clf.logits(&Tensor::zeros(&[3, 1, 27, 28])), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(clf.logits(&Tensor::zeros(&[3, 28, 28])), Err(Error::RankMismatch { .. })));
+    assert!(matches!(clf.logits(&Tensor::zeros(&[0, 1, 28, 28])), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(clf.logits(&Tensor::full(&[1, 1, 28, 28], f32::INFINITY)), Err(Error::NonFinite { .. })));
+    assert!(matches!(clf.loss_gradient(&x, &[0, 1, 10]), Err(Error::LabelOutOfRange { .. })));
+    assert!(ModuleClassifier::new(cnn(0), &[1, 28, 28], 10, (1.0, 0.0)).is_err());
+    clf.counters().reset();
+    let p = clf.probabilities(&x).unwrap();
+    for row in p.rows() {
+        assert!((row.sum() - 1.0).abs() < 1e-5);
+    }
+    let (loss, g) = clf.loss_gradient(&x, &[0, 1, 2]).unwrap();
+    assert_eq!((loss.len(), g.shape()), (3, &[3, 1, 28, 28][..]));
+    let c = clf.counters().snapshot();
+    assert_eq!((c.forward_samples, c.backward_samples, c.backward_calls), (6, 3, 1));
+    // the gradient of the loss of sample i depends only on sample i
+    let (_, g1) = clf.loss_gradient(&x.narrow(0, 1, 1).unwrap(), &[1]).unwrap();
+    assert_eq!(g.narrow(0, 1, 1).unwrap().to_vec(), g1.to_vec());
+
+    let scores = ScoreOracle::new(&clf);
+    let labels = LabelOracle::new(&clf);
+    scores.probabilities(&x).unwrap();
+    labels.labels(&x).unwrap();
+    labels.labels(&x.narrow(0, 0, 1).unwrap()).unwrap();
+    assert_eq!((scores.queries(), labels.queries()), (3, 4));
+    assert_eq!(labels.meta().1, 10);
+    assert_eq!(labels.labels(&x).unwrap(), clf.predict(&x).unwrap());
+}
