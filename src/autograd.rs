@@ -126,6 +126,13 @@ impl Tensor {
         run(self, |t| t.0.role == Role::Parameter)
     }
 
+    /// Gradients with respect to every trainable parameter and also `extra` tensors, in one backward pass (free
+    /// adversarial training updates the weights and the perturbation from the same gradient).
+    pub fn backward_with(&self, extra: &[&Tensor]) -> Result<Gradients> {
+        let ids: HashSet<TensorId> = extra.iter().map(|t| t.id()).collect();
+        run(self, |t| t.0.role == Role::Parameter || ids.contains(&t.id()))
+    }
+
     /// Gradients of this tensor (summed, if not a scalar) with respect to `targets` only, in their order.
     /// A target the tensor does not depend on gets a zero gradient.
     pub fn grad_wrt(&self, targets: &[&Tensor]) -> Result<Vec<Tensor>> {

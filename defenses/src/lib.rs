@@ -1,0 +1,15 @@
+//! # armoury-defenses
+//!
+//! Defenses for Armoury classifiers: adversarial training ([`training`]: Madry PGD-AT, TRADES, MART, fast and
+//! free adversarial training, ensemble adversarial training, and MindArmour's defense set, corrected) and input
+//! transformations ([`transforms`]: feature squeezing, spatial smoothing, JPEG, total-variation minimisation,
+//! randomized smoothing), each usable as a [`armoury::Classifier`] with BPDA/EOT gradients so white-box attacks
+//! can still be run through it.
+//!
+//! Defenses take attacks as `&dyn armoury::Attack`, so any attack — from `armoury-attacks` or your own — can
+//! drive adversarial training.
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod training;
+pub mod transforms;

@@ -1,0 +1,129 @@
+//! TRADES (Zhang et al. 2019) and MART (Wang et al. 2020): losses that trade clean accuracy against robustness
+//! through a KL term between the clean and the adversarial predictions.
+
+use armoury::attack::sample_seed;
+use armoury::{Attack, Classifier, Error, Goal, Reduction, Result, Tensor};
+use armoury_attacks::budget::{enforce, rows, sign, unrows, Norm};
+use armoury_attacks::Pgd;
+use ndarray::{Array2, Axis};
+use rand::SeedableRng;
+
+use super::{correct, optimise, Method, StepContext, StepReport};
+
+/// TRADES: minimise CE(f(x), y) + β·KL(f(x) ‖ f(x′)), with x′ maximising the KL inside the ε-ball (L∞) by `steps`
+/// sign steps of `step_size` from x + 0.001·N(0, I), as the authors' code does.
+pub struct Trades {
+    /// Budget ε.
+    pub eps: f32,
+    /// Inner step size.
+    pub step_size: f32,
+    /// Inner steps.
+    pub steps: usize,
+    /// Weight β of the robustness term.
+    pub beta: f32,
+}
+
+impl Trades {
+    /// β = 6 with `steps` steps of `step_size`.
+    pub fn new(eps: f32, step_size: f32, steps: usize) -> Self {
+        Trades { eps, step_size, steps, beta: 6.0 }
+    }
+}
+
+/// Per-sample KL(p ‖ softmax(z)) for the rows `range` of the clean probabilities `p`.
+fn kl_rows(z: &Tensor, p: &Array2<f32>, range: std::ops::Range<usize>) -> Result<Tensor> {
+    let target = Tensor::new(p.slice(ndarray::s![range, ..]).to_owned().into_dyn());
+    let logq = z.log_softmax(1)?;
+    // Σ_j p_j (ln p_j − ln q_j) per sample: kl_div with Reduction::None returns one value per sample.
+    logq.kl_div(&target, Reduction::None)
+}
+
+impl Method for Trades {
+    fn name(&self) -> String {
+        format!("trades(eps {}, beta {}, {} steps of {})", self.eps, self.beta, self.steps, self.step_size)
+    }
+
+    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        if !(self.beta >= 0.0 && self.eps >= 0.0) {
+            return Err(Error::invalid("trades", "β and ε must be ≥ 0"));
+        }
+        let clf = ctx.classifier;
+        let bounds = clf.bounds();
+        let p_clean = armoury::classifier::softmax_rows(&clf.logits(x)?);
+        let x2 = rows(x);
+        let (n, d) = x2.dim();
+        let eps = vec![self.eps; n];
+        // x′ = x + 0.001·N(0, I), then sign ascent on KL(p_clean ‖ f(x′)).
+        let seed = ctx.step_seed();
+        let mut adv = x2.clone();
+        for (mut r, xr) in adv.axis_iter_mut(Axis(0)).zip(x2.axis_iter(Axis(0))) {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(sample_seed(seed, 1, xr.as_slice().expect("rows")));
+            let z = armoury::normal_vec(&mut rng, d);
+            r.iter_mut().zip(&z).for_each(|(v, g)| *v += 0.001 * g);
+        }
+        enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
+        for _ in 0..self.steps {
+            let f = |z: &Tensor, r: std::ops::Range<usize>| kl_rows(z, &p_clean, r);
+            let (_, g, _) = clf.gradient(&unrows(adv.clone(), x.shape()), &f)?;
+            let g2 = rows(&g);
+            ndarray::Zip::from(&mut adv).and(&g2).for_each(|a, &gv| *a += self.step_size * sign(gv));
+            enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
+        }
+        let x_adv = unrows(adv, x.shape());
+        let z_clean = ctx.model.forward_t(x, true)?;
+        let z_adv = ctx.model.forward_t(&x_adv, true)?;
+        let natural = z_clean.cross_entropy(y, Reduction::Mean)?;
+        let robust = z_adv.log_softmax(1)?.kl_div(&z_clean.softmax(1)?, Reduction::Mean)?;
+        let loss = natural.add(&robust.mul_scalar(self.beta))?;
+        optimise(ctx.optimizer, &loss)?;
+        Ok(StepReport { loss: loss.item()?, correct: correct(&z_clean, y), size: n })
+    }
+}
+
+/// MART: BCE(f(x′), y) + λ·KL(f(x) ‖ f(x′))·(1 − p_y(x)), with x′ from PGD on cross-entropy; BCE(p, y) =
+/// −ln p_y − ln(1 − max_{k≠y} p_k) ("boosted" cross-entropy) and misclassification-aware weighting.
+pub struct Mart {
+    /// The inner attack.
+    pub pgd: Pgd,
+    /// Weight λ (6 in the paper's experiments).
+    pub lambda: f32,
+}
+
+impl Mart {
+    /// PGD-L∞ with `steps` of `step_size` from a random start, λ = 6.
+    pub fn new(eps: f32, step_size: f32, steps: usize) -> Self {
+        Mart { pgd: Pgd { step_size, steps, ..Pgd::linf(eps) }, lambda: 6.0 }
+    }
+}
+
+impl Method for Mart {
+    fn name(&self) -> String {
+        format!("mart({}, lambda {})", self.pgd.name(), self.lambda)
+    }
+
+    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        let pgd = Pgd { seed: ctx.step_seed(), ..self.pgd.clone() };
+        let x_adv = pgd.run(ctx.classifier, x, y, &Goal::Untargeted)?.adversarial;
+        let n = y.len();
+        let z_clean = ctx.model.forward_t(x, true)?;
+        let z_adv = ctx.model.forward_t(&x_adv, true)?;
+        let p_adv = z_adv.softmax(1)?;
+        // boosted CE: −ln p_y(x′) − ln(1.0001 − max_{k≠y} p_k(x′))
+        let mut mask = ndarray::ArrayD::from_elem(ndarray::IxDyn(&[n, p_adv.shape()[1]]), false);
+        for (i, &l) in y.iter().enumerate() {
+            mask[[i, l]] = true;
+        }
+        let other = p_adv.masked_fill(&mask, f32::NEG_INFINITY)?.max(1, false)?;
+        let bce = z_adv
+            .cross_entropy(y, Reduction::None)?
+            .sub(&other.neg().add_scalar(1.0001).log())?
+            .mean_all()?;
+        let p_clean = z_clean.softmax(1)?;
+        let true_prob = p_clean.pick(y)?;
+        let kl = p_adv.add_scalar(1e-12).log().kl_div(&p_clean, Reduction::None)?;
+        let weighted = kl.mul(&true_prob.neg().add_scalar(1.0000001))?.mean_all()?;
+        let loss = bce.add(&weighted.mul_scalar(self.lambda))?;
+        optimise(ctx.optimizer, &loss)?;
+        Ok(StepReport { loss: loss.item()?, correct: correct(&z_adv, y), size: n })
+    }
+}
