@@ -1,6 +1,7 @@
 //! Armoury's main job, end to end on a fresh machine: train the reference `cnn` (on full Fashion-MNIST when it
 //! is installed, else on the sample embedded in the repository), report its test accuracy and confusion matrix,
-//! save it, and end with one JSON line of the figures.
+//! save it, attack it (FGSM, PGD-40, Carlini–Wagner L2), harden it with a short PGD adversarial fine-tuning,
+//! attack it again, and end with a table and one JSON line of the figures.
 //!
 //! `cargo run --release --example quickstart`
 
@@ -9,10 +10,23 @@ mod progress;
 
 use std::time::Instant;
 
-use armoury::nn::{cnn, ModuleExt};
+use std::sync::Arc;
+
+use armoury::nn::{cnn, ModuleExt, Sequential};
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{evaluate, fit, TrainConfig};
-use armoury::{data, io};
+use armoury::{data, io, Attack, Goal, ModuleClassifier, Tensor};
+use armoury_attacks::{CarliniWagnerL2, Pgd};
+use armoury_defenses::training::{AdversarialTrainer, ProjectedAdversarialDefense, TrainerConfig};
+
+/// Robust accuracy, success rate and mean L2 of successes of `attack` on `x`.
+fn attack_row(model: &ModuleClassifier, attack: &dyn Attack, x: &Tensor, y: &[usize]) -> Result<(f32, f32, f32, f64), armoury::Error> {
+    let t = Instant::now();
+    let r = attack.run(model, x, y, &Goal::Untargeted)?;
+    let succ: Vec<f32> = r.norms.iter().zip(&r.success).filter(|(_, &s)| s).map(|(n, _)| n.l2).collect();
+    let mean_l2 = if succ.is_empty() { 0.0 } else { succ.iter().sum::<f32>() / succ.len() as f32 };
+    Ok((r.robust_accuracy(y), r.success_rate(), mean_l2, t.elapsed().as_secs_f64()))
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
@@ -20,14 +34,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("data: {} — {} training / {} test images ({})", set.name, set.train.len(), set.test.len(), set.source);
 
     // SPEC §2's recipe: 3 epochs of Adam, lr 1e-3, batch 128, seeded.
-    let model = cnn(0);
+    let model: Arc<Sequential> = Arc::new(cnn(0));
     println!("model: cnn, {} parameters", model.num_parameters());
     let mut opt = Adam::new(model.parameters(), AdamConfig::default())?;
     let cfg = TrainConfig { epochs: 3, batch_size: 128, seed: 0, ..Default::default() };
-    let reports = fit(&model, &mut opt, &set.train, None, &cfg, &mut progress::TrainProgress::new())?;
+    let reports = fit(model.as_ref(), &mut opt, &set.train, None, &cfg, &mut progress::TrainProgress::new())?;
     let train_seconds: f64 = reports.iter().map(|r| r.seconds).sum();
 
-    let eval = evaluate(&model, &set.test, 1000)?;
+    let eval = evaluate(model.as_ref(), &set.test, 1000)?;
     println!("\ntest accuracy {:.4} on {} images; confusion matrix (rows: true class):", eval.accuracy, eval.samples);
     for row in eval.confusion.rows() {
         println!("  {}", row.iter().map(|v| format!("{v:>5}")).collect::<String>());
@@ -35,21 +49,55 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     std::fs::create_dir_all("out")?;
     let path = std::path::Path::new("out/quickstart-cnn.safetensors");
-    io::save_module(&model, path)?;
+    io::save_module(model.as_ref(), path)?;
     println!("saved {}", path.display());
+
+    // Attack it: ε = 0.1 (L∞) on the first 1000 test images; CW-L2 on the first 100.
+    let clf = ModuleClassifier::new(model.clone(), &[1, 28, 28], 10, (0.0, 1.0))?;
+    let (x, y) = set.test.batch(0..1000.min(set.test.len()))?;
+    let (x100, y100) = set.test.batch(0..100.min(set.test.len()))?;
+    let pgd40 = Pgd { step_size: 0.01, steps: 40, ..Pgd::linf(0.1) };
+    println!("\nattacking (ε = 0.1): FGSM, PGD-40, CW-L2");
+    let fgsm = attack_row(&clf, &Pgd::fgsm(0.1), &x, &y)?;
+    let pgd = attack_row(&clf, &pgd40, &x, &y)?;
+    let cw = attack_row(&clf, &CarliniWagnerL2::torchattacks(), &x100, &y100)?;
+
+    // Harden it: one epoch of Madry PGD adversarial fine-tuning (7 steps of 0.025 from a random start) on the
+    // embedded sample's 2,000 training images, then PGD-40 again.
+    println!("adversarial fine-tuning: 1 epoch of PGD-AT on {} images", set.train.len().min(2000));
+    let sample_train = data::sample()?.train;
+    let mut opt = Adam::new(model.parameters(), AdamConfig::default())?;
+    let trainer = AdversarialTrainer { config: TrainerConfig { epochs: 1, ..TrainerConfig::mnist_like() }, evaluation: None };
+    let at = trainer.fit(model.clone(), &mut opt, &ProjectedAdversarialDefense::madry(0.1, 0.025, 7), &sample_train, 0, &mut ())?;
+    let hardened_clean = evaluate(model.as_ref(), &set.test, 1000)?.accuracy;
+    let hardened = attack_row(&clf, &pgd40, &x, &y)?;
 
     println!("\n{:<28} {:>10}", "figure", "value");
     println!("{:<28} {:>10}", "data", set.name);
     println!("{:<28} {:>10}", "training images", set.train.len());
     println!("{:<28} {:>10.4}", "clean test accuracy", eval.accuracy);
     println!("{:<28} {:>10.1}", "training seconds", train_seconds);
+    println!("{:<28} {:>10.4}", "FGSM robust accuracy", fgsm.0);
+    println!("{:<28} {:>10.4}", "PGD-40 robust accuracy", pgd.0);
+    println!("{:<28} {:>10.4}", "CW-L2 success (100 images)", cw.1);
+    println!("{:<28} {:>10.4}", "CW-L2 mean L2 of successes", cw.2);
+    println!("{:<28} {:>10.1}", "PGD-40 seconds", pgd.3);
+    println!("{:<28} {:>10.1}", "PGD-AT fine-tune seconds", at[0].seconds);
+    println!("{:<28} {:>10.4}", "clean accuracy after AT", hardened_clean);
+    println!("{:<28} {:>10.4}", "PGD-40 robust after AT", hardened.0);
     println!(
-        "{{\"example\":\"quickstart\",\"data\":\"{}\",\"train_images\":{},\"test_images\":{},\"epochs\":3,\"test_accuracy\":{:.4},\"train_seconds\":{:.2},\"seconds\":{:.2},\"model_file\":\"{}\"}}",
+        "{{\"example\":\"quickstart\",\"data\":\"{}\",\"train_images\":{},\"test_images\":{},\"epochs\":3,\"test_accuracy\":{:.4},\"train_seconds\":{:.2},\"fgsm_robust_accuracy\":{:.4},\"pgd40_robust_accuracy\":{:.4},\"cw_success_rate\":{:.4},\"cw_mean_l2\":{:.4},\"at_clean_accuracy\":{:.4},\"at_pgd40_robust_accuracy\":{:.4},\"seconds\":{:.2},\"model_file\":\"{}\"}}",
         set.name,
         set.train.len(),
         eval.samples,
         eval.accuracy,
         train_seconds,
+        fgsm.0,
+        pgd.0,
+        cw.1,
+        cw.2,
+        hardened_clean,
+        hardened.0,
         start.elapsed().as_secs_f64(),
         path.display()
     );

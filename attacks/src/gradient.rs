@@ -164,12 +164,12 @@ impl Pgd {
             }
         }
         if let Some(d) = self.diversity {
-            if !(0.0..=1.0).contains(&d.prob) || !(d.resize_rate > 0.0 && d.resize_rate <= 1.0) {
+            if !((0.0..=1.0).contains(&d.prob) && d.resize_rate > 0.0 && d.resize_rate <= 1.0) {
                 return Err(armoury::Error::invalid("pgd", format!("bad input diversity {d:?}")));
             }
         }
         if let Some(v) = self.variance {
-            if v.samples == 0 || !(v.beta >= 0.0) {
+            if v.samples == 0 || v.beta.is_nan() || v.beta < 0.0 {
                 return Err(armoury::Error::invalid("pgd", format!("bad variance tuning {v:?}")));
             }
         }

@@ -207,7 +207,7 @@ impl Method for FreeAt {
     }
 
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        if self.replays == 0 || !(self.eps >= 0.0) {
+        if self.replays == 0 || self.eps.is_nan() || self.eps < 0.0 {
             return Err(Error::invalid("free-at", "replays must be ≥ 1 and ε ≥ 0"));
         }
         let (lo, hi) = ctx.classifier.bounds();

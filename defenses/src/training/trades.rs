@@ -44,7 +44,7 @@ impl Method for Trades {
     }
 
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        if !(self.beta >= 0.0 && self.eps >= 0.0) {
+        if self.beta.is_nan() || self.eps.is_nan() || self.beta < 0.0 || self.eps < 0.0 {
             return Err(Error::invalid("trades", "β and ε must be ≥ 0"));
         }
         let clf = ctx.classifier;
