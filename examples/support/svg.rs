@@ -42,8 +42,6 @@ fn escape(t: &str) -> String {
 }
 
 /// Writes `contents` to `path` atomically (temporary file, then rename).
-pub fn write_atomic(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("svg.tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(tmp, path)
+pub fn write_atomic(path: &std::path::Path, contents: &str) -> armoury::Result<()> {
+    armoury::io::write_atomic(path, contents.as_bytes())
 }

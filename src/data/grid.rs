@@ -85,7 +85,7 @@ pub fn save_png_grid(path: impl AsRef<Path>, rows: &[GridRow], scale: u32) -> Re
     let mut png = Vec::new();
     img.write_to(&mut Cursor::new(&mut png), ImageFormat::Png)
         .map_err(|source| Error::Image { path: path.into(), source })?;
-    super::write_atomic(path, &png)
+    crate::io::write_atomic(path, &png)
 }
 
 /// A picture of the perturbation `adv − clean`: `0.5 + magnify·(adv − clean)`, clamped to `[0,1]`, so no change is

@@ -225,7 +225,7 @@ impl Idx {
         } else {
             plain
         };
-        super::write_atomic(path, &bytes)
+        crate::io::write_atomic(path, &bytes)
     }
 
     /// Images as an N×C×H×W tensor: rank 3 `[N,H,W]` is one channel, rank 4 `[N,H,W,C]` with C = 1 or 3 is

@@ -24,11 +24,6 @@ mod grid;
 mod idx;
 mod sample;
 
-use std::io::Write;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::{Error, Result};
 
 pub use dataset::{load_idx_dir, Batches, Dataset, TrainTest};
 pub use folder::{load_image_folder, ImageFolderOptions};
@@ -38,26 +33,3 @@ pub use sample::{
     find_full_data, find_full_data_in, full_data_candidates, load_default, sample, DataLocation, DATA_ENV_VAR,
     DEBIAN_FASHION_MNIST_DIR, SAMPLE_NAME,
 };
-
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, flushed, then renamed over
-/// `path`. Readers never see a half-written file; on error the temporary file is removed.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name =
-        path.file_name().ok_or_else(|| Error::invalid("write", format!("{} does not name a file", path.display())))?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp_name =
-        format!(".{}.{}.{}.tmp", name.to_string_lossy(), std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
-}

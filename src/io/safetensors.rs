@@ -12,9 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{ArrayD, IxDyn};
 use safetensors::tensor::{Metadata, TensorInfo, TensorView};
@@ -367,29 +365,7 @@ fn write_file(path: &Path, items: Vec<(&str, Encoded)>, metadata: Option<HashMap
         .collect::<std::result::Result<Vec<_>, safetensors::SafeTensorError>>()
         .and_then(|views| safetensors::serialize(views, metadata))
         .map_err(|e| Error::invalid("safetensors", format!("cannot serialise {}: {e}", path.display())))?;
-    write_atomic(path, &views)
-}
-
-/// Writes `bytes` to a fresh temporary file next to `path`, syncs it and renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| Error::invalid("safetensors", format!("{} is not a file path", path.display())))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".{}-{}.tmp", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
-    let tmp = path.with_file_name(tmp_name);
-    let written = fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
-    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
-        // Best effort: the temporary file may not exist, and the original error is the one to report.
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
+    super::write_atomic(path, &views)
 }
 
 /// The `N`-byte chunks of `raw` as arrays (any alignment; a trailing partial chunk cannot occur because the
