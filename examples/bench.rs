@@ -13,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
     let set = data::load_default(None)?;
     let train = if set.train.len() >= 60_000 { set.train.take(60_000)? } else { set.train.repeat_to(60_000)? };
-    let probe = set.test.repeat_to(1000)?;
+    let probe = set.test.take(1000)?.repeat_to(1000)?;
     println!("data: {} ({}), {} threads", set.name, set.source, rayon::current_num_threads());
     let mut rows = Vec::new();
     for model in [ReferenceModel::Cnn, ReferenceModel::Mlp] {
@@ -38,7 +38,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("  {m} {w} batch {b}: {:.3} ms (target <= {limit} ms, {what}) {ok}", r.ms);
         }
     }
+    let weights = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors");
+    let attack_rows = bench::attacks(&weights, &probe)?;
+    println!("\nattacks on the fixture cnn (SPEC §6 settings; torchattacks measured on this machine):");
+    println!("{:<7} {:>6} {:>9} {:>10} {:>8} {:>8} {:>8} {:>12} {:>8}", "attack", "images", "seconds", "images/s", "robust", "success", "mean L2", "torchattacks", "speedup");
+    for r in &attack_rows {
+        println!(
+            "{:<7} {:>6} {:>9.3} {:>10.0} {:>8.4} {:>8.4} {:>8.4} {:>11.3}s {:>7.1}x",
+            r.attack, r.images, r.seconds, r.images as f64 / r.seconds, r.robust_accuracy, r.success_rate, r.mean_l2, r.reference_seconds, r.reference_seconds / r.seconds
+        );
+    }
     let json: Vec<String> = rows.iter().map(bench::Row::json).collect();
-    println!("{{\"bench\":[{}]}}", json.join(","));
+    let attack_json: Vec<String> = attack_rows.iter().map(bench::AttackRow::json).collect();
+    println!("{{\"bench\":[{}],\"attacks\":[{}]}}", json.join(","), attack_json.join(","));
     Ok(())
 }
