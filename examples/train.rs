@@ -1,24 +1,30 @@
 //! Train a reference model on any IDX data set.
 //!
-//! `cargo run --release --example train -- --model cnn|mlp [--data DIR] [--epochs N] [--batch-size B] [--lr LR]
-//! [--seed S] [--out FILE.safetensors]`
+//! `cargo run --release --example train -- --model cnn|mlp|FILE.onnx [--data DIR] [--epochs N] [--batch-size B]
+//! [--lr LR] [--seed S] [--out FILE.safetensors]`
+//!
+//! An ONNX model is imported and fine-tuned (its initialisers are the trainable parameters).
 //!
 //! DIR holds `train-*` and `t10k-*` IDX files (plain or .gz); without it, full Fashion-MNIST when found, else the
 //! embedded sample. Prints per-epoch loss and accuracy and ends with one JSON line.
 
+#[path = "support/model.rs"]
+mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use armoury::nn::{ModuleExt, ReferenceModel};
+use std::sync::Arc;
+
+use armoury::nn::{Module, ModuleExt, ReferenceModel};
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{fit, TrainConfig};
 use armoury::{data, io};
 
 struct Args {
-    model: ReferenceModel,
+    model: model::ModelChoice,
     data: Option<PathBuf>,
     epochs: usize,
     batch_size: usize,
@@ -29,7 +35,7 @@ struct Args {
 
 fn parse() -> Result<Args, lexopt::Error> {
     use lexopt::prelude::*;
-    let mut a = Args { model: ReferenceModel::Cnn, data: None, epochs: 3, batch_size: 128, lr: 1e-3, seed: 0, out: None };
+    let mut a = Args { model: model::ModelChoice::Reference(ReferenceModel::Cnn), data: None, epochs: 3, batch_size: 128, lr: 1e-3, seed: 0, out: None };
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
@@ -41,7 +47,7 @@ fn parse() -> Result<Args, lexopt::Error> {
             Long("seed") => a.seed = p.value()?.parse()?,
             Long("out") => a.out = Some(p.value()?.into()),
             Long("help") | Short('h') => {
-                println!("usage: train --model cnn|mlp [--data DIR] [--epochs N] [--batch-size B] [--lr LR] [--seed S] [--out FILE]");
+                println!("usage: train --model cnn|mlp|FILE.onnx [--data DIR] [--epochs N] [--batch-size B] [--lr LR] [--seed S] [--out FILE]");
                 std::process::exit(0);
             }
             _ => return Err(arg.unexpected()),
@@ -66,19 +72,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         set.source
     );
     let [c, h, w] = set.train.image_shape();
-    if args.model == ReferenceModel::Cnn && (c, h, w) != (1, 28, 28) || args.model == ReferenceModel::Mlp && c * h * w != 784 {
-        return Err(format!("the reference {} takes 1×28×28 images; this data set has {c}×{h}×{w}", args.model.name()).into());
-    }
-    let model = args.model.build(args.seed);
+    let model: Arc<dyn Module> = match &args.model {
+        model::ModelChoice::Reference(r) => {
+            if (c, h, w) != (1, 28, 28) {
+                return Err(format!("the reference {} takes 1×28×28 images; this data set has {c}×{h}×{w}", r.name()).into());
+            }
+            Arc::new(r.build(args.seed))
+        }
+        model::ModelChoice::Onnx(path) => Arc::new(armoury::onnx::OnnxModel::load(path)?),
+    };
     println!("model: {} ({} parameters)", args.model.name(), model.num_parameters());
     let mut opt = Adam::new(model.parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
     let cfg = TrainConfig { epochs: args.epochs, batch_size: args.batch_size, seed: args.seed, ..Default::default() };
     let start = Instant::now();
-    let reports = fit(&model, &mut opt, &set.train, Some(&set.test), &cfg, &mut progress::TrainProgress::new())?;
+    let reports = fit(model.as_ref(), &mut opt, &set.train, Some(&set.test), &cfg, &mut progress::TrainProgress::new())?;
     let seconds = start.elapsed().as_secs_f64();
     let accuracy = reports.last().and_then(|r| r.test.as_ref()).map(|t| t.accuracy).unwrap_or(f32::NAN);
     if let Some(out) = &args.out {
-        io::save_module(&model, out)?;
+        io::save_module(model.as_ref(), out)?;
         println!("saved {}", out.display());
     }
     println!("test accuracy {accuracy:.4} after {} epochs in {seconds:.1} s", args.epochs);
