@@ -1,10 +1,12 @@
 //! The classifier contract every attack, defense, detector and evaluator programs against, and the
 //! black-box views that expose only scores or only labels while counting queries.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ndarray::Array2;
+use ndarray::{Array2, Axis, Slice};
+use rayon::prelude::*;
 
 use crate::nn::Module;
 use crate::ops::Reduction;
@@ -111,12 +113,26 @@ pub trait Classifier: Send + Sync {
         Ok(x.shape()[0])
     }
 
-    /// Logits [N, classes] with no graph recorded.
+    /// Samples per piece when the provided methods split a batch: `None` runs the whole batch at once.
+    ///
+    /// Splitting is exact only when each sample's output depends on that sample alone (evaluation mode: no batch
+    /// statistics), which holds for the layers here; implementors whose forward mixes samples return `None`.
+    /// The default, [`CHUNK`], is a constant so results do not depend on the machine.
+    fn chunk_size(&self) -> Option<usize> {
+        Some(CHUNK)
+    }
+
+    /// Logits [N, classes] with no graph recorded. Large batches run as pieces of [`Classifier::chunk_size`]
+    /// samples in parallel; counted as one pass over N samples.
     fn logits(&self, x: &Tensor) -> Result<Array2<f32>> {
         let n = self.check_input(x)?;
+        let classes = self.num_classes();
+        let parts = in_chunks(x, n, self.chunk_size(), |xc, r| {
+            let z = no_grad(|| self.forward(&xc))?;
+            to_matrix(&z, r.len(), classes)
+        })?;
         self.counters().add_forward(n);
-        let z = no_grad(|| self.forward(&x.detach()))?;
-        to_matrix(&z, n, self.num_classes())
+        Ok(concat_rows(parts, n, classes))
     }
 
     /// Softmax probabilities [N, classes].
@@ -132,23 +148,108 @@ pub trait Classifier: Send + Sync {
     /// Per-sample cross-entropy and its gradient with respect to the input, in one forward and one backward.
     /// The gradient is of the summed loss, so each sample's gradient is that of its own loss.
     fn loss_gradient(&self, x: &Tensor, labels: &[usize]) -> Result<(Vec<f32>, Tensor)> {
-        let (loss, grad, _) = self.gradient(x, &|z: &Tensor| z.cross_entropy(labels, Reduction::None))?;
+        if x.rank() > 0 && labels.len() != x.shape()[0] {
+            return Err(Error::ShapeMismatch {
+                op: "cross_entropy",
+                expected: vec![x.shape()[0]],
+                got: vec![labels.len()],
+            });
+        }
+        let f = |z: &Tensor, r: Range<usize>| z.cross_entropy(&labels[r], Reduction::None);
+        let (loss, grad, _) = self.gradient(x, &f)?;
         Ok((loss, grad))
     }
 
-    /// The value of `f(logits)` (one value per sample, or a scalar) and the gradient of its sum with respect
-    /// to the input; also returns the logits. One forward and one backward pass.
-    fn gradient(&self, x: &Tensor, f: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<(Vec<f32>, Tensor, Array2<f32>)> {
+    /// The value of `f` (one value per sample) and the gradient of its sum with respect to the input; also
+    /// returns the logits. One forward and one backward pass, counted as one over N samples.
+    ///
+    /// `f` receives the logits [len, classes] of the samples `range` of `x` and must return one value per sample
+    /// of that range (shape `[len]`). Large batches run as pieces of [`Classifier::chunk_size`] samples in
+    /// parallel, so `f` must be *separable*: sample `i`'s value may depend only on row `i` of the logits (and on
+    /// per-sample data such as `labels[range]`) — a batch mean or any other coupling between samples would be
+    /// computed per piece.
+    fn gradient(
+        &self,
+        x: &Tensor,
+        f: &(dyn Fn(&Tensor, Range<usize>) -> Result<Tensor> + Sync),
+    ) -> Result<(Vec<f32>, Tensor, Array2<f32>)> {
         let n = self.check_input(x)?;
-        let xv = x.detach().variable();
-        let z = self.forward(&xv)?;
-        let logits = to_matrix(&z, n, self.num_classes())?;
-        let value = f(&z)?;
+        let classes = self.num_classes();
+        let parts = in_chunks(x, n, self.chunk_size(), |xc, r| {
+            let xv = xc.variable();
+            let z = self.forward(&xv)?;
+            let logits = to_matrix(&z, r.len(), classes)?;
+            let value = f(&z, r.clone())?;
+            if value.numel() != r.len() {
+                return Err(Error::ShapeMismatch {
+                    op: "Classifier::gradient",
+                    expected: vec![r.len()],
+                    got: value.shape().to_vec(),
+                });
+            }
+            let grad = value.grad_wrt(&[&xv])?.pop().expect("one target, one gradient");
+            Ok((value.to_vec(), grad, logits))
+        })?;
         self.counters().add_forward(n);
         self.counters().add_backward(n);
-        let grad = value.grad_wrt(&[&xv])?.pop().expect("one target, one gradient");
-        Ok((value.to_vec(), grad, logits))
+        if parts.len() == 1 {
+            let (value, grad, logits) = parts.into_iter().next().expect("one part");
+            return Ok((value, grad, logits));
+        }
+        let mut values = Vec::with_capacity(n);
+        let mut grad = Vec::with_capacity(x.numel());
+        let mut logits = Vec::with_capacity(parts.len());
+        for (v, g, l) in parts {
+            values.extend_from_slice(&v);
+            match g.value().as_slice() {
+                Some(s) => grad.extend_from_slice(s),
+                None => grad.extend(g.value().iter().copied()),
+            }
+            logits.push(l);
+        }
+        Ok((values, Tensor::from_vec(grad, x.shape())?, concat_rows(logits, n, classes)))
     }
+}
+
+/// Samples per piece of the provided [`Classifier`] methods by default: small enough that a piece's activations
+/// stay in cache and its buffers are reused instead of freshly mapped, large enough to feed the GEMMs. A constant,
+/// not a function of the thread count, so results are the same on every machine.
+pub const CHUNK: usize = 32;
+
+/// `f` on the pieces of `chunk` samples of `x` (all of `x` if it fits or `chunk` is `None`), in parallel, in order.
+/// The pieces share `x`'s storage.
+fn in_chunks<T: Send>(
+    x: &Tensor,
+    n: usize,
+    chunk: Option<usize>,
+    f: impl Fn(Tensor, Range<usize>) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    match chunk {
+        Some(c) if c > 0 && n > c => {
+            let ranges: Vec<Range<usize>> = (0..n).step_by(c).map(|s| s..(s + c).min(n)).collect();
+            ranges
+                .into_par_iter()
+                .map(|r| {
+                    let mut v = x.value().clone();
+                    v.slice_axis_inplace(Axis(0), Slice::from(r.clone()));
+                    f(Tensor::new(v), r)
+                })
+                .collect()
+        }
+        _ => Ok(vec![f(x.detach(), 0..n)?]),
+    }
+}
+
+/// Stacks row blocks into one [n, classes] matrix.
+fn concat_rows(parts: Vec<Array2<f32>>, n: usize, classes: usize) -> Array2<f32> {
+    if parts.len() == 1 {
+        return parts.into_iter().next().expect("one part");
+    }
+    let mut all = Vec::with_capacity(n * classes);
+    for p in &parts {
+        all.extend(p.iter().copied());
+    }
+    Array2::from_shape_vec((n, classes), all).expect("pieces cover the batch")
 }
 
 fn to_matrix(z: &Tensor, n: usize, classes: usize) -> Result<Array2<f32>> {
@@ -255,6 +356,10 @@ impl Classifier for ModuleClassifier {
     fn counters(&self) -> &Counters {
         &self.counters
     }
+    fn chunk_size(&self) -> Option<usize> {
+        // Training mode may use batch statistics, which couple the samples: run the batch whole.
+        (!self.train_mode).then_some(CHUNK)
+    }
 }
 
 /// A score-only view of a classifier: probabilities, no gradients; every sample queried is counted.
@@ -308,5 +413,85 @@ impl<'a> LabelOracle<'a> {
     /// Input shape, class count and bounds.
     pub fn meta(&self) -> (&[usize], usize, (f32, f32)) {
         (self.inner.input_shape(), self.inner.num_classes(), self.inner.bounds())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::{cnn, mlp};
+
+    fn classifiers() -> Vec<(&'static str, ModuleClassifier)> {
+        vec![
+            ("cnn", ModuleClassifier::new(cnn(0), &[1, 28, 28], 10, (0.0, 1.0)).unwrap()),
+            ("mlp", ModuleClassifier::new(mlp(0), &[1, 28, 28], 10, (0.0, 1.0)).unwrap()),
+        ]
+    }
+
+    fn rows(t: &Tensor, r: Range<usize>) -> Vec<f32> {
+        let per = t.numel() / t.shape()[0];
+        t.to_vec()[r.start * per..r.end * per].to_vec()
+    }
+
+    fn batch(x: &Tensor, r: Range<usize>) -> Tensor {
+        Tensor::from_vec(rows(x, r.clone()), &[r.len(), 1, 28, 28]).unwrap()
+    }
+
+    #[test]
+    fn results_are_bit_identical_whatever_the_batch_size() {
+        let n = 1000;
+        let x = Tensor::uniform(&[n, 1, 28, 28], 0.0, 1.0, 7);
+        let labels: Vec<usize> = (0..n).map(|i| (i * 7) % 10).collect();
+        for (name, clf) in classifiers() {
+            let logits = clf.logits(&x).unwrap();
+            let (loss, grad) = clf.loss_gradient(&x, &labels).unwrap();
+            // Windows that start mid-piece and straddle piece boundaries of the full batch.
+            for r in [999..1000, 0..1, 61..68, 300..307, 500..628, 0..1000] {
+                let xb = batch(&x, r.clone());
+                let lb = clf.logits(&xb).unwrap();
+                assert_eq!(lb, logits.slice(ndarray::s![r.clone(), ..]), "{name} logits {r:?}");
+                let (lossb, gradb) = clf.loss_gradient(&xb, &labels[r.clone()]).unwrap();
+                assert_eq!(lossb, loss[r.clone()], "{name} loss {r:?}");
+                assert!(rows(&grad, r.clone()) == gradb.to_vec(), "{name} gradient {r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn results_are_bit_identical_whatever_the_thread_count() {
+        let x = Tensor::uniform(&[300, 1, 28, 28], 0.0, 1.0, 8);
+        let labels: Vec<usize> = (0..300).map(|i| (i * 3) % 10).collect();
+        let pool = |t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap();
+        for (name, clf) in classifiers() {
+            for r in [0..300, 5..6] {
+                let xb = batch(&x, r.clone());
+                let run = |t| {
+                    pool(t).install(|| {
+                        let (loss, grad) = clf.loss_gradient(&xb, &labels[r.clone()]).unwrap();
+                        (clf.logits(&xb).unwrap(), loss, grad.to_vec())
+                    })
+                };
+                assert!(run(1) == run(2), "{name} {r:?}: 1 vs 2 threads");
+                assert!(run(1) == run(3), "{name} {r:?}: 1 vs 3 threads");
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_count_as_one_call_and_train_mode_runs_whole() {
+        let (_, clf) = classifiers().remove(0);
+        let x = Tensor::uniform(&[150, 1, 28, 28], 0.0, 1.0, 9);
+        let labels = vec![1; 150];
+        clf.logits(&x).unwrap();
+        clf.loss_gradient(&x, &labels).unwrap();
+        let c = clf.counters().snapshot();
+        assert_eq!((c.forward_calls, c.forward_samples, c.backward_calls, c.backward_samples), (2, 300, 1, 150));
+        assert!(clf.loss_gradient(&x, &labels[..149]).is_err());
+        assert_eq!(clf.chunk_size(), Some(CHUNK));
+        let clf = ModuleClassifier::new(cnn(0), &[1, 28, 28], 10, (0.0, 1.0)).unwrap().with_train_mode(true);
+        assert_eq!(clf.chunk_size(), None);
+        // f must give one value per sample.
+        let scalar = |z: &Tensor, _: Range<usize>| Ok(z.sum_all());
+        assert!(clf.gradient(&x, &scalar).is_err());
     }
 }
