@@ -107,9 +107,39 @@ fn geometry(x: &[usize], w: &[usize], b: Option<&[usize]>, p: Conv2dParams) -> R
     Ok(Geom { c, h, w: wd, o, kh, kw, ho, wo, p })
 }
 
+/// The output columns `lo..hi` of one kernel tap whose input column `ow·stride + off` lies inside `0..w`.
+#[inline]
+fn valid_cols(off: isize, stride: usize, w: usize, wo: usize) -> (usize, usize) {
+    let s = stride as isize;
+    let lo = if off >= 0 { 0 } else { ((-off + s - 1) / s) as usize };
+    let hi = if (w as isize) <= off { 0 } else { ((w as isize - off + s - 1) / s) as usize };
+    let hi = hi.min(wo);
+    (lo.min(hi), hi)
+}
+
 /// Unfolds the channels `c0..c0+Cg` of one image `[C, H, W]` into `col[K, Ho·Wo]`.
+///
+/// Each (tap, output row) is a contiguous copy (a strided gather when the stride is not 1) between zero-filled
+/// margins, so the hot loop has no per-element bounds test.
 fn im2col(img: &[f32], g: &Geom, c0: usize, col: &mut [f32]) {
     let (hw_out, (sh, sw), (ph, pw), (dh, dw)) = (g.hw_out(), g.p.stride, g.p.padding, g.p.dilation);
+    if (sh, sw, ph, pw, dh, dw) == (1, 1, 0, 0, 1, 1) {
+        // The common unpadded, unit-stride case: every row is a plain window copy, nothing to test or zero.
+        let planes = img[c0 * g.h * g.w..(c0 + g.cg()) * g.h * g.w].chunks_exact(g.h * g.w);
+        let taps = col.chunks_exact_mut(g.kh * g.kw * hw_out);
+        for (plane, dst) in planes.zip(taps) {
+            for (t, tap) in dst.chunks_exact_mut(hw_out).enumerate() {
+                let (ki, kj) = (t / g.kw, t % g.kw);
+                for (oh, out_row) in tap.chunks_exact_mut(g.wo).enumerate() {
+                    let src = &plane[(oh + ki) * g.w + kj..][..g.wo];
+                    for (d, &v) in out_row.iter_mut().zip(src) {
+                        *d = v;
+                    }
+                }
+            }
+        }
+        return;
+    }
     let mut row = 0;
     for c in c0..c0 + g.cg() {
         let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
@@ -117,18 +147,28 @@ fn im2col(img: &[f32], g: &Geom, c0: usize, col: &mut [f32]) {
             for kj in 0..g.kw {
                 let dst = &mut col[row * hw_out..(row + 1) * hw_out];
                 row += 1;
-                for oh in 0..g.ho {
-                    let out_row = &mut dst[oh * g.wo..(oh + 1) * g.wo];
+                let off = (kj * dw) as isize - pw as isize;
+                let (lo, hi) = valid_cols(off, sw, g.w, g.wo);
+                for (oh, out_row) in dst.chunks_exact_mut(g.wo).enumerate() {
                     let ih = (oh * sh + ki * dh) as isize - ph as isize;
                     if ih < 0 || ih >= g.h as isize {
                         out_row.fill(0.0);
                         continue;
                     }
                     let src = &plane[ih as usize * g.w..(ih as usize + 1) * g.w];
-                    let off = (kj * dw) as isize - pw as isize;
-                    for (ow, d) in out_row.iter_mut().enumerate() {
-                        let iw = (ow * sw) as isize + off;
-                        *d = if iw >= 0 && iw < g.w as isize { src[iw as usize] } else { 0.0 };
+                    out_row[..lo].fill(0.0);
+                    out_row[hi..].fill(0.0);
+                    let start = (lo * sw) as isize + off;
+                    if sw == 1 {
+                        // An inline loop, not `copy_from_slice`: rows are a few floats and a memcpy call per row
+                        // costs more than the copy.
+                        for (d, &v) in out_row[lo..hi].iter_mut().zip(&src[start as usize..]) {
+                            *d = v;
+                        }
+                    } else {
+                        for (d, &v) in out_row[lo..hi].iter_mut().zip(src[start as usize..].iter().step_by(sw)) {
+                            *d = v;
+                        }
                     }
                 }
             }
@@ -146,17 +186,25 @@ fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
             for kj in 0..g.kw {
                 let src = &col[row * hw_out..(row + 1) * hw_out];
                 row += 1;
-                for oh in 0..g.ho {
+                let off = (kj * dw) as isize - pw as isize;
+                let (lo, hi) = valid_cols(off, sw, g.w, g.wo);
+                if lo == hi {
+                    continue;
+                }
+                let start = ((lo * sw) as isize + off) as usize;
+                for (oh, src_row) in src.chunks_exact(g.wo).enumerate() {
                     let ih = (oh * sh + ki * dh) as isize - ph as isize;
                     if ih < 0 || ih >= g.h as isize {
                         continue;
                     }
                     let dst = &mut plane[ih as usize * g.w..(ih as usize + 1) * g.w];
-                    let off = (kj * dw) as isize - pw as isize;
-                    for (ow, &v) in src[oh * g.wo..(oh + 1) * g.wo].iter().enumerate() {
-                        let iw = (ow * sw) as isize + off;
-                        if iw >= 0 && iw < g.w as isize {
-                            dst[iw as usize] += v;
+                    if sw == 1 {
+                        for (d, &v) in dst[start..start + (hi - lo)].iter_mut().zip(&src_row[lo..hi]) {
+                            *d += v;
+                        }
+                    } else {
+                        for (d, &v) in dst[start..].iter_mut().step_by(sw).zip(&src_row[lo..hi]) {
+                            *d += v;
                         }
                     }
                 }
@@ -176,20 +224,21 @@ fn mat_mut(s: &mut [f32], r: usize, c: usize) -> ArrayViewMut2<'_, f32> {
 /// Forward for one image: `out[O, Ho·Wo]` from `img[C, H, W]`.
 fn forward_image(img: &[f32], wt: &[f32], bias: Option<&[f32]>, g: &Geom, col: &mut [f32], out: &mut [f32], par: bool) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+    // The bias is written first and the GEMM accumulates onto it (`b + Σ w·x`), saving a pass over the output.
+    if let Some(b) = bias {
+        for (plane, &bv) in out.chunks_mut(hw).zip(b) {
+            plane.fill(bv);
+        }
+    }
     for grp in 0..g.p.groups {
         let wg = mat(&wt[grp * og * k..(grp + 1) * og * k], og, k);
         let dst = mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw);
         if g.is_pointwise() {
             let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-            gemm(wg, mat(src, k, hw), dst, false, par);
+            gemm(wg, mat(src, k, hw), dst, bias.is_some(), par);
         } else {
             im2col(img, g, grp * g.cg(), col);
-            gemm(wg, mat(col, k, hw), dst, false, par);
-        }
-    }
-    if let Some(b) = bias {
-        for (plane, &bv) in out.chunks_mut(hw).zip(b) {
-            plane.iter_mut().for_each(|v| *v += bv);
+            gemm(wg, mat(col, k, hw), dst, bias.is_some(), par);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Elementwise ops with NumPy broadcasting, and the unary functions, each beside its derivative.
 
 use ndarray::{ArrayD, IxDyn, Zip};
+use rayon::prelude::*;
 
 use super::shape::sum_to_shape;
 use super::{record, Op, PAR_THRESHOLD};
@@ -177,6 +178,15 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 
 /// `f` applied to every element, split across threads when the array is large (elementwise, so deterministic).
 pub(crate) fn map(x: &Array, f: impl Fn(f32) -> f32 + Sync + Send) -> ArrayD<f32> {
+    if let Some(s) = x.as_slice() {
+        // Standard layout: one flat pass, collected without zero-filling first.
+        let v: Vec<f32> = if s.len() >= PAR_THRESHOLD {
+            s.par_iter().with_min_len(PAR_THRESHOLD / 4).map(|&v| f(v)).collect()
+        } else {
+            s.iter().map(|&v| f(v)).collect()
+        };
+        return ArrayD::from_shape_vec(x.raw_dim(), v).expect("same length");
+    }
     if x.len() >= PAR_THRESHOLD {
         Zip::from(x).par_map_collect(|&v| f(v))
     } else {
@@ -286,11 +296,33 @@ fn tie_share(g: f32, x: f32, y: f32) -> f32 {
 }
 
 pub(crate) fn unary(kind: UnaryKind, x: &Tensor) -> Tensor {
-    let value = map(x.value(), move |v| kind.apply(v));
+    // ReLU gets its own monomorphised loop (the `match` inside `apply` keeps the generic loop from vectorising);
+    // same expression, same bits.
+    let value = match kind {
+        UnaryKind::Relu => map(x.value(), |v| v.max(0.0)),
+        _ => map(x.value(), move |v| kind.apply(v)),
+    };
     record(value, Op::Unary(kind, x.clone()))
 }
 
+/// `f` over three equal-length slices, split across threads when long (elementwise, so deterministic).
+fn zip_slices(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
+    if a.len() >= PAR_THRESHOLD {
+        a.par_iter().zip(b).zip(c).with_min_len(PAR_THRESHOLD / 4).map(|((&a, &b), &c)| f(a, b, c)).collect()
+    } else {
+        a.iter().zip(b).zip(c).map(|((&a, &b), &c)| f(a, b, c)).collect()
+    }
+}
+
 pub(crate) fn unary_backward(kind: UnaryKind, x: &Array, y: &Array, g: &ArrayD<f32>) -> ArrayD<f32> {
+    if let (Some(gs), Some(xs), Some(ys)) = (g.as_slice(), x.as_slice(), y.as_slice()) {
+        // All three in standard layout: one flat pass, collected without zero-filling first.
+        let v = match kind {
+            UnaryKind::Relu => zip_slices(gs, xs, ys, |g, x, _| g * f32::from(x > 0.0)),
+            _ => zip_slices(gs, xs, ys, |g, x, y| g * kind.derivative(x, y)),
+        };
+        return ArrayD::from_shape_vec(g.raw_dim(), v).expect("same length");
+    }
     if g.len() >= PAR_THRESHOLD {
         Zip::from(g).and(x).and(y).par_map_collect(|&g, &x, &y| g * kind.derivative(x, y))
     } else {

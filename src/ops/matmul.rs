@@ -1,6 +1,6 @@
 //! Matrix products on a fast f32 GEMM (the `gemm` crate), 2-D and batched, with their backward.
 
-use ndarray::{Array2, Array3, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, Ix3};
+use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, Ix3};
 
 use super::{record, Op};
 use crate::tensor::Tensor;
@@ -63,12 +63,55 @@ pub(crate) fn gemm(
     }
 }
 
-/// `a·b` into a fresh matrix.
-pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
-    let mut c = Array2::zeros((a.nrows(), b.ncols()));
-    gemm(a, b, c.view_mut(), false, true);
-    c
+/// The number of rows `a·b` is computed with so that the `gemm` crate takes its blocked micro-kernel path with a
+/// k-blocking that depends on `k` alone (gemm 0.18, `gemm_basic_generic`): fewer rows are zero-padded up to it.
+///
+/// Below it the crate switches to other kernels whose rounding differs: a GEMV when a side is a single row or
+/// column, horizontal dot products when `m·n ≤ 256`, and for `k > 512` with both sides ≤ 64 a k-block of 512 instead
+/// of the `kernel_params` one. (`k ≤ 2` also uses another kernel, for every `m`, so it needs nothing.) Above it,
+/// each output element is its own fused multiply-add chain over k in blocks of a fixed size, whatever `m`.
+fn invariant_rows(m: usize, k: usize, n: usize) -> usize {
+    let mut rows = m.max(2).max(256 / n.max(1) + 1);
+    if k > 512 && n <= 64 {
+        rows = rows.max(65);
+    }
+    rows
 }
+
+/// `a·b` into a fresh matrix, *batch invariant*: row `i` of the output is bit-identical whatever the other rows of
+/// `a` are and however many there are, so a classifier's output for a sample does not depend on the batch it came
+/// in (tested below and in `classifier::tests`). Small `m` is zero-padded to [`invariant_rows`].
+pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
+    let ((m, k), n) = (a.dim(), b.ncols());
+    let rows = invariant_rows(m, k, n);
+    if m == 0 || n == 0 {
+        return Array2::zeros((m, n));
+    }
+    let padded = (rows != m).then(|| {
+        let mut p = Array2::zeros((rows, k));
+        p.slice_mut(s![..m, ..]).assign(&a);
+        p
+    });
+    let lhs = match &padded {
+        Some(p) => p.view(),
+        None => a.view(),
+    };
+    if rows < COL_MAJOR_ROWS {
+        let mut c = Array2::zeros((rows, n));
+        gemm(lhs, b, c.view_mut(), false, true);
+        return if rows == m { c } else { c.slice_move(s![..m, ..]) };
+    }
+    // A column-major product: the GEMM then packs the (small) batch of rows of `a`, not all of `b` — for a
+    // `Linear` layer `b` is the transposed weight, which a row-major product would repack on every call. The
+    // orientation does not change the rounding: either way each element is the same fused multiply-add chain.
+    let mut ct = Array2::zeros((n, rows));
+    gemm(lhs, b, ct.view_mut().reversed_axes(), false, true);
+    ct.slice(s![.., ..m]).t().as_standard_layout().into_owned()
+}
+
+/// From this many rows on, [`matmul2`] computes a column-major product (the rows of `a` along the GEMM's SIMD
+/// lanes, 16 wide); fewer rows would leave most lanes empty, so the product stays row-major.
+const COL_MAJOR_ROWS: usize = 16;
 
 fn batched(a: &ArrayD<f32>, b: &ArrayD<f32>) -> Array3<f32> {
     let a = a.view().into_dimensionality::<Ix3>().expect("rank checked");
@@ -93,7 +136,12 @@ pub(crate) fn matmul_backward(
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
         // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G
         let ga = need[0].then(|| matmul2(g2, b2.t()).into_dyn());
-        let gb = need[1].then(|| matmul2(a2.t(), g2).into_dyn());
+        let gb = need[1].then(|| {
+            // A reduction over the rows: batch invariance does not apply, one GEMM over everything.
+            let mut c = Array2::zeros((a2.ncols(), g2.ncols()));
+            gemm(a2.t(), g2, c.view_mut(), false, true);
+            c.into_dyn()
+        });
         return Ok(vec![ga, gb]);
     }
     let g3 = g.view().into_dimensionality::<Ix3>().expect("output is batched");
@@ -155,5 +203,29 @@ impl Tensor {
             matmul2(a2.view(), b).into_shape_with_order((bn, m, sb[1])).expect("same size").into_dyn()
         };
         Ok(record(value, Op::MatMul(self.clone(), other.clone())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each row of `matmul2` is bit-identical to that row computed alone or in any other batch, across the shapes
+    /// where the `gemm` crate changes kernels (see [`invariant_rows`]).
+    #[test]
+    fn rows_are_batch_invariant() {
+        for (k, n) in [(3, 5), (25, 16), (128, 10), (256, 1), (400, 32), (512, 128), (513, 10), (784, 256), (600, 70)] {
+            let a = Tensor::uniform(&[300, k], -1.0, 1.0, k as u64).to_array().into_dimensionality::<Ix2>().unwrap();
+            let b = Tensor::uniform(&[n, k], -1.0, 1.0, n as u64).to_array().into_dimensionality::<Ix2>().unwrap();
+            // b as a transposed view, as `Linear` passes it, and in standard layout.
+            let bt = b.t().to_owned();
+            for bv in [b.t(), bt.view()] {
+                let full = matmul2(a.view(), bv);
+                for (start, len) in [(0, 1), (299, 1), (3, 2), (10, 7), (40, 26), (100, 64), (7, 65), (50, 200)] {
+                    let part = matmul2(a.slice(s![start..start + len, ..]), bv);
+                    assert!(part == full.slice(s![start..start + len, ..]), "k {k} n {n} rows {start}+{len}");
+                }
+            }
+        }
     }
 }

@@ -4,7 +4,7 @@ use ndarray::{Array4, ArrayD};
 use rayon::prelude::*;
 
 use super::{record, Op};
-use crate::tensor::Tensor;
+use crate::tensor::{grad_enabled, Tensor};
 use crate::{Error, Result};
 
 /// Window, stride and padding of a pooling op (PyTorch's meaning).
@@ -66,34 +66,104 @@ fn window(o: usize, s: usize, p: usize, k: usize, len: usize) -> (usize, usize, 
     (start.max(0) as usize, (end.min(len as isize)) as usize, (padded_end - start) as usize)
 }
 
+/// The maximum of one window and its flat index in the plane: rows `r0..r1`, columns `c0..c1`, scanned row-major;
+/// a later value wins when it is larger or NaN (so NaN propagates, as PyTorch).
+#[inline]
+fn window_max(plane: &[f32], w: usize, (r0, r1): (usize, usize), (c0, c1): (usize, usize)) -> (f32, usize) {
+    let mut best = f32::NEG_INFINITY;
+    let mut at = r0 * w + c0;
+    for r in r0..r1 {
+        for (cc, &v) in plane[r * w + c0..r * w + c1].iter().enumerate() {
+            if v > best || v.is_nan() {
+                best = v;
+                at = r * w + c0 + cc;
+            }
+        }
+    }
+    (best, at)
+}
+
+/// Max pooling of one plane into `o` (and the arg-max into `idx` when it is not empty).
+fn max_pool_plane(plane: &[f32], o: &mut [f32], idx: &mut [u32], h: usize, w: usize, wo: usize, p: &Pool2dParams) {
+    let ho = o.len() / wo;
+    let ((kh, kw), (sh, sw)) = (p.kernel, p.stride);
+    let inside = p.padding == (0, 0) && (ho - 1) * sh + kh <= h && (wo - 1) * sw + kw <= w;
+    if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) && idx.is_empty() && !plane.iter().fold(false, |a, v| a | v.is_nan())
+    {
+        // Values only, no NaN in the plane: the maximum of each row pair, then of each column pair — two
+        // vectorisable passes. (With no NaN, `f32::max` is the exact maximum, so this equals the scan below.)
+        let mut rows = vec![0.0f32; w];
+        for (i, orow) in o.chunks_exact_mut(wo).enumerate() {
+            let (top, bottom) = (&plane[2 * i * w..2 * i * w + w], &plane[(2 * i + 1) * w..(2 * i + 1) * w + w]);
+            for ((r, &t), &b) in rows.iter_mut().zip(top).zip(bottom) {
+                *r = t.max(b);
+            }
+            for (d, pair) in orow.iter_mut().zip(rows.chunks_exact(2)) {
+                *d = pair[0].max(pair[1]);
+            }
+        }
+        return;
+    }
+    if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) {
+        // The common 2×2/2 window, unrolled and branch-free (random data mispredicts every comparison): the value
+        // is the maximum, or NaN if any entry is NaN; the index is the first maximum, or the last NaN — the same
+        // answer as the row-major scan of `window_max`.
+        for (i, orow) in o.chunks_exact_mut(wo).enumerate() {
+            let (top, bottom) = (&plane[2 * i * w..2 * i * w + w], &plane[(2 * i + 1) * w..(2 * i + 1) * w + w]);
+            for (j, d) in orow.iter_mut().enumerate() {
+                let (a, b, c, e) = (top[2 * j], top[2 * j + 1], bottom[2 * j], bottom[2 * j + 1]);
+                let m = a.max(b).max(c.max(e));
+                let nan = a.is_nan() | b.is_nan() | c.is_nan() | e.is_nan();
+                *d = if nan { f32::NAN } else { m };
+                if !idx.is_empty() {
+                    let at = if nan {
+                        [a, b, c, e].iter().rposition(|v| v.is_nan()).expect("one is NaN")
+                    } else {
+                        // First of the entries equal to the maximum, without a data-dependent branch.
+                        let eq = u32::from(a == m) | u32::from(b == m) << 1 | u32::from(c == m) << 2 | 8;
+                        eq.trailing_zeros() as usize
+                    };
+                    idx[i * wo + j] = ((2 * i + at / 2) * w + 2 * j + at % 2) as u32;
+                }
+            }
+        }
+        return;
+    }
+    for i in 0..ho {
+        let (r0, r1, _) = window(i, sh, p.padding.0, kh, h);
+        for j in 0..wo {
+            let (c0, c1, _) = window(j, sw, p.padding.1, kw, w);
+            let (best, at) = window_max(plane, w, (r0, r1), (c0, c1));
+            o[i * wo + j] = best;
+            if !idx.is_empty() {
+                idx[i * wo + j] = at as u32;
+            }
+        }
+    }
+}
+
 fn max_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
     let (n, c, h, w, ho, wo) = p.geometry("max_pool2d", x)?;
     let xs = x.value().as_standard_layout();
     let xs = xs.as_slice().expect("standard layout");
-    let mut out = vec![0.0f32; n * c * ho * wo];
-    let mut index = vec![0u32; n * c * ho * wo];
-    out.par_chunks_mut(ho * wo).zip(index.par_chunks_mut(ho * wo)).zip(xs.par_chunks(h * w)).for_each(
-        |((o, idx), plane)| {
-            for i in 0..ho {
-                let (r0, r1, _) = window(i, p.stride.0, p.padding.0, p.kernel.0, h);
-                for j in 0..wo {
-                    let (c0, c1, _) = window(j, p.stride.1, p.padding.1, p.kernel.1, w);
-                    let mut best = f32::NEG_INFINITY;
-                    let mut at = r0 * w + c0;
-                    for r in r0..r1 {
-                        for (cc, &v) in plane[r * w + c0..r * w + c1].iter().enumerate() {
-                            if v > best || v.is_nan() {
-                                best = v;
-                                at = r * w + c0 + cc;
-                            }
-                        }
-                    }
-                    o[i * wo + j] = best;
-                    idx[i * wo + j] = at as u32;
-                }
-            }
-        },
-    );
+    // The arg-max is only needed by the backward, which exists only when the op is recorded.
+    let tracked = grad_enabled() && x.is_tracked();
+    let len = n * c * ho * wo;
+    let mut out = vec![0.0f32; len];
+    let mut index = vec![0u32; if tracked { len } else { 0 }];
+    let per = ho * wo;
+    if tracked {
+        out.par_chunks_mut(per)
+            .zip(index.par_chunks_mut(per))
+            .zip(xs.par_chunks(h * w))
+            .with_min_len(32)
+            .for_each(|((o, idx), plane)| max_pool_plane(plane, o, idx, h, w, wo, &p));
+    } else {
+        out.par_chunks_mut(per)
+            .zip(xs.par_chunks(h * w))
+            .with_min_len(32)
+            .for_each(|(o, plane)| max_pool_plane(plane, o, &mut [], h, w, wo, &p));
+    }
     let value = Array4::from_shape_vec((n, c, ho, wo), out).expect("sized above").into_dyn();
     Ok(record(value, Op::MaxPool2d { x: x.clone(), index }))
 }
@@ -174,5 +244,43 @@ impl Tensor {
     pub fn global_avg_pool2d(&self) -> Result<Tensor> {
         self.dims4("global_avg_pool2d")?;
         self.mean(&[2, 3], true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The unrolled 2×2 path gives the same values (NaN included) and arg-max (first maximum, last NaN) as the
+    /// generic row-major scan.
+    #[test]
+    fn unrolled_2x2_matches_the_generic_scan() {
+        let (h, w) = (6, 8);
+        let p = Pool2dParams::square(2);
+        // Few distinct values, so windows hold ties; one NaN window and an all −∞ window.
+        let mut plane: Vec<f32> = (0..h * w).map(|i| ((i * 7919) % 5) as f32 - 2.0).collect();
+        plane[2 * w + 3] = f32::NAN;
+        for i in [4 * w + 4, 4 * w + 5, 5 * w + 4, 5 * w + 5] {
+            plane[i] = f32::NEG_INFINITY;
+        }
+        let (ho, wo) = (h / 2, w / 2);
+        let (mut o, mut idx) = (vec![0.0; ho * wo], vec![0u32; ho * wo]);
+        max_pool_plane(&plane, &mut o, &mut idx, h, w, wo, &p);
+        for i in 0..ho {
+            for j in 0..wo {
+                let (best, at) = window_max(&plane, w, (2 * i, 2 * i + 2), (2 * j, 2 * j + 2));
+                let k = i * wo + j;
+                assert!(o[k] == best || (o[k].is_nan() && best.is_nan()), "value at {i},{j}");
+                assert_eq!(idx[k] as usize, at, "index at {i},{j}");
+            }
+        }
+        let mut o2 = vec![0.0; ho * wo];
+        max_pool_plane(&plane, &mut o2, &mut [], h, w, wo, &p);
+        assert!(o.iter().zip(&o2).all(|(a, b)| a == b || (a.is_nan() && b.is_nan())));
+        // Without the NaN the values-only path takes its vectorised two-pass route: same values.
+        plane[2 * w + 3] = 1.5;
+        max_pool_plane(&plane, &mut o, &mut idx, h, w, wo, &p);
+        max_pool_plane(&plane, &mut o2, &mut [], h, w, wo, &p);
+        assert_eq!(o, o2);
     }
 }
