@@ -14,7 +14,10 @@ fn main() -> armoury::Result<()> {
         let mut rows = bench::inference(model, &[1, 128, 1000], &probe)?;
         rows.extend(bench::training(model, &set.train, false)?);
         for r in rows {
-            println!("{:<4} {:<20} batch {:>5}: {:>9.3} ms {:>10.0} images/s {:>7.1} GFLOP/s", r.model, r.workload, r.batch, r.ms, r.images_per_s, r.gflops);
+            println!(
+                "{:<4} {:<20} batch {:>5}: {:>9.3} ms {:>10.0} images/s {:>7.1} GFLOP/s",
+                r.model, r.workload, r.batch, r.ms, r.images_per_s, r.gflops
+            );
         }
     }
     Ok(())

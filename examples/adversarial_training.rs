@@ -140,12 +140,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (i, r) in [ReferenceModel::Cnn, ReferenceModel::Mlp].iter().enumerate() {
                 let net = r.build(args.seed + 100 + i as u64);
                 let mut opt = Adam::new(net.parameters(), AdamConfig::default())?;
-                armoury::train::fit(&net, &mut opt, &train, None, &armoury::train::TrainConfig { epochs: 1, ..Default::default() }, &mut ())?;
+                armoury::train::fit(
+                    &net,
+                    &mut opt,
+                    &train,
+                    None,
+                    &armoury::train::TrainConfig { epochs: 1, ..Default::default() },
+                    &mut (),
+                )?;
                 statics.push(Arc::new(armoury::ModuleClassifier::new(net, &[1, 28, 28], 10, args.bounds)?));
             }
-            Box::new(EnsembleAdversarialDefense { static_models: statics, attack: Arc::new(Pgd::fgsm(eps)), replace_ratio: 0.5 })
+            Box::new(EnsembleAdversarialDefense {
+                static_models: statics,
+                attack: Arc::new(Pgd::fgsm(eps)),
+                replace_ratio: 0.5,
+            })
         }
-        other => return Err(format!("unknown defense '{other}' (pgd, trades, mart, fast, free, nad, ensemble, standard)").into()),
+        other => {
+            return Err(
+                format!("unknown defense '{other}' (pgd, trades, mart, fast, free, nad, ensemble, standard)").into()
+            )
+        }
     };
     if args.defense == "fast" {
         schedule = LrSchedule::Constant; // SPEC §6's recipe uses Adam at a constant rate
@@ -178,12 +193,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let last = summaries.last().and_then(|s| s.eval.clone()).ok_or("no epochs ran")?;
 
     std::fs::create_dir_all("out")?;
-    let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("out/{}-{}.safetensors", args.defense, args.model.name().replace(['/', '.'], "_"))));
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("out/{}-{}.safetensors", args.defense, args.model.name().replace(['/', '.'], "_")))
+    });
     io::save_module(module.as_ref(), &out)?;
     let series = vec![
         ("clean".to_string(), summaries.iter().map(|s| s.eval.as_ref().map_or(0.0, |e| e.clean_accuracy)).collect()),
-        ("PGD-40".to_string(), summaries.iter().map(|s| s.eval.as_ref().and_then(|e| e.robust("pgd40")).unwrap_or(0.0)).collect()),
-        ("APGD-CE".to_string(), summaries.iter().map(|s| s.eval.as_ref().and_then(|e| e.robust("apgd")).unwrap_or(0.0)).collect()),
+        (
+            "PGD-40".to_string(),
+            summaries.iter().map(|s| s.eval.as_ref().and_then(|e| e.robust("pgd40")).unwrap_or(0.0)).collect(),
+        ),
+        (
+            "APGD-CE".to_string(),
+            summaries.iter().map(|s| s.eval.as_ref().and_then(|e| e.robust("apgd")).unwrap_or(0.0)).collect(),
+        ),
     ];
     let svg_path = out.with_extension("svg");
     svg::write_atomic(&svg_path, &svg::line_chart(&format!("{} (eps {eps})", method.name()), "epoch", &series))?;
@@ -194,7 +217,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{:<28} {:>10.4}", "PGD-40 robust accuracy", last.robust("pgd40").unwrap_or(f32::NAN));
     println!("{:<28} {:>10.4}", "APGD-CE robust accuracy", last.robust("apgd").unwrap_or(f32::NAN));
     println!("{:<28} {:>10.4}", "box-sized ε accuracy", last.unbounded_accuracy.unwrap_or(f32::NAN));
-    println!("{:<28} {:>10.1}", "mean s/epoch (training)", summaries.iter().map(|s| s.seconds).sum::<f64>() / summaries.len() as f64);
+    println!(
+        "{:<28} {:>10.1}",
+        "mean s/epoch (training)",
+        summaries.iter().map(|s| s.seconds).sum::<f64>() / summaries.len() as f64
+    );
     println!("{:<28} {:>10.1}", "total seconds", start.elapsed().as_secs_f64());
     for w in &last.warnings {
         println!("WARNING: {w}");

@@ -102,7 +102,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clean_acc = clean_pred.iter().zip(&y).filter(|(p, l)| p == l).count() as f64 / n as f64;
     let start = Instant::now();
     let bar = ProgressBar::new(n as u64);
-    bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} images ({elapsed}, eta {eta})")?.progress_chars("=> "));
+    bar.set_style(
+        ProgressStyle::with_template("[{bar:30}] {pos}/{len} images ({elapsed}, eta {eta})")?.progress_chars("=> "),
+    );
     let chunk = 250;
     let mut results = Vec::new();
     for s in (0..n).step_by(chunk) {

@@ -22,7 +22,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("{:<5} {:<20} {:>6} {:>11} {:>12} {:>9}", "model", "workload", "batch", "ms", "images/s", "GFLOP/s");
     for r in &rows {
-        println!("{:<5} {:<20} {:>6} {:>11.3} {:>12.0} {:>9.1}", r.model, r.workload, r.batch, r.ms, r.images_per_s, r.gflops);
+        println!(
+            "{:<5} {:<20} {:>6} {:>11.3} {:>12.0} {:>9.1}",
+            r.model, r.workload, r.batch, r.ms, r.images_per_s, r.gflops
+        );
     }
     let targets = [
         ("cnn", "forward_input_grad", 1000, 50.0, "3x faster than PyTorch's 150 ms"),
@@ -41,11 +44,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let weights = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors");
     let attack_rows = bench::attacks(&weights, &probe)?;
     println!("\nattacks on the fixture cnn (SPEC §6 settings; torchattacks measured on this machine):");
-    println!("{:<7} {:>6} {:>9} {:>10} {:>8} {:>8} {:>8} {:>12} {:>8}", "attack", "images", "seconds", "images/s", "robust", "success", "mean L2", "torchattacks", "speedup");
+    println!(
+        "{:<7} {:>6} {:>9} {:>10} {:>8} {:>8} {:>8} {:>12} {:>8}",
+        "attack", "images", "seconds", "images/s", "robust", "success", "mean L2", "torchattacks", "speedup"
+    );
     for r in &attack_rows {
         println!(
             "{:<7} {:>6} {:>9.3} {:>10.0} {:>8.4} {:>8.4} {:>8.4} {:>11.3}s {:>7.1}x",
-            r.attack, r.images, r.seconds, r.images as f64 / r.seconds, r.robust_accuracy, r.success_rate, r.mean_l2, r.reference_seconds, r.reference_seconds / r.seconds
+            r.attack,
+            r.images,
+            r.seconds,
+            r.images as f64 / r.seconds,
+            r.robust_accuracy,
+            r.success_rate,
+            r.mean_l2,
+            r.reference_seconds,
+            r.reference_seconds / r.seconds
         );
     }
     let json: Vec<String> = rows.iter().map(bench::Row::json).collect();

@@ -20,7 +20,12 @@ use armoury_attacks::{CarliniWagnerL2, Pgd};
 use armoury_defenses::training::{AdversarialTrainer, ProjectedAdversarialDefense, TrainerConfig};
 
 /// Robust accuracy, success rate and mean L2 of successes of `attack` on `x`.
-fn attack_row(model: &ModuleClassifier, attack: &dyn Attack, x: &Tensor, y: &[usize]) -> Result<(f32, f32, f32, f64), armoury::Error> {
+fn attack_row(
+    model: &ModuleClassifier,
+    attack: &dyn Attack,
+    x: &Tensor,
+    y: &[usize],
+) -> Result<(f32, f32, f32, f64), armoury::Error> {
     let t = Instant::now();
     let r = attack.run(model, x, y, &Goal::Untargeted)?;
     let succ: Vec<f32> = r.norms.iter().zip(&r.success).filter(|(_, &s)| s).map(|(n, _)| n.l2).collect();
@@ -67,8 +72,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("adversarial fine-tuning: 1 epoch of PGD-AT on {} images", set.train.len().min(2000));
     let sample_train = data::sample()?.train;
     let mut opt = Adam::new(model.parameters(), AdamConfig::default())?;
-    let trainer = AdversarialTrainer { config: TrainerConfig { epochs: 1, ..TrainerConfig::mnist_like() }, evaluation: None };
-    let at = trainer.fit(model.clone(), &mut opt, &ProjectedAdversarialDefense::madry(0.1, 0.025, 7), &sample_train, 0, &mut ())?;
+    let trainer =
+        AdversarialTrainer { config: TrainerConfig { epochs: 1, ..TrainerConfig::mnist_like() }, evaluation: None };
+    let at = trainer.fit(
+        model.clone(),
+        &mut opt,
+        &ProjectedAdversarialDefense::madry(0.1, 0.025, 7),
+        &sample_train,
+        0,
+        &mut (),
+    )?;
     let hardened_clean = evaluate(model.as_ref(), &set.test, 1000)?.accuracy;
     let hardened = attack_row(&clf, &pgd40, &x, &y)?;
 

@@ -35,7 +35,15 @@ struct Args {
 
 fn parse() -> Result<Args, lexopt::Error> {
     use lexopt::prelude::*;
-    let mut a = Args { model: model::ModelChoice::Reference(ReferenceModel::Cnn), data: None, epochs: 3, batch_size: 128, lr: 1e-3, seed: 0, out: None };
+    let mut a = Args {
+        model: model::ModelChoice::Reference(ReferenceModel::Cnn),
+        data: None,
+        epochs: 3,
+        batch_size: 128,
+        lr: 1e-3,
+        seed: 0,
+        out: None,
+    };
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
@@ -75,7 +83,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model: Arc<dyn Module> = match &args.model {
         model::ModelChoice::Reference(r) => {
             if (c, h, w) != (1, 28, 28) {
-                return Err(format!("the reference {} takes 1×28×28 images; this data set has {c}×{h}×{w}", r.name()).into());
+                return Err(
+                    format!("the reference {} takes 1×28×28 images; this data set has {c}×{h}×{w}", r.name()).into()
+                );
             }
             Arc::new(r.build(args.seed))
         }
@@ -85,7 +95,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut opt = Adam::new(model.parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
     let cfg = TrainConfig { epochs: args.epochs, batch_size: args.batch_size, seed: args.seed, ..Default::default() };
     let start = Instant::now();
-    let reports = fit(model.as_ref(), &mut opt, &set.train, Some(&set.test), &cfg, &mut progress::TrainProgress::new())?;
+    let reports =
+        fit(model.as_ref(), &mut opt, &set.train, Some(&set.test), &cfg, &mut progress::TrainProgress::new())?;
     let seconds = start.elapsed().as_secs_f64();
     let accuracy = reports.last().and_then(|r| r.test.as_ref()).map(|t| t.accuracy).unwrap_or(f32::NAN);
     if let Some(out) = &args.out {

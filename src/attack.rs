@@ -189,7 +189,11 @@ impl AttackResult {
         queries: Vec<u64>,
     ) -> Result<AttackResult> {
         if adversarial.shape() != x.shape() {
-            return Err(Error::ShapeMismatch { op: "attack result", expected: x.shape().to_vec(), got: adversarial.shape().to_vec() });
+            return Err(Error::ShapeMismatch {
+                op: "attack result",
+                expected: x.shape().to_vec(),
+                got: adversarial.shape().to_vec(),
+            });
         }
         let predictions = argmax_rows(&model.logits(&adversarial)?);
         let success = predictions.iter().enumerate().map(|(i, &p)| goal.is_success(i, labels[i], p)).collect();
@@ -222,7 +226,8 @@ pub fn per_sample_norms(x: &Tensor, adv: &Tensor) -> Vec<Norms> {
     let (xs, a) = (xs.as_slice().expect("standard"), a.as_slice().expect("standard"));
     (0..n)
         .map(|i| {
-            let delta: Vec<f32> = xs[i * d..(i + 1) * d].iter().zip(&a[i * d..(i + 1) * d]).map(|(p, q)| q - p).collect();
+            let delta: Vec<f32> =
+                xs[i * d..(i + 1) * d].iter().zip(&a[i * d..(i + 1) * d]).map(|(p, q)| q - p).collect();
             Norms::of(&delta)
         })
         .collect()
@@ -238,7 +243,14 @@ pub trait Attack: Send + Sync {
 
     /// Runs the attack once per budget in `eps` (a sweep), results in the same order. Budget-free attacks
     /// return an error.
-    fn sweep(&self, _model: &dyn Classifier, _x: &Tensor, _labels: &[usize], _goal: &Goal, _eps: &[f32]) -> Result<Vec<AttackResult>> {
+    fn sweep(
+        &self,
+        _model: &dyn Classifier,
+        _x: &Tensor,
+        _labels: &[usize],
+        _goal: &Goal,
+        _eps: &[f32],
+    ) -> Result<Vec<AttackResult>> {
         Err(Error::invalid("sweep", format!("{} has no perturbation budget to sweep", self.name())))
     }
 }
@@ -248,7 +260,13 @@ pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Vec<(usize, f32)> {
     z.axis_iter(Axis(0))
         .zip(class)
         .map(|(r, &c)| {
-            r.iter().enumerate().filter(|(j, _)| *j != c).fold((usize::MAX, f32::NEG_INFINITY), |(bi, bv), (j, &v)| if v > bv { (j, v) } else { (bi, bv) })
+            r.iter().enumerate().filter(|(j, _)| *j != c).fold((usize::MAX, f32::NEG_INFINITY), |(bi, bv), (j, &v)| {
+                if v > bv {
+                    (j, v)
+                } else {
+                    (bi, bv)
+                }
+            })
         })
         .collect()
 }

@@ -11,8 +11,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::classifier::argmax_rows;
 use crate::data::Dataset;
 use crate::nn::{Module, ModuleExt};
-use crate::optim::{clip_grad_norm, LrSchedule, Optimizer};
 use crate::ops::Reduction;
+use crate::optim::{clip_grad_norm, LrSchedule, Optimizer};
 use crate::tensor::{no_grad, Tensor};
 use crate::{Error, Result};
 
@@ -35,7 +35,14 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig { epochs: 3, batch_size: 128, seed: 0, schedule: LrSchedule::Constant, clip_grad_norm: None, eval_batch_size: 1000 }
+        TrainConfig {
+            epochs: 3,
+            batch_size: 128,
+            seed: 0,
+            schedule: LrSchedule::Constant,
+            clip_grad_norm: None,
+            eval_batch_size: 1000,
+        }
     }
 }
 
@@ -108,7 +115,13 @@ pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
 
 /// One optimiser step on cross-entropy: forward in training mode, backward to the parameters, update.
 /// Returns the mean loss and the number of correct predictions.
-pub fn train_step(model: &dyn Module, opt: &mut dyn Optimizer, x: &Tensor, labels: &[usize], clip: Option<f32>) -> Result<(f32, usize)> {
+pub fn train_step(
+    model: &dyn Module,
+    opt: &mut dyn Optimizer,
+    x: &Tensor,
+    labels: &[usize],
+    clip: Option<f32>,
+) -> Result<(f32, usize)> {
     let logits = model.forward_t(x, true)?;
     let loss = logits.cross_entropy(labels, Reduction::Mean)?;
     let mut grads = loss.backward()?;
@@ -187,5 +200,10 @@ pub fn evaluate(model: &dyn Module, data: &Dataset, batch_size: usize) -> Result
         }
     }
     let correct: u64 = (0..k).map(|i| confusion[[i, i]]).sum();
-    Ok(Evaluation { accuracy: correct as f32 / data.len() as f32, loss: (loss_sum / data.len() as f64) as f32, confusion, samples: data.len() })
+    Ok(Evaluation {
+        accuracy: correct as f32 / data.len() as f32,
+        loss: (loss_sum / data.len() as f64) as f32,
+        confusion,
+        samples: data.len(),
+    })
 }

@@ -61,7 +61,14 @@ pub fn check_honest(name: &str, model: &dyn Classifier, labels: &[usize], r: &At
 
 /// Determinism and independence (§4.7): same output twice, with 1 and 2 threads, alone and in a batch, and
 /// permuting the batch permutes the outputs.
-pub fn check_deterministic(name: &str, attack: &dyn Attack, model: &dyn Classifier, x: &Tensor, y: &[usize], goal: &Goal) {
+pub fn check_deterministic(
+    name: &str,
+    attack: &dyn Attack,
+    model: &dyn Classifier,
+    x: &Tensor,
+    y: &[usize],
+    goal: &Goal,
+) {
     let a = attack.run(model, x, y, goal).unwrap().adversarial.to_vec();
     let b = attack.run(model, x, y, goal).unwrap().adversarial.to_vec();
     assert_eq!(a, b, "{name}: same seed, same output");

@@ -62,7 +62,11 @@ fn property_table() {
         check_zero_budget(&name, &Pgd { steps: 0, ..attack.clone() }, &model, &x, &y);
         assert_eq!(x.to_vec(), x_before, "{name}: the caller's input must not change");
     }
-    for (a, name) in [(&RFgsm::new(0.2) as &dyn Attack, "R+FGSM"), (&Llc { eps: 0.2, random: false, seed: 0 }, "LLC"), (&Llc { eps: 0.2, random: true, seed: 0 }, "R+LLC")] {
+    for (a, name) in [
+        (&RFgsm::new(0.2) as &dyn Attack, "R+FGSM"),
+        (&Llc { eps: 0.2, random: false, seed: 0 }, "LLC"),
+        (&Llc { eps: 0.2, random: true, seed: 0 }, "R+LLC"),
+    ] {
         let r = a.run(&model, &x, &y, &Goal::Untargeted).unwrap();
         check_feasible(name, &model, &x, &r, "Linf", &[0.2; 12]);
         check_honest(name, &model, &y, &r);
@@ -76,14 +80,19 @@ fn monotone_in_eps_steps_and_restarts() {
     let (x, y) = batch(&model, 40, 6);
     let eps = [0.0, 0.02, 0.05, 0.1, 0.2, 0.4];
     for attack in [Pgd::fgsm(0.1), Pgd { steps: 20, ..Pgd::linf(0.1) }, Pgd { steps: 20, ..Pgd::l2(0.5) }] {
-        let accs: Vec<f32> = attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps).unwrap().iter().map(|r| accuracy(r, &y)).collect();
+        let accs: Vec<f32> =
+            attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps).unwrap().iter().map(|r| accuracy(r, &y)).collect();
         assert!(accs.windows(2).all(|w| w[1] <= w[0]), "{}: robust accuracy rose with ε: {accs:?}", attack.name());
         assert_eq!(accs[0], 1.0);
     }
     let acc = |a: Pgd| accuracy(&a.run(&model, &x, &y, &Goal::Untargeted).unwrap(), &y);
-    let by_restarts: Vec<f32> = [1, 2, 4].iter().map(|&r| acc(Pgd { steps: 5, restarts: r, ..Pgd::linf(0.08) })).collect();
+    let by_restarts: Vec<f32> =
+        [1, 2, 4].iter().map(|&r| acc(Pgd { steps: 5, restarts: r, ..Pgd::linf(0.08) })).collect();
     assert!(by_restarts.windows(2).all(|w| w[1] <= w[0]), "restarts: {by_restarts:?}");
-    let by_steps: Vec<f32> = [1, 5, 20].iter().map(|&s| acc(Pgd { steps: s, random_start: false, step_size: 0.02, ..Pgd::linf(0.1) })).collect();
+    let by_steps: Vec<f32> = [1, 5, 20]
+        .iter()
+        .map(|&s| acc(Pgd { steps: s, random_start: false, step_size: 0.02, ..Pgd::linf(0.1) }))
+        .collect();
     assert!(by_steps.windows(2).all(|w| w[1] <= w[0]), "steps: {by_steps:?}");
 }
 
@@ -118,13 +127,19 @@ fn linear_model_oracle() {
         let adv = attack.run(&model, &x, &y, &Goal::Untargeted).unwrap().adversarial.to_vec();
         for i in 0..5 {
             let grad: Vec<f64> = (0..16)
-                .map(|j| (0..3).map(|k| (p[i * 3 + k] as f64 - f64::from(u8::from(k == y[i]))) * wv[k * 16 + j] as f64).sum())
+                .map(|j| {
+                    (0..3).map(|k| (p[i * 3 + k] as f64 - f64::from(u8::from(k == y[i]))) * wv[k * 16 + j] as f64).sum()
+                })
                 .collect();
             let gn = grad.iter().map(|g| g * g).sum::<f64>().sqrt();
             for j in 0..16 {
                 let want = if l2 { 0.7 * grad[j] / gn } else { 0.3 * grad[j].signum() };
                 let got = adv[i * 16 + j] as f64 - xv[i * 16 + j] as f64;
-                assert!((got - want).abs() < 2e-6, "{}: sample {i} feature {j}: moved {got}, expected {want}", attack.name());
+                assert!(
+                    (got - want).abs() < 2e-6,
+                    "{}: sample {i} feature {j}: moved {got}, expected {want}",
+                    attack.name()
+                );
             }
         }
     }
@@ -157,8 +172,14 @@ fn misuse_is_an_error() {
     assert!(matches!(run(Pgd::linf(-0.1)), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Pgd { step_size: 0.0, ..Pgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Pgd { restarts: 0, ..Pgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(run(Pgd { eps: Epsilon::PerSample(vec![0.1; 3]), ..Pgd::linf(0.1) }), Err(Error::ShapeMismatch { .. })));
-    assert!(matches!(Pgd::linf(0.1).run(&model, &x, &[0, 1, 5, 0], &Goal::Untargeted), Err(Error::LabelOutOfRange { .. })));
+    assert!(matches!(
+        run(Pgd { eps: Epsilon::PerSample(vec![0.1; 3]), ..Pgd::linf(0.1) }),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        Pgd::linf(0.1).run(&model, &x, &[0, 1, 5, 0], &Goal::Untargeted),
+        Err(Error::LabelOutOfRange { .. })
+    ));
     assert!(Pgd::linf(0.1).run(&model, &x, &y, &Goal::Targeted(vec![0, 9, 0, 0])).is_err());
     assert!(matches!(Pgd::linf(0.1).run(&model, &x, &y[..3], &Goal::Untargeted), Err(Error::ShapeMismatch { .. })));
     let wrong = Tensor::zeros(&[2, 1, 5, 5]);
@@ -183,7 +204,9 @@ fn fixture_fgsm_and_bim_match_pytorch() {
     let y: Vec<usize> = reference.i64("y").unwrap().iter().map(|&v| v as usize).collect();
     for name in ["cnn", "mlp"] {
         let model = fixture_model(name);
-        for (attack, key) in [(Pgd::fgsm(0.1), "fgsm_eps0.1"), (Pgd::bim(0.1, 0.01, 10), "bim_eps0.1_alpha0.01_steps10")] {
+        for (attack, key) in
+            [(Pgd::fgsm(0.1), "fgsm_eps0.1"), (Pgd::bim(0.1, 0.01, 10), "bim_eps0.1_alpha0.01_steps10")]
+        {
             let got = attack.run(&model, &x, &y, &Goal::Untargeted).unwrap().adversarial.to_vec();
             let want = reference.f32(&format!("{name}.{key}")).unwrap();
             let off = got.iter().zip(want.iter()).filter(|(a, b)| (*a - *b).abs() > 1e-6).count();

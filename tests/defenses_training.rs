@@ -17,12 +17,18 @@ fn sample() -> (Dataset, Dataset) {
 }
 
 fn trainer(epochs: usize, checkpoint: Option<std::path::PathBuf>) -> AdversarialTrainer {
-    AdversarialTrainer { config: TrainerConfig { epochs, batch_size: 64, checkpoint, ..TrainerConfig::mnist_like() }, evaluation: None }
+    AdversarialTrainer {
+        config: TrainerConfig { epochs, batch_size: 64, checkpoint, ..TrainerConfig::mnist_like() },
+        evaluation: None,
+    }
 }
 
 fn pgd_accuracy(model: &dyn Classifier, test: &Dataset, n: usize) -> f32 {
     let (x, y) = test.batch(0..n).unwrap();
-    Pgd { step_size: 0.01, steps: 20, ..Pgd::linf(0.1) }.run(model, &x, &y, &Goal::Untargeted).unwrap().robust_accuracy(&y)
+    Pgd { step_size: 0.01, steps: 20, ..Pgd::linf(0.1) }
+        .run(model, &x, &y, &Goal::Untargeted)
+        .unwrap()
+        .robust_accuracy(&y)
 }
 
 #[test]
@@ -38,7 +44,11 @@ fn every_method_trains() {
             replace_ratio: 0.5,
         }),
         Box::new(ProjectedAdversarialDefense::madry(0.1, 0.025, 3)),
-        Box::new(EnsembleAdversarialDefense { static_models: vec![fixed], attack: Arc::new(Pgd::fgsm(0.1)), replace_ratio: 0.5 }),
+        Box::new(EnsembleAdversarialDefense {
+            static_models: vec![fixed],
+            attack: Arc::new(Pgd::fgsm(0.1)),
+            replace_ratio: 0.5,
+        }),
         Box::new(Trades::new(0.1, 0.025, 2)),
         Box::new(Mart::new(0.1, 0.025, 2)),
         Box::new(FastAt::new(0.1)),
@@ -91,21 +101,29 @@ fn checkpoints_resume_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("armoury-ckpt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("ckpt.safetensors");
-    for method in [Box::new(FreeAt::new(0.1, 2)) as Box<dyn Method>, Box::new(ProjectedAdversarialDefense::madry(0.1, 0.03, 2))] {
+    for method in
+        [Box::new(FreeAt::new(0.1, 2)) as Box<dyn Method>, Box::new(ProjectedAdversarialDefense::madry(0.1, 0.03, 2))]
+    {
         // straight through: epochs 0..4 (free: 2 passes)
         let straight: Arc<Sequential> = Arc::new(cnn(2));
         let mut opt = Adam::new(straight.parameters(), AdamConfig::default()).unwrap();
         trainer(4, None).fit(straight.clone(), &mut opt, method.as_ref(), &small, 0, &mut ()).unwrap();
         // half, checkpoint, fresh objects, resume
-        let fresh_method: Box<dyn Method> =
-            if method.epoch_divisor() > 1 { Box::new(FreeAt::new(0.1, 2)) } else { Box::new(ProjectedAdversarialDefense::madry(0.1, 0.03, 2)) };
+        let fresh_method: Box<dyn Method> = if method.epoch_divisor() > 1 {
+            Box::new(FreeAt::new(0.1, 2))
+        } else {
+            Box::new(ProjectedAdversarialDefense::madry(0.1, 0.03, 2))
+        };
         let first: Arc<Sequential> = Arc::new(cnn(2));
         let mut opt1 = Adam::new(first.parameters(), AdamConfig::default()).unwrap();
         trainer(2, Some(path.clone())).fit(first, &mut opt1, fresh_method.as_ref(), &small, 0, &mut ()).unwrap();
         let resumed: Arc<Sequential> = Arc::new(cnn(77));
         let mut opt2 = Adam::new(resumed.parameters(), AdamConfig::default()).unwrap();
-        let again: Box<dyn Method> =
-            if method.epoch_divisor() > 1 { Box::new(FreeAt::new(0.1, 2)) } else { Box::new(ProjectedAdversarialDefense::madry(0.1, 0.03, 2)) };
+        let again: Box<dyn Method> = if method.epoch_divisor() > 1 {
+            Box::new(FreeAt::new(0.1, 2))
+        } else {
+            Box::new(ProjectedAdversarialDefense::madry(0.1, 0.03, 2))
+        };
         let start = load_checkpoint(&path, resumed.as_ref(), &mut opt2, again.as_ref()).unwrap();
         assert_eq!(start, 2 / method.epoch_divisor());
         trainer(4, None).fit(resumed.clone(), &mut opt2, again.as_ref(), &small, start, &mut ()).unwrap();
@@ -113,7 +131,13 @@ fn checkpoints_resume_bit_for_bit() {
             assert_eq!(a.value(), b.value(), "{}: resumed training differs", method.name());
         }
     }
-    assert!(load_checkpoint(&dir.join("missing.safetensors"), &cnn(0), &mut Adam::new(vec![], AdamConfig::default()).unwrap(), &Standard).is_err());
+    assert!(load_checkpoint(
+        &dir.join("missing.safetensors"),
+        &cnn(0),
+        &mut Adam::new(vec![], AdamConfig::default()).unwrap(),
+        &Standard
+    )
+    .is_err());
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -155,7 +179,12 @@ fn onnx_model_attacked_evaluated_and_fine_tuned() {
     assert!(before < 0.15, "the imported cnn is fragile: {before}");
     let mut opt = Adam::new(onnx.parameters(), AdamConfig::default()).unwrap();
     let t = AdversarialTrainer {
-        config: TrainerConfig { epochs: 2, batch_size: 64, schedule: LrSchedule::Constant, ..TrainerConfig::mnist_like() },
+        config: TrainerConfig {
+            epochs: 2,
+            batch_size: 64,
+            schedule: LrSchedule::Constant,
+            ..TrainerConfig::mnist_like()
+        },
         evaluation: Some(RobustnessConfig {
             data: test.take(500).unwrap(),
             robust_samples: 200,
@@ -164,7 +193,8 @@ fn onnx_model_attacked_evaluated_and_fine_tuned() {
             batch_size: 200,
         }),
     };
-    let reports = t.fit(onnx.clone(), &mut opt, &ProjectedAdversarialDefense::madry(0.1, 0.025, 5), &train, 0, &mut ()).unwrap();
+    let reports =
+        t.fit(onnx.clone(), &mut opt, &ProjectedAdversarialDefense::madry(0.1, 0.025, 5), &train, 0, &mut ()).unwrap();
     let last = reports.last().unwrap().eval.as_ref().unwrap();
     let after = last.robust("pgd").unwrap();
     assert!(after > before + 0.15, "fine-tuning the imported model: PGD robust accuracy {before} → {after}");

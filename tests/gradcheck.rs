@@ -7,8 +7,6 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-
-
 /// Uniform in ±[lo, hi] (random sign): keeps values at least `lo` away from 0.
 fn away_from_zero(shape: &[usize], lo: f32, hi: f32, seed: u64) -> ArrayD<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

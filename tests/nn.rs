@@ -47,7 +47,10 @@ fn batch_norm_updates_running_statistics_like_pytorch() {
 fn sequential_names_modes_and_params() {
     let net = Sequential::new().add("flat", Flatten).add("fc", Linear::new(4, 2, true, 0)).add("bn", BatchNorm::new(2));
     let names: Vec<String> = net.named_params().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names, ["fc.weight", "fc.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]);
+    assert_eq!(
+        names,
+        ["fc.weight", "fc.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    );
     assert_eq!(net.parameters().len(), 4, "buffers are not trainable");
     assert!(!net.is_training());
     net.train();

@@ -60,7 +60,7 @@ fn unary_values_and_derivatives() {
 fn binary_values_and_derivatives() {
     let a = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]).variable();
     let b = t(&[10.0, 20.0], &[2]).variable(); // broadcast over rows
-    // Σ a/b: ∂/∂a = 1/b per column; ∂/∂b_j = −Σ_i a_ij / b_j²
+                                               // Σ a/b: ∂/∂a = 1/b per column; ∂/∂b_j = −Σ_i a_ij / b_j²
     let y = a.div(&b).unwrap();
     close(&y.to_vec(), &[0.1, 0.1, 0.3, 0.2]);
     let g = y.grad_wrt(&[&a, &b]).unwrap();
@@ -145,7 +145,8 @@ fn conv_pool_values() {
     close(&a.to_vec(), &[3.0, 4.0, 6.0, 7.0]);
     close(&x.global_avg_pool2d().unwrap().to_vec(), &[5.0]);
     // padding 1 with count_include_pad = false divides corners by 1 (only the real pixel)
-    let q = Pool2dParams { kernel: (2, 2), stride: (2, 2), padding: (1, 1), ceil_mode: false, count_include_pad: false };
+    let q =
+        Pool2dParams { kernel: (2, 2), stride: (2, 2), padding: (1, 1), ceil_mode: false, count_include_pad: false };
     close(&x.avg_pool2d(q).unwrap().to_vec(), &[1.0, 2.5, 5.5, 7.0]);
 }
 
@@ -186,7 +187,10 @@ fn errors_not_panics() {
     assert!(matches!(a.cross_entropy(&[0, 3], Reduction::Mean), Err(Error::LabelOutOfRange { label: 3, .. })));
     assert!(matches!(a.cross_entropy(&[0], Reduction::Mean), Err(Error::ShapeMismatch { .. })));
     assert!(matches!(Tensor::zeros(&[0, 3]).cross_entropy(&[], Reduction::Mean), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(a.conv2d(&Tensor::zeros(&[1, 1, 1, 1]), None, Conv2dParams::default()), Err(Error::RankMismatch { .. })));
+    assert!(matches!(
+        a.conv2d(&Tensor::zeros(&[1, 1, 1, 1]), None, Conv2dParams::default()),
+        Err(Error::RankMismatch { .. })
+    ));
     assert!(matches!(a.max_pool2d(Pool2dParams::square(2)), Err(Error::RankMismatch { .. })));
     assert!(matches!(a.index_select(0, &[2]), Err(Error::InvalidArgument { .. })));
     assert!(matches!(Tensor::from_vec(vec![1.0], &[2]), Err(Error::ShapeMismatch { .. })));

@@ -1,11 +1,18 @@
 //! Armoury's integration tests: one binary, a module per area (keeps link times down).
 
-mod common;
-mod gradcheck;
-mod fixtures_xcheck;
-mod data;
-mod ops;
-mod onnx;
-mod train;
 mod attack_props;
+mod attacks_apgd_jsma;
+mod attacks_decision;
 mod attacks_gradient;
+mod attacks_minnorm;
+mod attacks_score;
+mod common;
+mod data;
+mod defenses_training;
+mod defenses_transforms;
+mod fixtures_xcheck;
+mod gradcheck;
+mod nn;
+mod onnx;
+mod ops;
+mod train;

@@ -99,7 +99,19 @@ fn backward_reaches_every_parameter_and_only_parameters() {
     assert_eq!(model.num_parameters(), 80_202);
     assert_eq!(mlp(0).num_parameters(), 269_322);
     let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names, ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+    assert_eq!(
+        names,
+        [
+            "conv1.weight",
+            "conv1.bias",
+            "conv2.weight",
+            "conv2.bias",
+            "fc1.weight",
+            "fc1.bias",
+            "fc2.weight",
+            "fc2.bias"
+        ]
+    );
 }
 
 #[test]

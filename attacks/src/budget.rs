@@ -164,6 +164,8 @@ pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: N
             match norm {
                 Norm::Linf => {
                     for (a, &xv) in ar.iter_mut().zip(xr) {
+                        // Clamp into the ball first (far-out values), then fix the last ulp of rounding.
+                        *a = a.clamp(xv - e, xv + e).clamp(bounds.0.min(xv), bounds.1.max(xv));
                         while ((*a as f64) - (xv as f64)).abs() > e as f64 {
                             *a = step_toward(*a, xv);
                         }
@@ -267,7 +269,9 @@ pub fn random_in_ball(n: usize, d: usize, norm: Norm, eps: &[f32], seeds: &[u64]
             }
             Norm::L1 => {
                 // Laplace direction normalised to the L1 sphere, radius scaled by U^(1/d).
-                let lap: Vec<f64> = (0..d).map(|_| -(1.0 - rng.random::<f64>()).ln() * if rng.random::<bool>() { 1.0 } else { -1.0 }).collect();
+                let lap: Vec<f64> = (0..d)
+                    .map(|_| -(1.0 - rng.random::<f64>()).ln() * if rng.random::<bool>() { 1.0 } else { -1.0 })
+                    .collect();
                 let ln: f64 = lap.iter().map(|v| v.abs()).sum::<f64>().max(1e-12);
                 let radius = e as f64 * rng.random::<f64>().powf(1.0 / d as f64);
                 row.iter_mut().zip(&lap).for_each(|(v, &g)| *v = (g / ln * radius) as f32);
@@ -317,6 +321,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn enforce_pulls_far_values_into_the_linf_ball_at_once() {
+        let x = ndarray::Array2::from_elem((1, 4), 0.5f32);
+        let mut adv = ndarray::array![[9.0f32, -3.0, 0.5, 0.61]];
+        enforce(&x, &mut adv, Norm::Linf, &[0.1], (-100.0, 100.0));
+        assert!(adv.iter().zip(x.iter()).all(|(a, b)| ((*a as f64) - (*b as f64)).abs() <= 0.1f32 as f64));
+        assert_eq!(adv[[0, 2]], 0.5);
     }
 
     #[test]

@@ -12,7 +12,9 @@ use ndarray::{Array2, Axis, Zip};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::budget::{check_positive, enforce, project_ball, random_in_ball, row_seeds, rows, steepest, unrows, Epsilon, Norm};
+use crate::budget::{
+    check_positive, enforce, project_ball, random_in_ball, row_seeds, rows, steepest, unrows, Epsilon, Norm,
+};
 use crate::losses::Loss;
 
 /// DI² input diversity (Xie et al. 2019): with probability `prob`, resize each image to a random r×r with
@@ -290,7 +292,8 @@ impl Pgd {
                 let mut acc = Array2::<f32>::zeros((n, d));
                 for k in 0..v.samples {
                     let radius: Vec<f32> = eps.iter().map(|e| e * v.beta).collect();
-                    let ks: Vec<u64> = seeds.iter().map(|s| s ^ ((t * v.samples + k + 1) as u64).wrapping_mul(0x9E37_79B9)).collect();
+                    let ks: Vec<u64> =
+                        seeds.iter().map(|s| s ^ ((t * v.samples + k + 1) as u64).wrapping_mul(0x9E37_79B9)).collect();
                     let mut xn = &adv + &random_in_ball(n, d, Norm::Linf, &radius, &ks);
                     clip(&mut xn, bounds);
                     acc += &ctx.grad(&xn, None)?;
@@ -313,7 +316,14 @@ impl Pgd {
     }
 
     /// The attack at the given per-sample budgets.
-    fn run_eps(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Resolved, eps: &[f32]) -> Result<AttackResult> {
+    fn run_eps(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Resolved,
+        eps: &[f32],
+    ) -> Result<AttackResult> {
         let shape = x.shape().to_vec();
         let x2 = rows(x);
         let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss };
@@ -354,7 +364,14 @@ impl Pgd {
     }
 
     /// A single gradient step reused for every budget (FGSM/FGM sweeps need one gradient, not one per ε).
-    fn single_step_sweep(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Resolved, eps: &[f32]) -> Result<Vec<AttackResult>> {
+    fn single_step_sweep(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Resolved,
+        eps: &[f32],
+    ) -> Result<Vec<AttackResult>> {
         let shape = x.shape().to_vec();
         let x2 = rows(x);
         let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss };
@@ -371,13 +388,24 @@ impl Pgd {
     }
 
     fn is_single_step(&self) -> bool {
-        self.steps == 1 && !self.random_start && self.diversity.is_none() && self.variance.is_none() && self.restarts == 1
+        self.steps == 1
+            && !self.random_start
+            && self.diversity.is_none()
+            && self.variance.is_none()
+            && self.restarts == 1
     }
 }
 
 impl Attack for Pgd {
     fn name(&self) -> String {
-        format!("{}-{}(eps={}, step={}, steps={})", self.label, self.norm.name(), self.eps.describe(), self.step_size, self.steps)
+        format!(
+            "{}-{}(eps={}, step={}, steps={})",
+            self.label,
+            self.norm.name(),
+            self.eps.describe(),
+            self.step_size,
+            self.steps
+        )
     }
 
     fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
@@ -387,7 +415,14 @@ impl Attack for Pgd {
         self.run_eps(model, x, labels, &goal, &eps)
     }
 
-    fn sweep(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal, eps: &[f32]) -> Result<Vec<AttackResult>> {
+    fn sweep(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        eps: &[f32],
+    ) -> Result<Vec<AttackResult>> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
         for &e in eps {
@@ -400,7 +435,11 @@ impl Attack for Pgd {
             .map(|&e| {
                 // The step scales with ε, as the configured step did with the configured ε.
                 let scale = self.eps_scalar().filter(|&b| b > 0.0).map_or(1.0, |b| e / b);
-                let cfg = Pgd { eps: Epsilon::Scalar(e), step_size: (self.step_size * scale).max(f32::MIN_POSITIVE), ..self.clone() };
+                let cfg = Pgd {
+                    eps: Epsilon::Scalar(e),
+                    step_size: (self.step_size * scale).max(f32::MIN_POSITIVE),
+                    ..self.clone()
+                };
                 cfg.run_eps(model, x, labels, &goal, &vec![e; labels.len()])
             })
             .collect()
@@ -446,7 +485,10 @@ impl Attack for RFgsm {
         let n = labels.len();
         let eps = Epsilon::Scalar(self.eps).resolve(n)?;
         if !(self.alpha >= 0.0 && self.alpha <= self.eps) {
-            return Err(armoury::Error::invalid("rfgsm", format!("α = {} must be in [0, ε = {}]", self.alpha, self.eps)));
+            return Err(armoury::Error::invalid(
+                "rfgsm",
+                format!("α = {} must be in [0, ε = {}]", self.alpha, self.eps),
+            ));
         }
         let goal = resolve_goal(model, x, labels, goal)?;
         let shape = x.shape().to_vec();
@@ -490,7 +532,12 @@ impl Attack for Llc {
     /// The goal argument is ignored: this attack always targets the least-likely class.
     fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], _goal: &Goal) -> Result<AttackResult> {
         if self.random {
-            RFgsm { eps: self.eps, alpha: self.eps / 2.0, seed: self.seed, loss: Loss::CrossEntropy }.run(model, x, labels, &Goal::LeastLikely)
+            RFgsm { eps: self.eps, alpha: self.eps / 2.0, seed: self.seed, loss: Loss::CrossEntropy }.run(
+                model,
+                x,
+                labels,
+                &Goal::LeastLikely,
+            )
         } else {
             Pgd::fgsm(self.eps).run(model, x, labels, &Goal::LeastLikely)
         }

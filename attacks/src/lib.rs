@@ -22,10 +22,26 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod apgd;
 pub mod budget;
+mod cw;
+pub mod decision;
+mod deepfool;
+mod ead;
 mod gradient;
+mod jsma;
+mod lbfgs;
 pub mod losses;
+pub mod score;
 
+pub use apgd::{checkpoints as apgd_checkpoints, Apgd, ApgdTargeted};
 pub use budget::{Epsilon, Norm};
+pub use cw::CarliniWagnerL2;
+pub use decision::{BoundaryAttack, HopSkipJump, Pointwise, SaltAndPepper, Start, StepSearch};
+pub use deepfool::DeepFool;
+pub use ead::{EadRule, ElasticNet};
 pub use gradient::{Diversity, Llc, Pgd, RFgsm, UniformNoise, VarianceTuning};
+pub use jsma::{Jsma, JsmaMode};
+pub use lbfgs::LbfgsB;
 pub use losses::Loss;
+pub use score::{GenAttack, Nes, NesSetting, ParticleSwarm, SimBA, SimbaBasis, Spsa, SquareAttack};

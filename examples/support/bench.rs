@@ -55,7 +55,13 @@ pub fn inference(model: ReferenceModel, batches: &[usize], data: &Dataset) -> Re
     let mut rows = Vec::new();
     for &b in batches {
         let (x, y) = data.batch(0..b)?;
-        let reps = if b >= 1000 { 9 } else if b >= 128 { 21 } else { 201 };
+        let reps = if b >= 1000 {
+            9
+        } else if b >= 128 {
+            21
+        } else {
+            201
+        };
         let ms = median_ms(reps, || clf.logits(&x).map(|_| ()))?;
         rows.push(row(model, "forward", b, ms, 1.0));
         let ms = median_ms(reps, || clf.loss_gradient(&x, &y).map(|_| ()))?;

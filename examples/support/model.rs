@@ -78,7 +78,11 @@ pub fn load_model(
             match weights {
                 Some(wf) => io::load_module(&net, wf)?,
                 None => {
-                    println!("no --weights: training {} (3 epochs of Adam, lr 1e-3, batch 128) on {} images", r.name(), set.train.len());
+                    println!(
+                        "no --weights: training {} (3 epochs of Adam, lr 1e-3, batch 128) on {} images",
+                        r.name(),
+                        set.train.len()
+                    );
                     let mut opt = Adam::new(net.parameters(), AdamConfig::default())?;
                     let cfg = TrainConfig { epochs: 3, seed, ..Default::default() };
                     fit(&net, &mut opt, &set.train, None, &cfg, &mut crate::progress::TrainProgress::new())?;

@@ -12,16 +12,32 @@ pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<f32>)]) -> 
     let x = |i: usize| left + pw * i as f32 / (n - 1) as f32;
     let y = |v: f32| top + ph * (1.0 - v.clamp(0.0, 1.0));
     let mut s = String::new();
-    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
-    let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/><text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, left + pw / 2.0, escape(title));
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = write!(
+        s,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
+        left + pw / 2.0,
+        escape(title)
+    );
     for k in 0..=10 {
         let v = k as f32 / 10.0;
-        let _ = write!(s, r##"<line x1="{left}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{v:.1}</text>"##, left + pw, left - 6.0, y(v) + 4.0, yy = y(v));
+        let _ = write!(
+            s,
+            r##"<line x1="{left}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{v:.1}</text>"##,
+            left + pw,
+            left - 6.0,
+            y(v) + 4.0,
+            yy = y(v)
+        );
     }
     for i in 0..n {
         let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, x(i), top + ph + 18.0, i + 1);
     }
-    let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, left + pw / 2.0, h - 10.0, escape(x_label));
+    let _ =
+        write!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, left + pw / 2.0, h - 10.0, escape(x_label));
     let _ = write!(s, r#"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#);
     for (k, (name, values)) in series.iter().enumerate() {
         let c = colours[k % colours.len()];
@@ -31,7 +47,15 @@ pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<f32>)]) -> 
             let _ = write!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, x(i), y(v));
         }
         let ly = top + 10.0 + 20.0 * k as f32;
-        let _ = write!(s, r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#, left + pw + 10.0, left + pw + 30.0, left + pw + 36.0, ly + 4.0, escape(name));
+        let _ = write!(
+            s,
+            r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#,
+            left + pw + 10.0,
+            left + pw + 30.0,
+            left + pw + 36.0,
+            ly + 4.0,
+            escape(name)
+        );
     }
     s.push_str("</svg>\n");
     s

@@ -24,7 +24,6 @@ mod grid;
 mod idx;
 mod sample;
 
-
 pub use dataset::{load_idx_dir, Batches, Dataset, TrainTest};
 pub use folder::{load_image_folder, ImageFolderOptions};
 pub use grid::{perturbation_image, save_png_grid, GridRow, GRID_GAP};

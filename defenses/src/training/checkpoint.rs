@@ -11,7 +11,13 @@ use ndarray::{ArrayD, IxDyn};
 use super::Method;
 
 /// Saves everything needed to resume after `epoch` (0-based).
-pub fn save_checkpoint(path: &Path, model: &dyn Module, optimizer: &dyn Optimizer, method: &dyn Method, epoch: usize) -> Result<()> {
+pub fn save_checkpoint(
+    path: &Path,
+    model: &dyn Module,
+    optimizer: &dyn Optimizer,
+    method: &dyn Method,
+    epoch: usize,
+) -> Result<()> {
     let mut tensors: Vec<(String, ArrayD<f32>)> =
         model.named_params().into_iter().map(|(n, p)| (format!("model.{n}"), p.value().to_owned())).collect();
     tensors.extend(optimizer.state().into_iter().map(|(n, a)| (format!("optim.{n}"), a)));
@@ -22,7 +28,12 @@ pub fn save_checkpoint(path: &Path, model: &dyn Module, optimizer: &dyn Optimize
 
 /// Restores a checkpoint into `model`, `optimizer` and `method`; returns the epoch to start from (the one after
 /// the saved epoch). Every model parameter must be present with its shape.
-pub fn load_checkpoint(path: &Path, model: &dyn Module, optimizer: &mut dyn Optimizer, method: &dyn Method) -> Result<usize> {
+pub fn load_checkpoint(
+    path: &Path,
+    model: &dyn Module,
+    optimizer: &mut dyn Optimizer,
+    method: &dyn Method,
+) -> Result<usize> {
     let tensors = io::load_tensors(path)?;
     let find = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, a)| a);
     let mut problems = Vec::new();
@@ -45,6 +56,8 @@ pub fn load_checkpoint(path: &Path, model: &dyn Module, optimizer: &mut dyn Opti
     };
     optimizer.load_state(&strip("optim."))?;
     method.load_state(&strip("method."))?;
-    let epoch = find("trainer.epoch").and_then(|a| a.iter().next().copied()).ok_or_else(|| Error::bad_file(path, "no trainer.epoch"))?;
+    let epoch = find("trainer.epoch")
+        .and_then(|a| a.iter().next().copied())
+        .ok_or_else(|| Error::bad_file(path, "no trainer.epoch"))?;
     Ok(epoch as usize + 1)
 }

@@ -35,7 +35,12 @@ pub struct AdversarialDefense;
 
 impl AdversarialDefense {
     /// Trains `model` one step on `x_adv` with labels `y`.
-    pub fn train_step(model: &dyn Module, optimizer: &mut dyn armoury::optim::Optimizer, x_adv: &Tensor, y: &[usize]) -> Result<StepReport> {
+    pub fn train_step(
+        model: &dyn Module,
+        optimizer: &mut dyn armoury::optim::Optimizer,
+        x_adv: &Tensor,
+        y: &[usize],
+    ) -> Result<StepReport> {
         let z = model.forward_t(x_adv, true)?;
         let loss = z.cross_entropy(y, Reduction::Mean)?;
         optimise(optimizer, &loss)?;
@@ -45,7 +50,13 @@ impl AdversarialDefense {
 
 /// The samples `0..⌈ratio·n⌉` of a batch replaced by adversarial versions, split evenly across `attacks` (each
 /// run on its own contiguous share); the rest stay clean.
-fn replace_with_adversarial(clf: &dyn Classifier, attacks: &[&dyn Attack], ratio: f32, x: &Tensor, y: &[usize]) -> Result<Tensor> {
+fn replace_with_adversarial(
+    clf: &dyn Classifier,
+    attacks: &[&dyn Attack],
+    ratio: f32,
+    x: &Tensor,
+    y: &[usize],
+) -> Result<Tensor> {
     let n = y.len();
     let k = ((ratio * n as f32).ceil() as usize).min(n);
     if k == 0 || attacks.is_empty() {
@@ -173,7 +184,8 @@ impl Method for FastAt {
         format!("fast-at(eps {}, alpha {})", self.eps, self.alpha)
     }
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        let pgd = Pgd { steps: 1, step_size: self.alpha, random_start: true, seed: ctx.step_seed(), ..Pgd::linf(self.eps) };
+        let pgd =
+            Pgd { steps: 1, step_size: self.alpha, random_start: true, seed: ctx.step_seed(), ..Pgd::linf(self.eps) };
         let adv = pgd.run(ctx.classifier, x, y, &Goal::Untargeted)?.adversarial;
         ce_step(ctx, &adv, y)
     }
@@ -225,9 +237,9 @@ impl Method for FreeAt {
             let grads = loss.backward_with(&[&dv])?;
             ctx.optimizer.step(&grads)?;
             let gd = grads.get(&dv).cloned().unwrap_or_else(|| ArrayD::zeros(x.shape()));
-            ndarray::Zip::from(&mut delta).and(&gd).for_each(|d, &g| {
-                *d = (*d + self.eps * armoury_attacks::budget::sign(g)).clamp(-self.eps, self.eps)
-            });
+            ndarray::Zip::from(&mut delta)
+                .and(&gd)
+                .for_each(|d, &g| *d = (*d + self.eps * armoury_attacks::budget::sign(g)).clamp(-self.eps, self.eps));
             last = StepReport { loss: loss.item()?, correct: correct(&z, y), size: y.len() };
         }
         *guard = Some(delta);
@@ -260,7 +272,12 @@ pub struct EnsembleAdversarialDefense {
 
 impl Method for EnsembleAdversarialDefense {
     fn name(&self) -> String {
-        format!("ensemble({} + {} static models, ratio {})", self.attack.name(), self.static_models.len(), self.replace_ratio)
+        format!(
+            "ensemble({} + {} static models, ratio {})",
+            self.attack.name(),
+            self.static_models.len(),
+            self.replace_ratio
+        )
     }
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
         check_ratio(self.replace_ratio)?;
@@ -270,4 +287,3 @@ impl Method for EnsembleAdversarialDefense {
         ce_step(ctx, &mixed, y)
     }
 }
-

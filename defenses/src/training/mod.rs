@@ -187,8 +187,14 @@ impl AdversarialTrainer {
                 optimizer.set_lr(c.schedule.lr_at(base_lr, epoch as f32 + b as f32 / batches as f32));
                 let x = train.images().index_select(0, idx)?;
                 let y: Vec<usize> = idx.iter().map(|&i| train.labels()[i]).collect();
-                let mut ctx =
-                    StepContext { model: model.as_ref(), classifier: &classifier, optimizer, epoch, batch: b, seed: c.seed };
+                let mut ctx = StepContext {
+                    model: model.as_ref(),
+                    classifier: &classifier,
+                    optimizer,
+                    epoch,
+                    batch: b,
+                    seed: c.seed,
+                };
                 let r = method.step(&mut ctx, &x, &y)?;
                 loss += r.loss as f64 * r.size as f64;
                 correct += r.correct;
@@ -229,4 +235,3 @@ pub(crate) fn correct(z: &Tensor, y: &[usize]) -> usize {
     let z2 = z.value().to_owned().into_dimensionality::<ndarray::Ix2>().expect("logits are a matrix");
     armoury::classifier::argmax_rows(&z2).iter().zip(y).filter(|(p, l)| p == l).count()
 }
-

@@ -84,7 +84,9 @@ pub fn robust_evaluation(model: &dyn Classifier, cfg: &RobustnessConfig) -> Resu
     if let Some(&(_, best)) = robust_accuracy.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
         for (name, acc) in &robust_accuracy {
             if acc - best > 0.05 {
-                warnings.push(format!("{name} reports {acc:.3} but another attack reaches {best:.3}: {name} overestimates robustness"));
+                warnings.push(format!(
+                    "{name} reports {acc:.3} but another attack reaches {best:.3}: {name} overestimates robustness"
+                ));
             }
         }
     }

@@ -114,10 +114,7 @@ impl Method for Mart {
             mask[[i, l]] = true;
         }
         let other = p_adv.masked_fill(&mask, f32::NEG_INFINITY)?.max(1, false)?;
-        let bce = z_adv
-            .cross_entropy(y, Reduction::None)?
-            .sub(&other.neg().add_scalar(1.0001).log())?
-            .mean_all()?;
+        let bce = z_adv.cross_entropy(y, Reduction::None)?.sub(&other.neg().add_scalar(1.0001).log())?.mean_all()?;
         let p_clean = z_clean.softmax(1)?;
         let true_prob = p_clean.pick(y)?;
         let kl = p_adv.add_scalar(1e-12).log().kl_div(&p_clean, Reduction::None)?;

@@ -1,0 +1,358 @@
+//! Score-based black-box attacks: they see only the model's probabilities (NES's label-only setting: only its
+//! top-1 label), through a per-sample [`ScoreOracle`] / [`LabelOracle`] that counts every queried input.
+//!
+//! Shared machinery: every attack runs its algorithm on one sample at a time ([`Ctx`]), the samples in parallel
+//! with rayon, each with a seed derived from the attack's seed and the sample's own values
+//! ([`armoury::attack::sample_seed`]) — so results do not depend on the batch, the sample's position or the
+//! thread count. A sample's budget of `max_queries` is never exceeded: every call to the oracle is clipped to
+//! what remains, and `AttackResult::queries[i]` is that sample's oracle count. The first query of every attack
+//! is the clean input: an input that already fulfils the goal is returned unchanged. ε = 0 or `max_queries = 0`
+//! return the input without a query.
+//!
+//! With [`Goal::LeastLikely`] the target class is resolved from one clean query per sample before the attack;
+//! that query is counted in `queries[i]` and charged to the sample's budget.
+
+use armoury::attack::{resolve_goal, sample_seed, AttackResult, Resolved};
+use armoury::{Classifier, Error, Goal, LabelOracle, Result, ScoreOracle, Tensor};
+use ndarray::{Array2, ArrayView1};
+use rand::Rng;
+use rayon::prelude::*;
+
+use crate::budget::{enforce, rows, unrows, Norm};
+
+mod genetic;
+mod nes;
+mod pso;
+mod simba;
+mod spsa;
+mod square;
+
+pub use genetic::GenAttack;
+pub use nes::{Nes, NesSetting};
+pub use pso::ParticleSwarm;
+pub use simba::{SimBA, SimbaBasis};
+pub use spsa::Spsa;
+pub use square::SquareAttack;
+
+/// One sample's view of the attack: its clean values, goal, budget, seed and the counting oracles.
+pub(crate) struct Ctx<'a> {
+    score: ScoreOracle<'a>,
+    label_oracle: LabelOracle<'a>,
+    /// Clean values, row-major (C, H, W).
+    pub x: Vec<f32>,
+    /// Channels, height, width.
+    pub chw: (usize, usize, usize),
+    /// True label.
+    pub label: usize,
+    /// Target class of a targeted goal.
+    pub target: Option<usize>,
+    /// Budget ε of this sample.
+    pub eps: f32,
+    /// Query budget of this sample.
+    pub budget: u64,
+    /// This sample's seed.
+    pub seed: u64,
+    /// Input bounds.
+    pub bounds: (f32, f32),
+    /// Per-coordinate lower end of the L∞ ε-box ∩ bounds (exact: |lo − x| ≤ ε in f64).
+    pub lo: Vec<f32>,
+    /// Per-coordinate upper end of the L∞ ε-box ∩ bounds.
+    pub hi: Vec<f32>,
+    /// Only the `k` largest probabilities are revealed (the others read as 0).
+    pub topk: Option<usize>,
+}
+
+impl Ctx<'_> {
+    /// Input values per sample.
+    pub fn dim(&self) -> usize {
+        self.x.len()
+    }
+
+    /// Queries spent so far.
+    pub fn queries(&self) -> u64 {
+        self.score.queries() + self.label_oracle.queries()
+    }
+
+    /// Queries left.
+    pub fn remaining(&self) -> u64 {
+        self.budget.saturating_sub(self.queries())
+    }
+
+    fn tensor(&self, data: Vec<f32>) -> Result<Tensor> {
+        let (c, h, w) = self.chw;
+        let m = data.len() / self.dim();
+        if m as u64 > self.remaining() || m == 0 || data.len() != m * self.dim() {
+            return Err(Error::invalid("score attack", format!("{m} queries with {} left", self.remaining())));
+        }
+        Tensor::from_vec(data, &[m, c, h, w])
+    }
+
+    /// Probabilities of the candidates stored back to back in `data` (one row each), as one batched query.
+    /// The caller keeps the count within [`Ctx::remaining`].
+    pub fn probs(&self, data: Vec<f32>) -> Result<Array2<f32>> {
+        let mut p = self.score.probabilities(&self.tensor(data)?)?;
+        if let Some(k) = self.topk {
+            for mut row in p.rows_mut() {
+                let mut order: Vec<usize> = (0..row.len()).collect();
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+                for &j in order.iter().skip(k) {
+                    row[j] = 0.0;
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Probabilities of one candidate.
+    pub fn probs1(&self, row: &[f32]) -> Result<Vec<f32>> {
+        Ok(self.probs(row.to_vec())?.row(0).to_vec())
+    }
+
+    /// Top-1 labels of the candidates stored back to back in `data` (label-only access).
+    pub fn labels(&self, data: Vec<f32>) -> Result<Vec<usize>> {
+        self.label_oracle.labels(&self.tensor(data)?)
+    }
+
+    /// Whether a predicted class fulfils the goal.
+    pub fn goal_met(&self, class: usize) -> bool {
+        match self.target {
+            Some(t) => class == t,
+            None => class != self.label,
+        }
+    }
+
+    /// Whether the probabilities fulfil the goal (first maximum, as the model's prediction).
+    pub fn success(&self, p: ArrayView1<f32>) -> bool {
+        let top = p
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) });
+        self.goal_met(top.0)
+    }
+
+    /// The margin loss on log-probabilities, minimised (negative ⇔ the goal is met): untargeted
+    /// log p_y − max_{j≠y} log p_j, targeted max_{j≠t} log p_j − log p_t.
+    pub fn margin(&self, p: ArrayView1<f32>) -> f32 {
+        let c = self.target.unwrap_or(self.label);
+        let other = p.iter().enumerate().filter(|(j, _)| *j != c).fold(0.0f32, |m, (_, &v)| m.max(v));
+        let own = log(p[c]) - log(other);
+        if self.target.is_some() {
+            -own
+        } else {
+            own
+        }
+    }
+
+    /// GenAttack's fitness, maximised: targeted log p_t − log Σ_{j≠t} p_j, untargeted log Σ_{j≠y} p_j − log p_y.
+    pub fn fitness(&self, p: ArrayView1<f32>) -> f32 {
+        let c = self.target.unwrap_or(self.label);
+        let rest: f64 = p.iter().enumerate().filter(|(j, _)| *j != c).map(|(_, &v)| v as f64).sum();
+        let own = log(p[c]) - log(rest as f32);
+        if self.target.is_some() {
+            own
+        } else {
+            -own
+        }
+    }
+
+    /// Clamps `row` into the L∞ ε-box around x intersected with the bounds.
+    pub fn clamp_box(&self, row: &mut [f32]) {
+        for ((v, &l), &h) in row.iter_mut().zip(&self.lo).zip(&self.hi) {
+            *v = v.clamp(l, h);
+        }
+    }
+
+    /// Clamps `row` into the bounds only.
+    pub fn clamp_bounds(&self, row: &mut [f32]) {
+        let (lo, hi) = self.bounds;
+        row.iter_mut().for_each(|v| *v = v.clamp(lo, hi));
+    }
+
+    /// Makes `row` feasible in `norm` exactly (see [`crate::budget::enforce`]).
+    pub fn enforce(&self, row: &mut Vec<f32>, norm: Norm) {
+        let x = Array2::from_shape_vec((1, self.dim()), self.x.clone()).expect("one row");
+        let mut a = Array2::from_shape_vec((1, self.dim()), std::mem::take(row)).expect("one row");
+        enforce(&x, &mut a, norm, &[self.eps], self.bounds);
+        *row = a.into_raw_vec_and_offset().0;
+    }
+
+    /// The post-success reduction step of GenAttack and the particle swarm: moves blocks of changed values back
+    /// to the clean input while it stays adversarial, halving the block size when no block can go back, for at
+    /// most `max_queries` queries (and never beyond the budget). `adv` must fulfil the goal.
+    pub fn reduce(&self, mut adv: Vec<f32>, max_queries: u64, rng: &mut impl Rng) -> Result<Vec<f32>> {
+        let stop = self.queries() + max_queries.min(self.remaining());
+        let mut changed: Vec<usize> = (0..self.dim()).filter(|&j| adv[j] != self.x[j]).collect();
+        shuffle(&mut changed, rng);
+        let mut block = (changed.len() / 4).max(1);
+        while !changed.is_empty() && self.queries() < stop {
+            let mut kept = Vec::with_capacity(changed.len());
+            let mut progress = false;
+            for chunk in changed.chunks(block) {
+                if self.queries() >= stop {
+                    kept.extend_from_slice(chunk);
+                    continue;
+                }
+                let mut cand = adv.clone();
+                chunk.iter().for_each(|&j| cand[j] = self.x[j]);
+                let p = self.probs(cand.clone())?;
+                if self.success(p.row(0)) {
+                    adv = cand;
+                    progress = true;
+                } else {
+                    kept.extend_from_slice(chunk);
+                }
+            }
+            changed = kept;
+            if !progress {
+                if block == 1 {
+                    break;
+                }
+                block = (block / 2).max(1);
+            }
+        }
+        Ok(adv)
+    }
+}
+
+fn log(p: f32) -> f32 {
+    p.max(f32::MIN_POSITIVE).ln()
+}
+
+/// Fisher–Yates shuffle with the given generator.
+pub(crate) fn shuffle<T>(v: &mut [T], rng: &mut impl Rng) {
+    for i in (1..v.len()).rev() {
+        let j = rng.random_range(0..=i);
+        v.swap(i, j);
+    }
+}
+
+/// Validates the goal and returns it resolved, with the queries charged per sample for resolving it (one for
+/// the least-likely class, zero otherwise).
+pub(crate) fn prepare(model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<(Resolved, u64)> {
+    let resolved = resolve_goal(model, x, labels, goal)?;
+    Ok((resolved, u64::from(matches!(goal, Goal::LeastLikely))))
+}
+
+/// What [`drive`] needs besides the algorithm.
+pub(crate) struct Setup<'a> {
+    pub model: &'a dyn Classifier,
+    pub x: &'a Tensor,
+    pub labels: &'a [usize],
+    pub goal: &'a Resolved,
+    pub charged: u64,
+    pub eps: &'a [f32],
+    pub norm: Norm,
+    pub max_queries: u64,
+    pub seed: u64,
+    pub topk: Option<usize>,
+}
+
+/// Runs `algorithm` on every sample in parallel (in order), makes each answer feasible and evaluates the batch.
+pub(crate) fn drive<F>(s: Setup, algorithm: F) -> Result<AttackResult>
+where
+    F: Fn(&Ctx) -> Result<Vec<f32>> + Sync,
+{
+    let x2 = rows(s.x);
+    let (n, d) = x2.dim();
+    let shape = s.x.shape();
+    let chw = match shape {
+        [_, c, h, w] => (*c, *h, *w),
+        _ => return Err(Error::invalid("score attack", format!("inputs must be [N, C, H, W], got {shape:?}"))),
+    };
+    let bounds = s.model.bounds();
+    let out: Vec<Result<(Vec<f32>, u64)>> = (0..n)
+        .into_par_iter()
+        .map(|i| {
+            let xi = x2.row(i).to_vec();
+            let eps = s.eps[i];
+            if eps == 0.0 || s.max_queries <= s.charged {
+                return Ok((xi, s.charged));
+            }
+            let (lo, hi) = box_ends(&xi, eps, bounds);
+            let ctx = Ctx {
+                score: ScoreOracle::new(s.model),
+                label_oracle: LabelOracle::new(s.model),
+                seed: sample_seed(s.seed, 0, &xi),
+                x: xi,
+                chw,
+                label: s.labels[i],
+                target: match s.goal {
+                    Resolved::Targeted(t) => Some(t[i]),
+                    Resolved::Untargeted => None,
+                },
+                eps,
+                budget: s.max_queries - s.charged,
+                bounds,
+                lo,
+                hi,
+                topk: s.topk,
+            };
+            let mut adv = algorithm(&ctx)?;
+            if adv.len() != d {
+                return Err(Error::invalid("score attack", "algorithm returned a wrong-sized row"));
+            }
+            // Project first (an unfinished ε-decay may end far outside the ball), then make it exact.
+            match s.norm {
+                Norm::Linf => ctx.clamp_box(&mut adv),
+                _ => {
+                    let mut delta = Array2::from_shape_fn((1, d), |(_, j)| adv[j] - ctx.x[j]);
+                    crate::budget::project_ball(&mut delta, s.norm, &[eps]);
+                    adv.iter_mut().zip(&ctx.x).zip(delta.iter()).for_each(|((a, &xv), &dv)| *a = xv + dv);
+                    ctx.clamp_bounds(&mut adv);
+                }
+            }
+            ctx.enforce(&mut adv, s.norm);
+            Ok((adv, s.charged + ctx.queries()))
+        })
+        .collect();
+    let mut adv = Vec::with_capacity(n * d);
+    let mut queries = Vec::with_capacity(n);
+    for r in out {
+        let (a, q) = r?;
+        adv.extend_from_slice(&a);
+        queries.push(q);
+    }
+    let adv = unrows(Array2::from_shape_vec((n, d), adv).expect("n rows of d"), shape);
+    AttackResult::evaluate(s.model, s.x, adv, s.labels, s.goal.clone(), vec![0; n], queries)
+}
+
+/// The per-coordinate ends of the L∞ ε-box around `x` within `bounds`, nudged so that |end − x| ≤ ε holds
+/// exactly in f64.
+fn box_ends(x: &[f32], eps: f32, bounds: (f32, f32)) -> (Vec<f32>, Vec<f32>) {
+    let fit = |v: f32, xv: f32| {
+        let mut v = v.clamp(bounds.0, bounds.1);
+        while ((v as f64) - (xv as f64)).abs() > eps as f64 {
+            v = step_toward(v, xv);
+        }
+        v
+    };
+    let lo = x.iter().map(|&xv| fit(xv - eps, xv).min(xv.clamp(bounds.0, bounds.1))).collect();
+    let hi = x.iter().map(|&xv| fit(xv + eps, xv).max(xv.clamp(bounds.0, bounds.1))).collect();
+    (lo, hi)
+}
+
+/// The next f32 from `a` toward `b`.
+fn step_toward(a: f32, b: f32) -> f32 {
+    if a == b || a.is_nan() || b.is_nan() {
+        return b;
+    }
+    if a == 0.0 {
+        return if b > 0.0 { f32::from_bits(1) } else { -f32::from_bits(1) };
+    }
+    let away = (b > a) == (a > 0.0);
+    f32::from_bits(if away { a.to_bits() + 1 } else { a.to_bits() - 1 })
+}
+
+/// A uniform ±1.
+pub(crate) fn rand_sign(rng: &mut impl Rng) -> f32 {
+    if rng.random::<bool>() {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
+/// The standard-normal vector of length `d` (Box–Muller, as the core's generator).
+pub(crate) fn normal(rng: &mut impl Rng, d: usize) -> Vec<f32> {
+    armoury::normal_vec(rng, d)
+}

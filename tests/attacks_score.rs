@@ -1,0 +1,243 @@
+//! Score-based black-box attacks (Square L∞/L2, SimBA pixel/DCT, NES in its three settings, SPSA, GenAttack,
+//! particle swarm) through the SPEC §4 property checks from one table, exact query accounting against the
+//! classifier's own counter, and the gates on the fixture cnn and the first Fashion-MNIST test images.
+
+use armoury::nn::{cnn, Sequential};
+use armoury::{io, Attack, Classifier, Error, Goal, ModuleClassifier, Tensor};
+use armoury_attacks::{
+    Epsilon, GenAttack, Nes, NesSetting, Norm, ParticleSwarm, Pgd, SimBA, SimbaBasis, Spsa, SquareAttack,
+};
+
+use crate::attack_props::*;
+
+/// An attack of the table, its norm, its ε and its query budget; `with` rebuilds it with another ε and budget.
+struct Case {
+    attack: Box<dyn Attack>,
+    norm: &'static str,
+    eps: f32,
+    queries: u64,
+    with: fn(Epsilon, u64) -> Box<dyn Attack>,
+}
+
+fn case(norm: &'static str, eps: f32, queries: u64, with: fn(Epsilon, u64) -> Box<dyn Attack>) -> Case {
+    Case { attack: with(Epsilon::Scalar(eps), queries), norm, eps, queries, with }
+}
+
+fn table() -> Vec<Case> {
+    vec![
+        case("Linf", 0.2, 120, |eps, q| {
+            Box::new(SquareAttack { eps, max_queries: q, seed: 1, ..SquareAttack::linf(0.0) })
+        }),
+        case("L2", 0.8, 120, |eps, q| Box::new(SquareAttack { eps, max_queries: q, seed: 1, ..SquareAttack::l2(0.0) })),
+        case("Linf", 0.2, 120, |eps, q| Box::new(SimBA { eps, max_queries: q, ..SimBA::pixel(0.0) })),
+        case("Linf", 0.2, 120, |eps, q| {
+            Box::new(SimBA { eps, max_queries: q, basis: SimbaBasis::Dct { freq: 2, stride: 1 }, ..SimBA::dct(0.0) })
+        }),
+        case("Linf", 0.2, 150, |eps, q| Box::new(Nes { eps, max_queries: q, samples: 10, ..Nes::query_limited(0.0) })),
+        case("Linf", 0.2, 150, |eps, q| {
+            Box::new(Nes { eps, max_queries: q, samples: 10, ..Nes::partial_info(0.0, 2, None) })
+        }),
+        case("Linf", 0.2, 150, |eps, q| {
+            Box::new(Nes {
+                eps,
+                max_queries: q,
+                samples: 4,
+                setting: NesSetting::LabelOnly { mu: 0.2, copies: 5, starts: None, decay: 0.05 },
+                ..Nes::label_only(0.0, None)
+            })
+        }),
+        case("Linf", 0.2, 150, |eps, q| Box::new(Spsa { eps, max_queries: q, pairs: 8, ..Spsa::new(0.0) })),
+        case("Linf", 0.2, 150, |eps, q| {
+            Box::new(GenAttack { eps, max_queries: q, reduction_queries: 30, ..GenAttack::new(0.0) })
+        }),
+        case("Linf", 0.2, 150, |eps, q| {
+            Box::new(ParticleSwarm { eps, max_queries: q, reduction_queries: 30, ..ParticleSwarm::new(0.0) })
+        }),
+    ]
+}
+
+/// Runs `attack` and checks the query accounting: the per-sample counts add up to the classifier's own count
+/// (minus the final evaluation pass) and none exceeds the budget.
+fn run_counted(
+    attack: &dyn Attack,
+    model: &dyn Classifier,
+    x: &Tensor,
+    y: &[usize],
+    goal: &Goal,
+    budget: u64,
+) -> armoury::AttackResult {
+    let before = model.counters().snapshot().forward_samples;
+    let r = attack.run(model, x, y, goal).unwrap();
+    let spent = model.counters().snapshot().forward_samples - before;
+    let name = attack.name();
+    assert_eq!(
+        spent,
+        r.queries.iter().sum::<u64>() + y.len() as u64,
+        "{name} {goal:?}: reported queries vs the classifier's count"
+    );
+    assert!(r.queries.iter().all(|&q| q <= budget), "{name} {goal:?}: budget {budget} exceeded: {:?}", r.queries);
+    r
+}
+
+#[test]
+fn property_table() {
+    let model = tiny_model(1);
+    let (x, y) = batch(&model, 12, 2);
+    let x_before = x.to_vec();
+    for c in table() {
+        let name = c.attack.name();
+        let mut successes = 0;
+        for goal in [Goal::Untargeted, Goal::RandomTarget { seed: 4 }, Goal::LeastLikely, Goal::Targeted(vec![0; 12])] {
+            let r = run_counted(c.attack.as_ref(), &model, &x, &y, &goal, c.queries);
+            check_feasible(&name, &model, &x, &r, c.norm, &[c.eps; 12]);
+            check_honest(&name, &model, &y, &r);
+            assert_eq!(r.goal.is_targeted(), goal != Goal::Untargeted, "{name}");
+            check_deterministic(&name, c.attack.as_ref(), &model, &x, &y, &goal);
+            successes += r.success.iter().filter(|&&s| s).count();
+        }
+        assert!(successes > 0, "{name}: never succeeded on the tiny model");
+        // Per-sample ε (sample 0 has none).
+        let per: Vec<f32> = (0..12).map(|i| c.eps * i as f32 / 11.0).collect();
+        let a = (c.with)(Epsilon::PerSample(per.clone()), c.queries);
+        let r = run_counted(a.as_ref(), &model, &x, &y, &Goal::Untargeted, c.queries);
+        check_feasible(&name, &model, &x, &r, c.norm, &per);
+        assert_eq!(r.norms[0].linf, 0.0, "{name}: ε = 0 for sample 0");
+        assert_eq!(r.queries[0], 0, "{name}: ε = 0 costs no query");
+        // Zero budget: ε = 0 or no queries is the identity.
+        check_zero_budget(&name, (c.with)(Epsilon::Scalar(0.0), c.queries).as_ref(), &model, &x, &y);
+        check_zero_budget(&name, (c.with)(Epsilon::Scalar(c.eps), 0).as_ref(), &model, &x, &y);
+        // A budget of one query only re-evaluates the clean input.
+        let r = run_counted((c.with)(Epsilon::Scalar(c.eps), 1).as_ref(), &model, &x, &y, &Goal::Untargeted, 1);
+        assert_eq!(r.adversarial.to_vec(), x.to_vec(), "{name}: one query cannot move");
+        // Sweeps: one result per ε, ε = 0 first.
+        let s = c.attack.sweep(&model, &x, &y, &Goal::Untargeted, &[0.0, c.eps]).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].adversarial.to_vec(), x.to_vec(), "{name}: sweep ε = 0");
+    }
+    assert_eq!(x.to_vec(), x_before, "the input must not change");
+}
+
+/// Already-misclassified inputs come back unchanged after one query.
+#[test]
+fn misclassified_inputs_cost_one_query() {
+    let model = tiny_model(1);
+    let (x, y) = batch(&model, 6, 3);
+    let wrong: Vec<usize> = y.iter().map(|&l| (l + 1) % 3).collect();
+    for c in table() {
+        let r = run_counted(c.attack.as_ref(), &model, &x, &wrong, &Goal::Untargeted, c.queries);
+        assert_eq!(r.adversarial.to_vec(), x.to_vec(), "{}", c.attack.name());
+        assert!(r.queries.iter().all(|&q| q == 1) && r.success.iter().all(|&s| s), "{}", c.attack.name());
+    }
+}
+
+#[test]
+fn misuse_is_an_error() {
+    let model = tiny_model(1);
+    let (x, y) = batch(&model, 3, 5);
+    let run = |a: &dyn Attack| a.run(&model, &x, &y, &Goal::Untargeted);
+    assert!(matches!(run(&SquareAttack::linf(-0.1)), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        run(&SquareAttack { norm: Norm::L1, ..SquareAttack::linf(0.1) }),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        run(&SquareAttack { p_init: 0.0, ..SquareAttack::linf(0.1) }),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(run(&SimBA { step: Some(-1.0), ..SimBA::pixel(0.1) }), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(run(&Nes { samples: 1, ..Nes::query_limited(0.1) }), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(run(&Nes::partial_info(0.1, 0, None)), Err(Error::InvalidArgument { .. })));
+    let bad_starts = Tensor::zeros(&[2, 1, 4, 4]);
+    assert!(matches!(run(&Nes::partial_info(0.1, 2, Some(bad_starts))), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(run(&Spsa { pairs: 0, ..Spsa::new(0.1) }), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(run(&GenAttack { population: 1, ..GenAttack::new(0.1) }), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        run(&ParticleSwarm { particles: 0, ..ParticleSwarm::new(0.1) }),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let per = Epsilon::PerSample(vec![0.1; 2]);
+    assert!(matches!(run(&Spsa { eps: per, ..Spsa::new(0.1) }), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(
+        SimBA::pixel(0.1).run(&model, &x, &[0, 1, 7], &Goal::Untargeted),
+        Err(Error::LabelOutOfRange { .. })
+    ));
+}
+
+/// Partial information with start images (ε-decay from an image of the target class) and label-only with
+/// start images reach targets the plain search does not need to start from.
+#[test]
+fn nes_targeted_from_start_images() {
+    let model = tiny_model(1);
+    // One image per class the model predicts somewhere in the box (a class it never predicts gets any image:
+    // a start that is not admissible falls back to the clean input).
+    let pool = Tensor::uniform(&[2000, 1, 4, 4], 0.0, 1.0, 11);
+    let preds = model.predict(&pool).unwrap();
+    let pick: Vec<usize> = (0..3).map(|c| preds.iter().position(|&p| p == c).unwrap_or(0)).collect();
+    let seen: Vec<usize> = (0..3).filter(|&c| preds.contains(&c)).collect();
+    assert!(seen.len() >= 2, "the tiny model predicts at least two classes");
+    let starts = pool.index_select(0, &pick).unwrap();
+    let (x, y) = batch(&model, 8, 6);
+    let goal = Goal::Targeted(y.iter().map(|&l| *seen.iter().find(|&&c| c != l).unwrap()).collect());
+    let pi = Nes { max_queries: 1000, samples: 10, ..Nes::partial_info(0.3, 2, Some(starts.clone())) };
+    let lo = Nes { max_queries: 1000, samples: 4, ..Nes::label_only(0.3, Some(starts)) };
+    for (attack, floor) in [(pi, 0.5), (lo, 0.1)] {
+        let name = attack.name();
+        let r = run_counted(&attack, &model, &x, &y, &goal, 1000);
+        check_feasible(&name, &model, &x, &r, "Linf", &[0.3; 8]);
+        check_honest(&name, &model, &y, &r);
+        let again = attack.run(&model, &x, &y, &goal).unwrap();
+        assert_eq!(again.adversarial.to_vec(), r.adversarial.to_vec(), "{name}: deterministic");
+        assert!(r.success_rate() >= floor, "{name}: success {}", r.success_rate());
+    }
+}
+
+fn fixture_cnn() -> ModuleClassifier {
+    let net: Sequential = cnn(0);
+    io::load_module(&net, crate::common::fixture("cnn.safetensors")).unwrap();
+    ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0)).unwrap()
+}
+
+/// Square L∞, ε = 0.1, 1,000 queries, on all of the first 200 test images: robust accuracy within 0.05 of
+/// white-box PGD-40's (ART 1.20 measures 0.110–0.115 against PGD-40's 0.065–0.070, SPEC §6).
+#[test]
+fn fixture_cnn_square_gate() {
+    let model = fixture_cnn();
+    let (x, y) = armoury::data::sample().unwrap().test.batch(0..200).unwrap();
+    let pgd = Pgd { step_size: 0.01, ..Pgd::linf(0.1) }.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let sq = run_counted(&SquareAttack::linf(0.1), &model, &x, &y, &Goal::Untargeted, 1000);
+    let (a_pgd, a_sq) = (pgd.robust_accuracy(&y), sq.robust_accuracy(&y));
+    assert!(a_sq <= a_pgd + 0.05, "Square {a_sq} vs PGD-40 {a_pgd}");
+    check_feasible("square", &model, &x, &sq, "Linf", &[0.1; 200]);
+}
+
+/// NES and SimBA at ε = 0.1 within 10,000 queries: robust accuracy below 0.2. On the first 60 test images to
+/// keep the suite short (on all 200 with the `attack` example: NES 0.12, SimBA pixel 0.065). SimBA-DCT, whose
+/// DCT directions lose their orthogonality under the L∞ clipping, is held to 0.3 (0.18 here, 0.235 on 200).
+#[test]
+fn fixture_cnn_nes_simba_gate() {
+    let model = fixture_cnn();
+    let (x, y) = armoury::data::sample().unwrap().test.batch(0..60).unwrap();
+    for attack in
+        [Box::new(Nes::query_limited(0.1)) as Box<dyn Attack>, Box::new(SimBA::pixel(0.1)), Box::new(SimBA::dct(0.1))]
+    {
+        let r = run_counted(attack.as_ref(), &model, &x, &y, &Goal::Untargeted, 10_000);
+        check_feasible(&attack.name(), &model, &x, &r, "Linf", &[0.1; 60]);
+        assert!(r.robust_accuracy(&y) < 0.2, "{}: robust accuracy {}", attack.name(), r.robust_accuracy(&y));
+    }
+}
+
+/// GenAttack and the particle swarm at ε = 0.15 within 10,000 queries succeed on at least 90% of the correctly
+/// classified images, the reduction step included. On the first 60 test images (report: all 200).
+#[test]
+fn fixture_cnn_genattack_pso_gate() {
+    let model = fixture_cnn();
+    let (x, y) = armoury::data::sample().unwrap().test.batch(0..60).unwrap();
+    let clean = model.predict(&x).unwrap();
+    let correct: Vec<usize> = (0..60).filter(|&i| clean[i] == y[i]).collect();
+    for attack in [Box::new(GenAttack::new(0.15)) as Box<dyn Attack>, Box::new(ParticleSwarm::new(0.15))] {
+        let r = run_counted(attack.as_ref(), &model, &x, &y, &Goal::Untargeted, 10_000);
+        check_feasible(&attack.name(), &model, &x, &r, "Linf", &[0.15; 60]);
+        let rate = correct.iter().filter(|&&i| r.success[i]).count() as f32 / correct.len() as f32;
+        assert!(rate >= 0.9, "{}: success {rate} on the correctly classified", attack.name());
+    }
+}
