@@ -280,6 +280,12 @@ impl Module for BatchNorm {
     }
 }
 
+/// BatchNorm over [N, C] (PyTorch's `BatchNorm1d`): the same layer as [`BatchNorm`].
+pub type BatchNorm1d = BatchNorm;
+
+/// BatchNorm over [N, C, H, W] (PyTorch's `BatchNorm2d`): the same layer as [`BatchNorm`].
+pub type BatchNorm2d = BatchNorm;
+
 /// Inverted dropout: in training, zero each value with probability `p` and scale the rest by 1/(1−p).
 /// Masks come from ChaCha8 seeded by (`seed`, call number), so a run is reproducible.
 pub struct Dropout {

@@ -10,7 +10,8 @@ use crate::tensor::{Array, Tensor};
 use crate::{Error, Result};
 
 pub use layers::{
-    AvgPool2d, BatchNorm, Conv2d, Dropout, Flatten, LeakyReLU, Linear, MaxPool2d, ReLU, Sigmoid, Softmax, Tanh,
+    AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, Conv2d, Dropout, Flatten, LeakyReLU, Linear, MaxPool2d, ReLU,
+    Sigmoid, Softmax, Tanh,
 };
 pub use models::{cnn, mlp, ReferenceModel};
 
