@@ -32,8 +32,15 @@ pub(crate) fn gemm(
         }
         return;
     }
-    let par =
-        if parallel && m * n * k >= PAR_GEMM_WORK { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    // Never nest a parallel GEMM inside a rayon task (a classifier's chunk, a per-image conv): while a worker
+    // waits inside the crate's parallel loop it may steal another GEMM that reuses the same thread-local packing
+    // buffer, which showed up as rare, load-dependent differences in results. Chunks already use every thread.
+    let nested = rayon::current_thread_index().is_some();
+    let par = if parallel && !nested && m * n * k >= PAR_GEMM_WORK {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
     let (sa, sb, sc) = (a.strides(), b.strides(), c.strides());
     let (cs, rs) = (sc[1], sc[0]);
     // SAFETY: the three views are valid for their dims and strides, `c` is uniquely borrowed, and a view's
