@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use crate::nn::Module;
 use crate::ops::Reduction;
-use crate::tensor::{no_grad, Tensor};
+use crate::tensor::{enable_grad, no_grad, Tensor};
 use crate::{Error, Result};
 
 /// Forward and backward passes a classifier has run, in calls and in samples.
@@ -175,20 +175,23 @@ pub trait Classifier: Send + Sync {
     ) -> Result<(Vec<f32>, Tensor, Array2<f32>)> {
         let n = self.check_input(x)?;
         let classes = self.num_classes();
+        // enable_grad: a chunk may be stolen by a worker that is waiting inside a no_grad scope.
         let parts = in_chunks(x, n, self.chunk_size(), |xc, r| {
-            let xv = xc.variable();
-            let z = self.forward(&xv)?;
-            let logits = to_matrix(&z, r.len(), classes)?;
-            let value = f(&z, r.clone())?;
-            if value.numel() != r.len() {
-                return Err(Error::ShapeMismatch {
-                    op: "Classifier::gradient",
-                    expected: vec![r.len()],
-                    got: value.shape().to_vec(),
-                });
-            }
-            let grad = value.grad_wrt(&[&xv])?.pop().expect("one target, one gradient");
-            Ok((value.to_vec(), grad, logits))
+            enable_grad(|| {
+                let xv = xc.variable();
+                let z = self.forward(&xv)?;
+                let logits = to_matrix(&z, r.len(), classes)?;
+                let value = f(&z, r.clone())?;
+                if value.numel() != r.len() {
+                    return Err(Error::ShapeMismatch {
+                        op: "Classifier::gradient",
+                        expected: vec![r.len()],
+                        got: value.shape().to_vec(),
+                    });
+                }
+                let grad = value.grad_wrt(&[&xv])?.pop().expect("one target, one gradient");
+                Ok((value.to_vec(), grad, logits))
+            })
         })?;
         self.counters().add_forward(n);
         self.counters().add_backward(n);

@@ -24,7 +24,7 @@ mod tensor;
 pub use autograd::Gradients;
 pub use error::{Error, Result};
 pub use ops::{Conv2dParams, Pool2dParams, Reduction, UnaryKind};
-pub use tensor::{grad_enabled, no_grad, normal_vec, Array, Tensor, TensorId};
+pub use tensor::{enable_grad, grad_enabled, no_grad, normal_vec, Array, Tensor, TensorId};
 pub mod attack;
 pub mod classifier;
 pub mod data;

@@ -72,6 +72,21 @@ pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Runs `f` with gradient recording switched on on this thread, whatever scope the thread is in.
+///
+/// Work that builds a graph inside a rayon task must use it: a worker waiting inside a [`no_grad`] scope may steal
+/// the task and would otherwise run it with recording off.
+pub fn enable_grad<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_GRAD_DEPTH.with(|d| d.set(self.0));
+        }
+    }
+    let _restore = Restore(NO_GRAD_DEPTH.with(|d| d.replace(0)));
+    f()
+}
+
 /// Whether ops on this thread currently record a graph.
 pub fn grad_enabled() -> bool {
     NO_GRAD_DEPTH.with(|d| d.get() == 0)

@@ -86,6 +86,11 @@ fn classifier_validates_counts_and_views() {
     let (_, g1) = clf.loss_gradient(&x.narrow(0, 1, 1).unwrap(), &[1]).unwrap();
     assert_eq!(g.narrow(0, 1, 1).unwrap().to_vec(), g1.to_vec());
 
+    // Gradients are computed even when asked for inside a no_grad scope (a rayon worker waiting in one may run
+    // the chunk): the result must equal the ordinary gradient, not zeros.
+    let (_, inside) = armoury::no_grad(|| clf.loss_gradient(&x, &[0, 1, 2])).unwrap();
+    assert_eq!(inside.to_vec(), g.to_vec());
+
     let scores = ScoreOracle::new(&clf);
     let labels = LabelOracle::new(&clf);
     scores.probabilities(&x).unwrap();

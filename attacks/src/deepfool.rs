@@ -94,7 +94,8 @@ fn forward_graph(model: &dyn Classifier, xs: &Array2<f32>, shape: &[usize]) -> R
             let mut sh = shape.to_vec();
             sh[0] = len;
             let xv = unrows(xs.slice(ndarray::s![s..s + len, ..]).to_owned(), &sh).variable();
-            let z = model.forward(&xv)?;
+            // The task may be stolen by a worker inside a no_grad scope: record the graph regardless.
+            let z = armoury::enable_grad(|| model.forward(&xv))?;
             Ok(Piece { xv, z, start: s })
         })
         .collect::<Result<Vec<Piece>>>()?;
@@ -127,11 +128,13 @@ fn difference_gradient(
     let parts = pieces
         .par_iter()
         .map(|p| {
-            let len = p.z.shape()[0];
-            let r = p.start..p.start + len;
-            let f = p.z.pick(&to[r.clone()])?.sub(&p.z.pick(&from[r])?)?;
-            let g = f.grad_wrt(&[&p.xv])?.pop().expect("one target, one gradient");
-            Ok(rows(&g))
+            armoury::enable_grad(|| {
+                let len = p.z.shape()[0];
+                let r = p.start..p.start + len;
+                let f = p.z.pick(&to[r.clone()])?.sub(&p.z.pick(&from[r])?)?;
+                let g = f.grad_wrt(&[&p.xv])?.pop().expect("one target, one gradient");
+                Ok(rows(&g))
+            })
         })
         .collect::<Result<Vec<Array2<f32>>>>()?;
     model.counters().add_backward(m);
