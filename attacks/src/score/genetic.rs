@@ -7,7 +7,7 @@ use ndarray::Axis;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{drive, prepare, Ctx, Setup};
+use super::{run_scored, Budget, Ctx};
 use crate::budget::{check_positive, Epsilon, Norm};
 
 /// GenAttack with an L∞ budget.
@@ -74,21 +74,8 @@ impl GenAttack {
         }
         check_positive("genattack", "alpha_min", self.alpha_min)?;
         check_positive("genattack", "temperature", self.temperature)?;
-        let (goal, charged) = prepare(model, x, labels, goal)?;
-        let eps = eps.resolve(labels.len())?;
-        let setup = Setup {
-            model,
-            x,
-            labels,
-            goal: &goal,
-            charged,
-            eps: &eps,
-            norm: Norm::Linf,
-            max_queries: self.max_queries,
-            seed: self.seed,
-            topk: None,
-        };
-        drive(setup, |ctx| self.attack(ctx))
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     /// Fitness and success of the candidates in one batched query.

@@ -18,7 +18,7 @@ use ndarray::{Array2, ArrayView1};
 use rand::Rng;
 use rayon::prelude::*;
 
-use crate::budget::{enforce, rows, unrows, Norm};
+use crate::budget::{enforce, rows, unrows, Epsilon, Norm};
 
 mod genetic;
 mod nes;
@@ -245,6 +245,35 @@ pub(crate) struct Setup<'a> {
     pub max_queries: u64,
     pub seed: u64,
     pub topk: Option<usize>,
+}
+
+/// What an attack sets of a run: the budget's norm, the query budget, the seed and (partial information) the
+/// number of probabilities the oracle reveals.
+pub(crate) struct Budget {
+    pub norm: Norm,
+    pub max_queries: u64,
+    pub seed: u64,
+    pub topk: Option<usize>,
+}
+
+/// Resolves the goal and the per-sample ε, then [`drive`]s `algorithm`: the shared entry point of every score
+/// attack's `run`.
+pub(crate) fn run_scored<F>(
+    model: &dyn Classifier,
+    x: &Tensor,
+    labels: &[usize],
+    goal: &Goal,
+    eps: &Epsilon,
+    budget: Budget,
+    algorithm: F,
+) -> Result<AttackResult>
+where
+    F: Fn(&Ctx) -> Result<Vec<f32>> + Sync,
+{
+    let (goal, charged) = prepare(model, x, labels, goal)?;
+    let eps = eps.resolve(labels.len())?;
+    let Budget { norm, max_queries, seed, topk } = budget;
+    drive(Setup { model, x, labels, goal: &goal, charged, eps: &eps, norm, max_queries, seed, topk }, algorithm)
 }
 
 /// Runs `algorithm` on every sample in parallel (in order), makes each answer feasible and evaluates the batch.

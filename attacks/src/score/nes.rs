@@ -7,7 +7,7 @@ use ndarray::Axis;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{drive, normal, prepare, Ctx, Setup};
+use super::{normal, run_scored, Budget, Ctx};
 use crate::budget::{sign, Epsilon, Norm};
 
 /// The threat model.
@@ -153,25 +153,12 @@ impl Nes {
         eps: &Epsilon,
     ) -> Result<AttackResult> {
         self.validate(model)?;
-        let (goal, charged) = prepare(model, x, labels, goal)?;
-        let eps = eps.resolve(labels.len())?;
         let topk = match self.setting {
             NesSetting::PartialInfo { k, .. } => Some(k),
             _ => None,
         };
-        let setup = Setup {
-            model,
-            x,
-            labels,
-            goal: &goal,
-            charged,
-            eps: &eps,
-            norm: Norm::Linf,
-            max_queries: self.max_queries,
-            seed: self.seed,
-            topk,
-        };
-        drive(setup, |ctx| self.attack(ctx))
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk };
+        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     /// Queries per evaluated point (label-only: one per noisy copy).

@@ -7,7 +7,7 @@ use ndarray::Axis;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{drive, prepare, rand_sign, Ctx, Setup};
+use super::{rand_sign, run_scored, Budget, Ctx};
 use crate::budget::{Epsilon, Norm};
 
 /// Particle swarm optimisation with an L∞ budget.
@@ -89,21 +89,8 @@ impl ParticleSwarm {
                 return Err(Error::invalid("pso", format!("{what} = {v} must be finite and ≥ 0")));
             }
         }
-        let (goal, charged) = prepare(model, x, labels, goal)?;
-        let eps = eps.resolve(labels.len())?;
-        let setup = Setup {
-            model,
-            x,
-            labels,
-            goal: &goal,
-            charged,
-            eps: &eps,
-            norm: Norm::Linf,
-            max_queries: self.max_queries,
-            seed: self.seed,
-            topk: None,
-        };
-        drive(setup, |ctx| self.attack(ctx))
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     fn attack(&self, ctx: &Ctx) -> Result<Vec<f32>> {

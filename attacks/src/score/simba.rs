@@ -6,7 +6,7 @@ use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{drive, prepare, shuffle, Ctx, Setup};
+use super::{run_scored, shuffle, Budget, Ctx};
 use crate::budget::{Epsilon, Norm};
 
 /// The search basis.
@@ -74,21 +74,8 @@ impl SimBA {
                 return Err(Error::invalid("simba", "DCT freq and stride must be positive"));
             }
         }
-        let (goal, charged) = prepare(model, x, labels, goal)?;
-        let eps = eps.resolve(labels.len())?;
-        let setup = Setup {
-            model,
-            x,
-            labels,
-            goal: &goal,
-            charged,
-            eps: &eps,
-            norm: Norm::Linf,
-            max_queries: self.max_queries,
-            seed: self.seed,
-            topk: None,
-        };
-        drive(setup, |ctx| self.attack(ctx))
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     /// The objective minimised: p_y untargeted, −p_t targeted.

@@ -7,7 +7,7 @@ use ndarray::Axis;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{drive, prepare, rand_sign, Ctx, Setup};
+use super::{rand_sign, run_scored, Budget, Ctx};
 use crate::budget::{check_positive, Epsilon, Norm};
 
 /// SPSA with Adam, L∞ budget.
@@ -52,21 +52,8 @@ impl Spsa {
         if self.pairs == 0 {
             return Err(armoury::Error::invalid("spsa", "at least one perturbation pair per step"));
         }
-        let (goal, charged) = prepare(model, x, labels, goal)?;
-        let eps = eps.resolve(labels.len())?;
-        let setup = Setup {
-            model,
-            x,
-            labels,
-            goal: &goal,
-            charged,
-            eps: &eps,
-            norm: Norm::Linf,
-            max_queries: self.max_queries,
-            seed: self.seed,
-            topk: None,
-        };
-        drive(setup, |ctx| self.attack(ctx))
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     fn attack(&self, ctx: &Ctx) -> Result<Vec<f32>> {

@@ -5,7 +5,7 @@ use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{drive, prepare, rand_sign, Ctx, Setup};
+use super::{rand_sign, run_scored, Budget, Ctx};
 use crate::budget::{Epsilon, Norm};
 
 /// Square Attack, L∞ or L2, with the paper's schedule of square sizes.
@@ -62,21 +62,8 @@ impl SquareAttack {
         eps: &Epsilon,
     ) -> Result<AttackResult> {
         self.validate()?;
-        let (goal, charged) = prepare(model, x, labels, goal)?;
-        let eps = eps.resolve(labels.len())?;
-        let setup = Setup {
-            model,
-            x,
-            labels,
-            goal: &goal,
-            charged,
-            eps: &eps,
-            norm: self.norm,
-            max_queries: self.max_queries,
-            seed: self.seed,
-            topk: None,
-        };
-        drive(setup, |ctx| match self.norm {
+        let budget = Budget { norm: self.norm, max_queries: self.max_queries, seed: self.seed, topk: None };
+        run_scored(model, x, labels, goal, eps, budget, |ctx| match self.norm {
             Norm::L2 => self.attack_l2(ctx),
             _ => self.attack_linf(ctx),
         })
