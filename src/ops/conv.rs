@@ -9,6 +9,7 @@ use ndarray::{Array1, Array4, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix4};
 use rayon::prelude::*;
 
 use super::matmul::gemm;
+use super::simd;
 use super::{record, Op};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -58,6 +59,23 @@ impl Geom {
     }
     fn hw_out(&self) -> usize {
         self.ho * self.wo
+    }
+    fn unfold(&self) -> simd::Unfold {
+        let p = &self.p;
+        simd::Unfold {
+            cg: self.cg(),
+            h: self.h,
+            w: self.w,
+            kh: self.kh,
+            kw: self.kw,
+            ho: self.ho,
+            wo: self.wo,
+            sh: p.stride.0,
+            ph: p.padding.0,
+            pw: p.padding.1,
+            dh: p.dilation.0,
+            dw: p.dilation.1,
+        }
     }
     fn is_pointwise(&self) -> bool {
         self.kh == 1 && self.kw == 1 && self.p.stride == (1, 1) && self.p.padding == (0, 0)
@@ -123,6 +141,9 @@ fn valid_cols(off: isize, stride: usize, w: usize, wo: usize) -> (usize, usize) 
 /// margins, so the hot loop has no per-element bounds test.
 fn im2col(img: &[f32], g: &Geom, c0: usize, col: &mut [f32]) {
     let (hw_out, (sh, sw), (ph, pw), (dh, dw)) = (g.hw_out(), g.p.stride, g.p.padding, g.p.dilation);
+    if sw == 1 && simd::im2col(&img[c0 * g.h * g.w..], &g.unfold(), col) {
+        return;
+    }
     if (sh, sw, ph, pw, dh, dw) == (1, 1, 0, 0, 1, 1) {
         // The common unpadded, unit-stride case: every row is a plain window copy, nothing to test or zero.
         let planes = img[c0 * g.h * g.w..(c0 + g.cg()) * g.h * g.w].chunks_exact(g.h * g.w);
@@ -179,6 +200,9 @@ fn im2col(img: &[f32], g: &Geom, c0: usize, col: &mut [f32]) {
 /// Adds `col[K, Ho·Wo]` back into the channels `c0..c0+Cg` of one image gradient (the adjoint of [`im2col`]).
 fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
     let (hw_out, (sh, sw), (ph, pw), (dh, dw)) = (g.hw_out(), g.p.stride, g.p.padding, g.p.dilation);
+    if sw == 1 && simd::col2im(col, &g.unfold(), &mut img[c0 * g.h * g.w..]) {
+        return;
+    }
     let mut row = 0;
     for c in c0..c0 + g.cg() {
         let plane = &mut img[c * g.h * g.w..(c + 1) * g.h * g.w];
@@ -213,6 +237,13 @@ fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
     }
 }
 
+/// `c (+)= a·b` on the AVX-512 kernel when the CPU has it, else on the `gemm` crate.
+fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32>, accumulate: bool, par: bool) {
+    if !simd::gemm_nn(a, b, c.view_mut(), accumulate, par) {
+        gemm(a, b, c, accumulate, par);
+    }
+}
+
 fn mat(s: &[f32], r: usize, c: usize) -> ArrayView2<'_, f32> {
     ArrayView2::from_shape((r, c), s).expect("slice length is r·c")
 }
@@ -235,10 +266,10 @@ fn forward_image(img: &[f32], wt: &[f32], bias: Option<&[f32]>, g: &Geom, col: &
         let dst = mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw);
         if g.is_pointwise() {
             let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-            gemm(wg, mat(src, k, hw), dst, bias.is_some(), par);
+            product(wg, mat(src, k, hw), dst, bias.is_some(), par);
         } else {
             im2col(img, g, grp * g.cg(), col);
-            gemm(wg, mat(col, k, hw), dst, bias.is_some(), par);
+            product(wg, mat(col, k, hw), dst, bias.is_some(), par);
         }
     }
 }
@@ -297,9 +328,9 @@ pub(crate) fn conv2d_backward(
                     let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
                     if g.is_pointwise() {
                         let dst = &mut dimg[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-                        gemm(wg.t(), gg, mat_mut(dst, k, hw), false, par_inside);
+                        product(wg.t(), gg, mat_mut(dst, k, hw), false, par_inside);
                     } else {
-                        gemm(wg.t(), gg, mat_mut(col, k, hw), false, par_inside);
+                        product(wg.t(), gg, mat_mut(col, k, hw), false, par_inside);
                         col2im(col, &g, grp * g.cg(), dimg);
                     }
                 }

@@ -11,6 +11,7 @@ pub(crate) mod matmul;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod shape;
+pub(crate) mod simd;
 
 use ndarray::ArrayD;
 

@@ -104,6 +104,9 @@ fn max_pool_plane(plane: &[f32], o: &mut [f32], idx: &mut [u32], h: usize, w: us
         }
         return;
     }
+    if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) && !idx.is_empty() && super::simd::max_pool_2x2(plane, h, w, o, idx) {
+        return;
+    }
     if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) {
         // The common 2×2/2 window, unrolled and branch-free (random data mispredicts every comparison): the value
         // is the maximum, or NaN if any entry is NaN; the index is the first maximum, or the last NaN — the same
@@ -277,10 +280,21 @@ mod tests {
         let mut o2 = vec![0.0; ho * wo];
         max_pool_plane(&plane, &mut o2, &mut [], h, w, wo, &p);
         assert!(o.iter().zip(&o2).all(|(a, b)| a == b || (a.is_nan() && b.is_nan())));
-        // Without the NaN the values-only path takes its vectorised two-pass route: same values.
-        plane[2 * w + 3] = 1.5;
-        max_pool_plane(&plane, &mut o, &mut idx, h, w, wo, &p);
-        max_pool_plane(&plane, &mut o2, &mut [], h, w, wo, &p);
-        assert_eq!(o, o2);
+        // Without the NaN the values-only path takes its vectorised two-pass route, and the indexed path its
+        // AVX-512 kernel where the CPU has one: same values, same first-maximum indices as the scan.
+        for (h, w) in [(6, 8), (4, 40), (2, 2), (8, 66)] {
+            let plane: Vec<f32> = (0..h * w).map(|i| ((i * 7919) % 5) as f32 - 2.0).collect();
+            let (ho, wo) = (h / 2, w / 2);
+            let (mut o, mut idx, mut o2) = (vec![0.0; ho * wo], vec![0u32; ho * wo], vec![0.0; ho * wo]);
+            max_pool_plane(&plane, &mut o, &mut idx, h, w, wo, &p);
+            max_pool_plane(&plane, &mut o2, &mut [], h, w, wo, &p);
+            assert_eq!(o, o2);
+            for i in 0..ho {
+                for j in 0..wo {
+                    let (best, at) = window_max(&plane, w, (2 * i, 2 * i + 2), (2 * j, 2 * j + 2));
+                    assert_eq!((o[i * wo + j], idx[i * wo + j] as usize), (best, at), "{h}x{w} at {i},{j}");
+                }
+            }
+        }
     }
 }
