@@ -241,6 +241,12 @@ pub trait Attack: Send + Sync {
     /// Attacks `x` (true labels `labels`) toward `goal`. Never mutates `x`.
     fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult>;
 
+    /// Only the adversarial inputs of [`run`](Attack::run) (ART's `generate`): attacks that can skip the
+    /// re-evaluation forward pass and the norms do so — adversarial training calls this on every batch.
+    fn generate(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<Tensor> {
+        Ok(self.run(model, x, labels, goal)?.adversarial)
+    }
+
     /// Runs the attack once per budget in `eps` (a sweep), results in the same order. Budget-free attacks
     /// return an error.
     fn sweep(

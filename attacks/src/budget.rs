@@ -2,6 +2,7 @@
 
 use armoury::{Error, Result, Tensor};
 use ndarray::{Axis, IxDyn};
+use rayon::prelude::*;
 
 /// The norm an attack's budget is measured in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,19 +104,23 @@ pub fn unrows(a: ndarray::Array2<f32>, shape: &[usize]) -> Tensor {
 /// Projects each row of `delta` onto the `norm`-ball of radius `eps[i]` (Euclidean projection; for L1 the
 /// sort-based simplex projection of Duchi et al. 2008).
 pub fn project_ball(delta: &mut ndarray::Array2<f32>, norm: Norm, eps: &[f32]) {
-    for (mut row, &e) in delta.axis_iter_mut(Axis(0)).zip(eps) {
-        let r = row.as_slice_mut().expect("standard layout rows");
-        match norm {
-            Norm::Linf => r.iter_mut().for_each(|v| *v = v.clamp(-e, e)),
-            Norm::L2 => {
-                let n = Norm::L2.of(r);
-                if n > e as f64 {
-                    let s = (e as f64 / n) as f32;
-                    r.iter_mut().for_each(|v| *v *= s);
-                }
+    delta.axis_iter_mut(Axis(0)).into_par_iter().zip(eps).for_each(|(mut row, &e)| {
+        project_row(row.as_slice_mut().expect("standard layout rows"), norm, e);
+    });
+}
+
+/// Projects one perturbation row onto the `norm`-ball of radius `e` (see [`project_ball`]).
+pub fn project_row(r: &mut [f32], norm: Norm, e: f32) {
+    match norm {
+        Norm::Linf => r.iter_mut().for_each(|v| *v = v.clamp(-e, e)),
+        Norm::L2 => {
+            let n = Norm::L2.of(r);
+            if n > e as f64 {
+                let s = (e as f64 / n) as f32;
+                r.iter_mut().for_each(|v| *v *= s);
             }
-            Norm::L1 => project_l1(r, e),
         }
+        Norm::L1 => project_l1(r, e),
     }
 }
 
@@ -146,7 +151,7 @@ pub fn project_l1(r: &mut [f32], eps: f32) {
 /// Makes `adv` a feasible answer: inside `[lo, hi]` and within `eps[i]` of `x` in `norm`, measured exactly (in
 /// f64 on the f32 values), nudging values toward `x` where rounding went past the budget.
 pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: Norm, eps: &[f32], bounds: (f32, f32)) {
-    for ((xr, mut ar), &e) in x.axis_iter(Axis(0)).zip(adv.axis_iter_mut(Axis(0))).zip(eps) {
+    x.axis_iter(Axis(0)).into_par_iter().zip(adv.axis_iter_mut(Axis(0))).zip(eps).for_each(|((xr, mut ar), &e)| {
         for (a, &xv) in ar.iter_mut().zip(xr) {
             *a = a.clamp(bounds.0, bounds.1);
             if !a.is_finite() {
@@ -187,7 +192,7 @@ pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: N
         if exact_norm(norm, xr.as_slice().expect("rows"), ar.as_slice().expect("rows")) > e as f64 {
             ar.assign(&xr); // cannot happen in practice; the clean input is always feasible
         }
-    }
+    });
 }
 
 /// ‖adv − x‖ computed in f64 from the f32 values.
@@ -218,27 +223,31 @@ fn step_toward(a: f32, b: f32) -> f32 {
 /// |g|, divided by their count. Rows with a zero gradient stay zero.
 pub fn steepest(g: &ndarray::Array2<f32>, norm: Norm, l1_quantile: f32) -> ndarray::Array2<f32> {
     let mut out = g.clone();
-    for mut row in out.axis_iter_mut(Axis(0)) {
-        let r = row.as_slice_mut().expect("rows");
-        match norm {
-            Norm::Linf => r.iter_mut().for_each(|v| *v = sign(*v)),
-            Norm::L2 => {
-                let n = Norm::L2.of(r);
-                if n > 0.0 {
-                    r.iter_mut().for_each(|v| *v = (*v as f64 / n) as f32);
-                }
-            }
-            Norm::L1 => {
-                let mut mags: Vec<f32> = r.iter().map(|v| v.abs()).collect();
-                let k = ((mags.len() as f32 * l1_quantile) as usize).min(mags.len() - 1);
-                let (_, &mut thresh, _) = mags.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
-                let thresh = thresh.max(f32::MIN_POSITIVE);
-                let count = r.iter().filter(|v| v.abs() >= thresh).count().max(1) as f32;
-                r.iter_mut().for_each(|v| *v = if v.abs() >= thresh { sign(*v) / count } else { 0.0 });
+    out.axis_iter_mut(Axis(0)).into_par_iter().for_each(|mut row| {
+        steepest_row(row.as_slice_mut().expect("rows"), norm, l1_quantile);
+    });
+    out
+}
+
+/// [`steepest`] for one gradient row, in place.
+pub fn steepest_row(r: &mut [f32], norm: Norm, l1_quantile: f32) {
+    match norm {
+        Norm::Linf => r.iter_mut().for_each(|v| *v = sign(*v)),
+        Norm::L2 => {
+            let n = Norm::L2.of(r);
+            if n > 0.0 {
+                r.iter_mut().for_each(|v| *v = (*v as f64 / n) as f32);
             }
         }
+        Norm::L1 => {
+            let mut mags: Vec<f32> = r.iter().map(|v| v.abs()).collect();
+            let k = ((mags.len() as f32 * l1_quantile) as usize).min(mags.len() - 1);
+            let (_, &mut thresh, _) = mags.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
+            let thresh = thresh.max(f32::MIN_POSITIVE);
+            let count = r.iter().filter(|v| v.abs() >= thresh).count().max(1) as f32;
+            r.iter_mut().for_each(|v| *v = if v.abs() >= thresh { sign(*v) / count } else { 0.0 });
+        }
     }
-    out
 }
 
 /// sign with sign(0) = 0.
@@ -257,7 +266,7 @@ pub fn sign(v: f32) -> f32 {
 pub fn random_in_ball(n: usize, d: usize, norm: Norm, eps: &[f32], seeds: &[u64]) -> ndarray::Array2<f32> {
     use rand::{Rng, SeedableRng};
     let mut out = ndarray::Array2::zeros((n, d));
-    for ((mut row, &e), &s) in out.axis_iter_mut(Axis(0)).zip(eps).zip(seeds) {
+    out.axis_iter_mut(Axis(0)).into_par_iter().zip(eps).zip(seeds).for_each(|((mut row, &e), &s)| {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
         match norm {
             Norm::Linf => row.iter_mut().for_each(|v| *v = e * (2.0 * rng.random::<f32>() - 1.0)),
@@ -277,7 +286,7 @@ pub fn random_in_ball(n: usize, d: usize, norm: Norm, eps: &[f32], seeds: &[u64]
                 row.iter_mut().zip(&lap).for_each(|(v, &g)| *v = (g / ln * radius) as f32);
             }
         }
-    }
+    });
     out
 }
 
@@ -291,7 +300,10 @@ pub fn check_positive(op: &'static str, what: &str, v: f32) -> Result<()> {
 
 /// A per-sample seed for every row of `x` (content-derived; see [`armoury::attack::sample_seed`]).
 pub fn row_seeds(x: &ndarray::Array2<f32>, seed: u64, stream: u64) -> Vec<u64> {
-    x.axis_iter(Axis(0)).map(|r| armoury::attack::sample_seed(seed, stream, r.as_slice().expect("rows"))).collect()
+    x.axis_iter(Axis(0))
+        .into_par_iter()
+        .map(|r| armoury::attack::sample_seed(seed, stream, r.as_slice().expect("rows")))
+        .collect()
 }
 
 #[cfg(test)]

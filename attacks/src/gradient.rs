@@ -13,7 +13,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::budget::{
-    check_positive, enforce, project_ball, random_in_ball, row_seeds, rows, steepest, unrows, Epsilon, Norm,
+    check_positive, enforce, project_row, random_in_ball, row_seeds, rows, steepest, steepest_row, unrows, Epsilon,
+    Norm,
 };
 use crate::losses::Loss;
 
@@ -186,6 +187,12 @@ impl Pgd {
     }
 }
 
+/// What [`Pgd::attack_eps`] produced: a full result, or only the adversarial inputs.
+enum Evaluated {
+    Full(AttackResult),
+    Skipped(Tensor),
+}
+
 /// ∂objective/∂x for the rows of `x2` (shape `shape`), with the DI² transform applied when `div` is given.
 struct Ctx<'a> {
     model: &'a dyn Classifier,
@@ -263,7 +270,7 @@ impl Pgd {
         let (n, d) = x2.dim();
         let seeds = row_seeds(x2, self.seed, r as u64);
         // Zero steps is the identity (SPEC §4.2): no random start without a step after it.
-        let mut delta = if self.random_start && self.steps > 0 {
+        let delta = if self.random_start && self.steps > 0 {
             random_in_ball(n, d, self.norm, eps, &seeds)
         } else {
             Array2::zeros((n, d))
@@ -274,42 +281,59 @@ impl Pgd {
         let mut variance = Array2::<f32>::zeros((n, d));
         let mu = self.momentum.unwrap_or(0.0);
         for t in 0..self.steps {
+            let nesterov_look;
             let look = if self.nesterov {
                 let mut l = &adv + &(&g_acc * (self.step_size * mu));
                 clip(&mut l, bounds);
-                l
+                nesterov_look = l;
+                &nesterov_look
             } else {
-                adv.clone()
+                &adv
             };
             let div = self.diversity.map(|dv| (dv, seeds.as_slice(), t as u64));
-            let grad = ctx.grad(&look, div)?;
+            let grad = ctx.grad(look, div)?;
             let mut dir = match self.variance {
-                Some(_) => &grad + &variance,
-                None => grad.clone(),
-            };
-            if let Some(v) = self.variance {
-                // v ← mean ∇ at uniform neighbours of the current iterate − the current gradient.
-                let mut acc = Array2::<f32>::zeros((n, d));
-                for k in 0..v.samples {
-                    let radius: Vec<f32> = eps.iter().map(|e| e * v.beta).collect();
-                    let ks: Vec<u64> =
-                        seeds.iter().map(|s| s ^ ((t * v.samples + k + 1) as u64).wrapping_mul(0x9E37_79B9)).collect();
-                    let mut xn = &adv + &random_in_ball(n, d, Norm::Linf, &radius, &ks);
-                    clip(&mut xn, bounds);
-                    acc += &ctx.grad(&xn, None)?;
+                None => grad,
+                Some(v) => {
+                    let dir = &grad + &variance;
+                    // v ← mean ∇ at uniform neighbours of the current iterate − the current gradient.
+                    let mut acc = Array2::<f32>::zeros((n, d));
+                    for k in 0..v.samples {
+                        let radius: Vec<f32> = eps.iter().map(|e| e * v.beta).collect();
+                        let ks: Vec<u64> = seeds
+                            .iter()
+                            .map(|s| s ^ ((t * v.samples + k + 1) as u64).wrapping_mul(0x9E37_79B9))
+                            .collect();
+                        let mut xn = &adv + &random_in_ball(n, d, Norm::Linf, &radius, &ks);
+                        clip(&mut xn, bounds);
+                        acc += &ctx.grad(&xn, None)?;
+                    }
+                    variance = acc / v.samples as f32 - &grad;
+                    dir
                 }
-                variance = acc / v.samples as f32 - &grad;
-            }
+            };
             if self.momentum.is_some() {
                 g_acc = &g_acc * mu + &l1_normalise(&dir);
                 dir = g_acc.clone();
             }
-            let step = steepest(&dir, self.norm, self.l1_quantile);
-            delta = &adv - x2;
-            Zip::from(&mut delta).and(&step).for_each(|dl, &s| *dl += self.step_size * s);
-            project_ball(&mut delta, self.norm, eps);
-            adv = x2 + &delta;
-            clip(&mut adv, bounds);
+            // One pass per row: steepest direction, step, projection onto the ball, clip to the bounds.
+            let (alpha, norm, q) = (self.step_size, self.norm, self.l1_quantile);
+            Zip::from(adv.rows_mut())
+                .and(x2.rows())
+                .and(dir.rows_mut())
+                .and(&ndarray::ArrayView1::from(eps))
+                .par_for_each(|mut a, xr, mut s, &e| {
+                    let (a, s) = (a.as_slice_mut().expect("rows"), s.as_slice_mut().expect("rows"));
+                    let xr = xr.as_slice().expect("rows");
+                    steepest_row(s, norm, q);
+                    for ((av, &xv), &sv) in a.iter_mut().zip(xr).zip(s.iter()) {
+                        *av = *av - xv + alpha * sv;
+                    }
+                    project_row(a, norm, e);
+                    for (av, &xv) in a.iter_mut().zip(xr) {
+                        *av = (xv + *av).clamp(bounds.0, bounds.1);
+                    }
+                });
         }
         enforce(x2, &mut adv, self.norm, eps, bounds);
         Ok(adv)
@@ -324,6 +348,22 @@ impl Pgd {
         goal: &Resolved,
         eps: &[f32],
     ) -> Result<AttackResult> {
+        match self.attack_eps(model, x, labels, goal, eps, true)? {
+            Evaluated::Full(r) => Ok(r),
+            Evaluated::Skipped(_) => unreachable!("evaluation was asked for"),
+        }
+    }
+
+    /// The attack at the given budgets; with `evaluate` false only the adversarial inputs (no success forward).
+    fn attack_eps(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Resolved,
+        eps: &[f32],
+        evaluate: bool,
+    ) -> Result<Evaluated> {
         let shape = x.shape().to_vec();
         let x2 = rows(x);
         let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss };
@@ -357,10 +397,13 @@ impl Pgd {
             });
         }
         let adv = best.expect("at least one restart").0;
+        if !evaluate {
+            return Ok(Evaluated::Skipped(unrows(adv, &shape)));
+        }
         let n = labels.len();
         let grads = vec![self.gradients_per_run() * self.restarts as u64; n];
         let queries = grads.clone();
-        AttackResult::evaluate(model, x, unrows(adv, &shape), labels, goal.clone(), grads, queries)
+        AttackResult::evaluate(model, x, unrows(adv, &shape), labels, goal.clone(), grads, queries).map(Evaluated::Full)
     }
 
     /// A single gradient step reused for every budget (FGSM/FGM sweeps need one gradient, not one per ε).
@@ -413,6 +456,17 @@ impl Attack for Pgd {
         let goal = resolve_goal(model, x, labels, goal)?;
         let eps = self.eps.resolve(labels.len())?;
         self.run_eps(model, x, labels, &goal, &eps)
+    }
+
+    /// The adversarial inputs without the success forward pass and the norms.
+    fn generate(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<Tensor> {
+        self.validate()?;
+        let goal = resolve_goal(model, x, labels, goal)?;
+        let eps = self.eps.resolve(labels.len())?;
+        match self.attack_eps(model, x, labels, &goal, &eps, false)? {
+            Evaluated::Skipped(t) => Ok(t),
+            Evaluated::Full(r) => Ok(r.adversarial),
+        }
     }
 
     fn sweep(

@@ -5,7 +5,7 @@
 //! the products whose inputs are tracked are computed. Weight gradients are summed per fixed chunk of images and
 //! the chunks added in order, so results do not depend on the thread count.
 
-use ndarray::{Array1, Array4, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix4};
+use ndarray::{Array1, Array4, ArrayD, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
 use super::matmul::gemm;
@@ -341,12 +341,16 @@ pub(crate) fn conv2d_backward(
     let dw = need_w.then(|| {
         let chunk_in = WGRAD_CHUNK * in_len;
         let chunk_out = WGRAD_CHUNK * out_len;
+        // With AVX-512 each group's gradient is accumulated transposed, dWᵀ[K, Og] += col · doutᵀ, so the product
+        // runs on the register-tiled kernel (doutᵀ has contiguous rows); otherwise dW += dout · colᵀ on `gemm`.
+        let transposed = simd::has_avx512();
         let partials: Vec<Vec<f32>> = xs
             .par_chunks(chunk_in)
             .zip(gs.par_chunks(chunk_out))
             .map(|(ximgs, gimgs)| {
                 let mut acc = vec![0.0f32; w_len];
                 let mut col = vec![0.0f32; col_len];
+                let mut gt = vec![0.0f32; if transposed { og * hw } else { 0 }];
                 for (img, gimg) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)) {
                     for grp in 0..g.p.groups {
                         let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
@@ -356,8 +360,19 @@ pub(crate) fn conv2d_backward(
                             im2col(img, &g, grp * g.cg(), &mut col);
                             &col[..]
                         };
-                        let dst = mat_mut(&mut acc[grp * og * k..(grp + 1) * og * k], og, k);
-                        gemm(gg, mat(src, k, hw).t(), dst, true, par_inside);
+                        let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
+                        if transposed {
+                            mat_mut(&mut gt, hw, og).assign(&gg.t());
+                            product(mat(src, k, hw), mat(&gt, hw, og), mat_mut(dst, k, og), true, par_inside);
+                        } else {
+                            gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, par_inside);
+                        }
+                    }
+                }
+                if transposed {
+                    for grp in acc.chunks_mut(og * k) {
+                        let t = mat(grp, k, og).t().to_owned();
+                        grp.copy_from_slice(t.as_standard_layout().as_slice().expect("standard layout"));
                     }
                 }
                 acc
@@ -371,9 +386,11 @@ pub(crate) fn conv2d_backward(
     });
 
     let db = need_b.then(|| {
-        let g4 = gout.view().into_dimensionality::<Ix4>().expect("conv output is 4-D");
-        let sums: Vec<f32> =
-            (0..g.o).into_par_iter().map(|o| g4.index_axis(Axis(1), o).iter().fold(0.0f32, |a, &v| a + v)).collect();
+        // Per output channel: the sum of its contiguous planes, image after image (a fixed order).
+        let sums: Vec<f32> = (0..g.o)
+            .into_par_iter()
+            .map(|o| gs.chunks_exact(out_len).map(|img| img[o * hw..(o + 1) * hw].iter().sum::<f32>()).sum())
+            .collect();
         Array1::from(sums).into_dyn()
     });
 
@@ -397,6 +414,7 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndarray::Ix4;
 
     /// The direct seven-loop convolution: the oracle for the im2col kernel.
     fn naive(x: &Array4<f32>, w: &Array4<f32>, b: &[f32], p: Conv2dParams) -> Array4<f32> {

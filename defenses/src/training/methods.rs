@@ -69,7 +69,7 @@ fn replace_with_adversarial(
         let end = (start + per).min(k);
         if end > start {
             let xs = x.narrow(0, start, end - start)?;
-            parts.push(a.run(clf, &xs, &y[start..end], &Goal::Untargeted)?.adversarial);
+            parts.push(a.generate(clf, &xs, &y[start..end], &Goal::Untargeted)?);
         }
         start = end;
     }
@@ -186,7 +186,7 @@ impl Method for FastAt {
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
         let pgd =
             Pgd { steps: 1, step_size: self.alpha, random_start: true, seed: ctx.step_seed(), ..Pgd::linf(self.eps) };
-        let adv = pgd.run(ctx.classifier, x, y, &Goal::Untargeted)?.adversarial;
+        let adv = pgd.generate(ctx.classifier, x, y, &Goal::Untargeted)?;
         ce_step(ctx, &adv, y)
     }
 }

@@ -103,7 +103,7 @@ impl Method for Mart {
 
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
         let pgd = Pgd { seed: ctx.step_seed(), ..self.pgd.clone() };
-        let x_adv = pgd.run(ctx.classifier, x, y, &Goal::Untargeted)?.adversarial;
+        let x_adv = pgd.generate(ctx.classifier, x, y, &Goal::Untargeted)?;
         let n = y.len();
         let z_clean = ctx.model.forward_t(x, true)?;
         let z_adv = ctx.model.forward_t(&x_adv, true)?;
