@@ -88,6 +88,9 @@ fn max_pool_plane(plane: &[f32], o: &mut [f32], idx: &mut [u32], h: usize, w: us
     let ho = o.len() / wo;
     let ((kh, kw), (sh, sw)) = (p.kernel, p.stride);
     let inside = p.padding == (0, 0) && (ho - 1) * sh + kh <= h && (wo - 1) * sw + kw <= w;
+    if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) && super::simd::max_pool_2x2(plane, h, w, o, idx) {
+        return;
+    }
     if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) && idx.is_empty() && !plane.iter().fold(false, |a, v| a | v.is_nan())
     {
         // Values only, no NaN in the plane: the maximum of each row pair, then of each column pair — two
@@ -102,9 +105,6 @@ fn max_pool_plane(plane: &[f32], o: &mut [f32], idx: &mut [u32], h: usize, w: us
                 *d = pair[0].max(pair[1]);
             }
         }
-        return;
-    }
-    if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) && !idx.is_empty() && super::simd::max_pool_2x2(plane, h, w, o, idx) {
         return;
     }
     if inside && (kh, kw, sh, sw) == (2, 2, 2, 2) {

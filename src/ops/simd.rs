@@ -208,25 +208,44 @@ mod x86 {
         for c in 0..u.cg {
             let plane = src.add(c * u.h * u.w);
             for ki in 0..u.kh {
+                // Output rows whose input row oh·sh + ki·dh − ph lies inside the plane: lo..hi.
+                let first = (ki * u.dh) as isize - u.ph as isize;
+                let lo = if first >= 0 { 0 } else { (-first as usize).div_ceil(u.sh) }.min(u.ho);
+                let hi = if first >= u.h as isize { 0 } else { (u.h as isize - first) as usize }.div_ceil(u.sh);
+                let hi = hi.clamp(lo, u.ho);
                 for kj in 0..u.kw {
                     let off = (kj * u.dw) as isize - u.pw as isize;
                     let m = &masks[kj * chunks..(kj + 1) * chunks];
-                    for oh in 0..u.ho {
-                        let ih = (oh * u.sh + ki * u.dh) as isize - u.ph as isize;
-                        let run = dst.add(oh * u.wo);
-                        if ih < 0 || ih >= u.h as isize {
+                    let zero_rows = |from: usize, to: usize| {
+                        for oh in from..to {
                             for (ch, &(store, _)) in m.iter().enumerate() {
-                                _mm512_mask_storeu_ps(run.add(16 * ch), store, _mm512_setzero_ps());
+                                _mm512_mask_storeu_ps(dst.add(oh * u.wo + 16 * ch), store, _mm512_setzero_ps());
                             }
-                            continue;
                         }
-                        // Lane l of chunk ch reads input column 16·ch + l + off.
-                        let row = plane.offset(ih * u.w as isize).wrapping_offset(off);
-                        for (ch, &(store, load)) in m.iter().enumerate() {
-                            let v = _mm512_maskz_loadu_ps(load, row.wrapping_add(16 * ch));
-                            _mm512_mask_storeu_ps(run.add(16 * ch), store, v);
+                    };
+                    zero_rows(0, lo);
+                    // Lane l of chunk ch reads input column 16·ch + l + off of the row.
+                    let mut row =
+                        plane.wrapping_offset((lo * u.sh) as isize * u.w as isize + first * u.w as isize + off);
+                    let mut run = dst.add(lo * u.wo);
+                    let step = (u.sh * u.w) as isize;
+                    if let [(store, load)] = *m {
+                        for _ in lo..hi {
+                            _mm512_mask_storeu_ps(run, store, _mm512_maskz_loadu_ps(load, row));
+                            row = row.wrapping_offset(step);
+                            run = run.add(u.wo);
+                        }
+                    } else {
+                        for _ in lo..hi {
+                            for (ch, &(store, load)) in m.iter().enumerate() {
+                                let v = _mm512_maskz_loadu_ps(load, row.wrapping_add(16 * ch));
+                                _mm512_mask_storeu_ps(run.add(16 * ch), store, v);
+                            }
+                            row = row.wrapping_offset(step);
+                            run = run.add(u.wo);
                         }
                     }
+                    zero_rows(hi, u.ho);
                     dst = dst.add(hw_out);
                 }
             }
@@ -313,7 +332,9 @@ mod x86 {
                 at = _mm512_mask_mov_epi32(at, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(b, m), _mm512_add_epi32(base, one));
                 at = _mm512_mask_mov_epi32(at, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, m), base);
                 _mm512_mask_storeu_ps(out.as_mut_ptr().add(i * wo + j0), m_out, m);
-                _mm512_mask_storeu_epi32(idx.as_mut_ptr().add(i * wo + j0).cast(), m_out, at);
+                if !idx.is_empty() {
+                    _mm512_mask_storeu_epi32(idx.as_mut_ptr().add(i * wo + j0).cast(), m_out, at);
+                }
                 j0 += 16;
             }
         }
@@ -403,9 +424,11 @@ pub(crate) fn col2im(col: &[f32], u: &Unfold, img: &mut [f32]) -> bool {
 /// 2×2 max pooling with stride 2 of one plane `h×w` (windows inside the plane) into `out[h/2 × w/2]` and the flat
 /// arg-max into `idx`: the first maximum of each window in row-major order, as the scalar scan. Planes holding a
 /// NaN are left to the caller (`false`), as are CPUs without AVX-512.
+/// An empty `idx` asks for the values only.
 pub(crate) fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool {
     let (ho, wo) = (h / 2, w / 2);
-    if !has_avx512() || plane.len() < h * w || out.len() < ho * wo || idx.len() < ho * wo || h * w >= 1 << 31 {
+    let idx_ok = idx.is_empty() || idx.len() >= ho * wo;
+    if !has_avx512() || plane.len() < h * w || out.len() < ho * wo || !idx_ok || h * w >= 1 << 31 {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
