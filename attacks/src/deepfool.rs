@@ -8,7 +8,8 @@
 //! f_k = z_k − z_y and w_k = ∇f_k; the returned point is clip(x + (1 + overshoot)·Σ r_i).
 //!
 //! Like Foolbox and MindArmour, the overshoot alone carries the point across the boundary (the paper's code adds
-//! 1e-4 to each step's length; we don't, which reproduces MindArmour's golden values). The paper has no box;
+//! 1e-4 to each step's length; we don't, which reproduces MindArmour's golden values) — except on an exact tie of
+//! the two logits, where the overshoot of a zero step is zero and the paper's 1e-4 is used. The paper has no box;
 //! Armoury's DeepFool is box-aware: a coordinate at a bound that the step would push outward is dropped from the
 //! linearisation (its gradient entry is zeroed), and a clipped coordinate keeps only the realised part of Σr.
 //! Clipping alone (Foolbox, MindArmour) makes each step fall short by the clipped part, so on images with
@@ -223,7 +224,13 @@ impl Attack for DeepFool {
                     }
                 });
                 for (r, b) in best.iter_mut().enumerate() {
-                    let f = (logits[[r, to[r]]] - logits[[r, from[r]]]).abs() as f64;
+                    // On an exact tie (f = 0) the step and the overshoot are both zero and the iterate would
+                    // stay on the boundary, where the arg-max tie-break may keep the label: take the paper's
+                    // 1e-4 there.
+                    let f = match (logits[[r, to[r]]] - logits[[r, from[r]]]).abs() as f64 {
+                        0.0 => 1e-4,
+                        f => f,
+                    };
                     let wn = match self.norm {
                         Norm::Linf => Norm::L1.of(g.row(r).as_slice().expect("rows")),
                         _ => Norm::L2.of(g.row(r).as_slice().expect("rows")),
