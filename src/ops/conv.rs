@@ -244,6 +244,29 @@ fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32>, ac
     }
 }
 
+/// `dst[c, r] = src[r, c]` for a row-major `rows × cols` source: each output row gathers one source column.
+fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    for (c, out) in dst[..rows * cols].chunks_exact_mut(rows).enumerate() {
+        for (d, s) in out.iter_mut().zip(src[c..].iter().step_by(cols)) {
+            *d = *s;
+        }
+    }
+}
+
+/// The sum of `v` in sixteen interleaved partial sums (a fixed order, so deterministic, and not bound by the
+/// latency of one dependent chain of additions).
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let chunks = v.chunks_exact(16);
+    let rest = chunks.remainder().iter().sum::<f32>();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
 fn mat(s: &[f32], r: usize, c: usize) -> ArrayView2<'_, f32> {
     ArrayView2::from_shape((r, c), s).expect("slice length is r·c")
 }
@@ -362,7 +385,7 @@ pub(crate) fn conv2d_backward(
                         };
                         let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
                         if transposed {
-                            mat_mut(&mut gt, hw, og).assign(&gg.t());
+                            transpose(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw, &mut gt);
                             product(mat(src, k, hw), mat(&gt, hw, og), mat_mut(dst, k, og), true, par_inside);
                         } else {
                             gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, par_inside);
@@ -389,7 +412,7 @@ pub(crate) fn conv2d_backward(
         // Per output channel: the sum of its contiguous planes, image after image (a fixed order).
         let sums: Vec<f32> = (0..g.o)
             .into_par_iter()
-            .map(|o| gs.chunks_exact(out_len).map(|img| img[o * hw..(o + 1) * hw].iter().sum::<f32>()).sum())
+            .map(|o| gs.chunks_exact(out_len).map(|img| lane_sum(&img[o * hw..(o + 1) * hw])).sum())
             .collect();
         Array1::from(sums).into_dyn()
     });

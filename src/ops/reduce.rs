@@ -15,7 +15,12 @@ pub(crate) fn sum_backward(shape: &[usize], axes: &[usize], keepdim: bool, g: &A
             g.insert_axis_inplace(Axis(ax));
         }
     }
-    g.broadcast(IxDyn(shape)).expect("reduced shape broadcasts back").to_owned()
+    if g.len() == 1 {
+        return ArrayD::from_elem(IxDyn(shape), g.iter().next().copied().unwrap_or(0.0));
+    }
+    let b = g.broadcast(IxDyn(shape)).expect("reduced shape broadcasts back");
+    // `to_owned` of a broadcast view walks it element by element on one thread; a parallel Zip is far faster.
+    ndarray::Zip::from(&b).par_map_collect(|&v| v)
 }
 
 pub(crate) fn max_backward(
