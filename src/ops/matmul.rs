@@ -141,12 +141,23 @@ pub(crate) fn matmul_backward(
         let g2 = g.view().into_dimensionality::<Ix2>().expect("output is a matrix");
         let a2 = av.view().into_dimensionality::<Ix2>().expect("rank checked");
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
-        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G
-        let ga = need[0].then(|| matmul2(g2, b2.t()).into_dyn());
+        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. On the AVX-512 kernel when the right operand has contiguous rows (a
+        // `Linear` layer's weight is [out, in], so G·W qualifies): each row of its product is one fixed chain
+        // of multiply-adds, so G·Bᵀ stays batch invariant without padding.
+        let ga = need[0].then(|| {
+            let mut c = Array2::zeros((g2.nrows(), b2.nrows()));
+            if super::simd::gemm_nn(g2, b2.t(), c.view_mut(), false, true) {
+                c.into_dyn()
+            } else {
+                matmul2(g2, b2.t()).into_dyn()
+            }
+        });
         let gb = need[1].then(|| {
             // A reduction over the rows: batch invariance does not apply, one GEMM over everything.
             let mut c = Array2::zeros((a2.ncols(), g2.ncols()));
-            gemm(a2.t(), g2, c.view_mut(), false, true);
+            if !super::simd::gemm_nn(a2.t(), g2, c.view_mut(), false, true) {
+                gemm(a2.t(), g2, c.view_mut(), false, true);
+            }
             c.into_dyn()
         });
         return Ok(vec![ga, gb]);
