@@ -338,7 +338,7 @@ fn mean_l2(r: &AttackResult, keep: &[bool]) -> f32 {
 
 /// SPEC §6: CW-L2 (c = 1, κ = 0, 100 Adam steps of 0.01, no search) on the fixture cnn and the first 100 test
 /// images — torchattacks: success 0.77, mean L2 0.72. With a binary search every image falls. DeepFool and CW
-/// need smaller L2 perturbations than PGD-L2 does.
+/// with a search need smaller L2 perturbations than PGD-L2 does.
 #[test]
 fn fixture_cnn_cw_deepfool_vs_pgd() {
     let model = fixture_cnn();
@@ -360,15 +360,15 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
     assert!(rate >= 0.77, "CW success {rate} < torchattacks' 0.77");
     assert!(l2 <= 0.72, "CW mean L2 {l2} > torchattacks' 0.72");
 
-    // A per-sample binary search over c (3 runs of 100 steps from c = 1) fools almost every image; the few left
-    // need larger changes (L2 2–4) than 100 Adam steps in tanh space can make — saturated pixels barely move —
-    // and fall to a long run with a large c.
+    // With a per-sample binary search over c (5 runs of 100 Adam steps from c = 1, lr 0.05) every image falls,
+    // with a mean L2 below torchattacks' no-search figure. (lr 0.01 needs longer runs: the paper's 9 × 1000
+    // steps also reach 1.0 at mean L2 0.66, measured with the `attack` example; 3 × 100 steps reach 0.96.)
     let t = Instant::now();
-    let cws = CarliniWagnerL2 { c: 1.0, steps: 100, binary_search_steps: 3, ..Default::default() }
+    let cws = CarliniWagnerL2 { c: 1.0, steps: 100, binary_search_steps: 5, lr: 0.05, ..Default::default() }
         .run(&model, &x, &y, &Goal::Untargeted)
         .unwrap();
     println!(
-        "CW with 3 search steps: success {}, mean L2 {:.4} (originally correct {:.4}), {} gradients, {:.2?}",
+        "CW with 5 search steps: success {}, mean L2 {:.4} (originally correct {:.4}), {} gradients, {:.2?}",
         cws.success_rate(),
         mean_l2(&cws, &all),
         mean_l2(&cws, &correct),
@@ -376,21 +376,8 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
         t.elapsed()
     );
     check_honest("CW search", &model, &y, &cws);
-    assert!(cws.success_rate() >= 0.95, "CW with a binary search");
-    let hard: Vec<usize> = (0..100).filter(|&i| !cws.success[i]).collect();
-    if !hard.is_empty() {
-        let t = Instant::now();
-        let (xh, yh) = (x.index_select(0, &hard).unwrap(), hard.iter().map(|&i| y[i]).collect::<Vec<_>>());
-        let long = CarliniWagnerL2 { c: 100.0, steps: 1000, binary_search_steps: 1, ..Default::default() };
-        let r = long.run(&model, &xh, &yh, &Goal::Untargeted).unwrap();
-        println!(
-            "CW c = 100, 1000 steps on images {hard:?}: success {:?}, L2 {:?}, {:.2?}",
-            r.success,
-            r.norms.iter().map(|n| n.l2).collect::<Vec<_>>(),
-            t.elapsed()
-        );
-        assert!(r.success.iter().all(|&s| s), "the hard images must fall to a long CW run");
-    }
+    assert_eq!(cws.success_rate(), 1.0, "CW with a binary search fools every image");
+    assert!(mean_l2(&cws, &all) <= 0.72, "CW with a binary search: mean L2 {}", mean_l2(&cws, &all));
 
     let t = Instant::now();
     let df = DeepFool::default().run(&model, &x, &y, &Goal::Untargeted).unwrap();
@@ -407,16 +394,19 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
 
     // Against PGD-L2 (40 steps of ε/4, random start): the smallest ε of a sweep that fools each image (an upper
     // bound on what PGD needs, rounded up to the grid), and PGD at the median L2 of the minimum-norm attack.
-    // Measured (see the report): DeepFool's L2 is below PGD's grid ε on most images; 100-step CW is on a par
-    // with it, not below — in tanh space the background pixels at exactly 0 barely move in 100 Adam steps — and
-    // at either attack's median L2, PGD fools more images than the attack did within that budget.
+    // Measured (see the report): DeepFool's and the searched CW's L2 are below PGD's grid ε on most images;
+    // 100-step CW without a search is on a par with it, not below — in tanh space the background pixels at
+    // exactly 0 barely move in 100 Adam steps of 0.01 — and at either attack's median L2, PGD fools more images
+    // than the attack did within that budget.
     let t = Instant::now();
     let grid = [0.25f32, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0];
     let sweep = Pgd::l2(1.0).sweep(&model, &x, &y, &Goal::Untargeted, &grid).unwrap();
     let pgd_eps: Vec<Option<f32>> =
         (0..100).map(|i| grid.iter().zip(&sweep).find(|(_, r)| r.success[i]).map(|(&e, _)| e)).collect();
     println!("PGD-L2 sweep {:.2?}", t.elapsed());
-    for (name, r, max_ratio, min_smaller) in [("CW", &cw, 1.1, 0.4), ("DeepFool", &df, 1.0, 0.6)] {
+    for (name, r, max_ratio, min_smaller) in
+        [("CW", &cw, 1.1, 0.4), ("CW search", &cws, 1.0, 0.6), ("DeepFool", &df, 1.0, 0.6)]
+    {
         let both: Vec<usize> = (0..100).filter(|&i| correct[i] && r.success[i] && pgd_eps[i].is_some()).collect();
         let mine = both.iter().map(|&i| r.norms[i].l2).sum::<f32>() / both.len() as f32;
         let pgd = both.iter().map(|&i| pgd_eps[i].expect("kept")).sum::<f32>() / both.len() as f32;
