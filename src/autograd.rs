@@ -42,6 +42,18 @@ impl Gradients {
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
+
+    /// Adds `other`'s gradients into this store (elementwise for tensors in both, moved in otherwise).
+    pub fn accumulate(&mut self, other: Gradients) {
+        for (id, g) in other.map {
+            match self.map.get_mut(&id) {
+                Some(acc) => *acc += &g,
+                None => {
+                    self.map.insert(id, g);
+                }
+            }
+        }
+    }
 }
 
 /// Nodes reachable from `root` through tracked ops, inputs before the nodes that use them.

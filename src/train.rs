@@ -122,16 +122,65 @@ pub fn train_step(
     labels: &[usize],
     clip: Option<f32>,
 ) -> Result<(f32, usize)> {
-    let logits = model.forward_t(x, true)?;
-    let loss = logits.cross_entropy(labels, Reduction::Mean)?;
-    let mut grads = loss.backward()?;
+    let n = labels.len();
+    if x.rank() == 0 || x.shape()[0] != n {
+        return Err(Error::ShapeMismatch { op: "train_step", expected: vec![n], got: x.shape().to_vec() });
+    }
+    let (mut grads, loss, correct) = backward_in_pieces(model, n, |r| {
+        let logits = model.forward_t(&x.narrow(0, r.start, r.len())?, true)?;
+        // The piece's share of the batch mean.
+        let loss = logits.cross_entropy(&labels[r.clone()], Reduction::Sum)?.mul_scalar(1.0 / n as f32);
+        let z = logits.value().to_owned().into_dimensionality().expect("logits are a matrix");
+        let correct = argmax_rows(&z).iter().zip(&labels[r]).filter(|(p, y)| p == y).count();
+        Ok((loss, correct))
+    })?;
     if let Some(max_norm) = clip {
         clip_grad_norm(&mut grads, &model.parameters(), max_norm)?;
     }
     opt.step(&grads)?;
-    let z = logits.value().to_owned().into_dimensionality().expect("logits are a matrix");
-    let correct = argmax_rows(&z).iter().zip(labels).filter(|(p, y)| p == y).count();
-    Ok((loss.item()?, correct))
+    Ok((loss, correct.iter().sum()))
+}
+
+/// Samples per piece in [`backward_in_pieces`] (as [`crate::classifier::CHUNK`]: a piece's activations stay in
+/// cache and its buffers are reused rather than page-faulted in afresh).
+pub const PIECE: usize = crate::classifier::CHUNK;
+
+/// The parameter gradients of a loss that is a sum over samples, computed on pieces of [`PIECE`] samples in
+/// parallel and added in piece order — so the result does not depend on the thread count. `f(range)` builds the
+/// loss of the samples in `range` (its share of the total: divide by the batch size for a mean) and anything else
+/// the caller wants back from that piece. Returns the summed gradients, the total loss and the pieces' extras in
+/// order. A model whose samples are coupled in training mode (BatchNorm on batch statistics, dropout) is run as
+/// one piece.
+pub fn backward_in_pieces<T: Send>(
+    model: &dyn Module,
+    n: usize,
+    f: impl Fn(std::ops::Range<usize>) -> Result<(Tensor, T)> + Sync,
+) -> Result<(crate::autograd::Gradients, f32, Vec<T>)> {
+    use rayon::prelude::*;
+    let ranges: Vec<std::ops::Range<usize>> = if model.batch_independent(true) && n > PIECE {
+        (0..n).step_by(PIECE).map(|s| s..(s + PIECE).min(n)).collect()
+    } else {
+        std::iter::once(0..n).collect()
+    };
+    // enable_grad: a piece may be stolen by a worker waiting inside a no_grad scope.
+    let parts: Vec<(crate::autograd::Gradients, f32, T)> = ranges
+        .into_par_iter()
+        .map(|r| {
+            crate::tensor::enable_grad(|| {
+                let (loss, extra) = f(r)?;
+                let grads = loss.backward()?;
+                Ok((grads, loss.item()?, extra))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let mut total = crate::autograd::Gradients::default();
+    let (mut loss, mut extras) = (0.0f64, Vec::with_capacity(parts.len()));
+    for (g, l, e) in parts {
+        total.accumulate(g);
+        loss += l as f64;
+        extras.push(e);
+    }
+    Ok((total, loss as f32, extras))
 }
 
 /// Trains `model` on `train` for `cfg.epochs` epochs, evaluating on `test` after each epoch.

@@ -173,3 +173,45 @@ fn evaluate_reports_accuracy_and_confusion() {
     assert!(after.loss < before.loss);
     assert!(evaluate(&model, &set.test, 0).is_err());
 }
+
+/// `backward_in_pieces` (pieces of 32 samples in parallel, summed in order) gives the gradients of the whole-batch
+/// loss, and a model with batch-coupled layers (BatchNorm in training mode) runs as one piece: bit-identical to
+/// the plain backward.
+#[test]
+fn backward_in_pieces_matches_the_whole_batch() {
+    use armoury::train::backward_in_pieces;
+    let x = Tensor::uniform(&[100, 1, 28, 28], 0.0, 1.0, 5);
+    let y: Vec<usize> = (0..100).map(|i| i * 7 % 10).collect();
+    let model = cnn(3);
+    let whole = model.forward_t(&x, true).unwrap().cross_entropy(&y, Reduction::Mean).unwrap().backward().unwrap();
+    let (pieces, loss, extras) = backward_in_pieces(&model, 100, |r| {
+        let z = model.forward_t(&x.narrow(0, r.start, r.len())?, true)?;
+        Ok((z.cross_entropy(&y[r.clone()], Reduction::Sum)?.mul_scalar(0.01), r.len()))
+    })
+    .unwrap();
+    assert_eq!(extras, vec![32, 32, 32, 4], "pieces of 32 in order");
+    let want = model.forward_t(&x, true).unwrap().cross_entropy(&y, Reduction::Mean).unwrap().item().unwrap();
+    assert!((loss - want).abs() <= 1e-5 * want.abs(), "loss {loss} vs {want}");
+    for p in model.parameters() {
+        let (a, b) = (pieces.get(&p.tensor()).unwrap(), whole.get(&p.tensor()).unwrap());
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
+        let diff = a.iter().zip(b).fold(0.0f32, |m, (u, v)| m.max((u - v).abs()));
+        assert!(diff <= 1e-5 * scale, "gradient differs by {diff} (scale {scale})");
+    }
+
+    let bn = armoury::nn::Sequential::new()
+        .add("flat", armoury::nn::Flatten)
+        .add("fc", Linear::new(784, 10, true, 1))
+        .add("bn", armoury::nn::BatchNorm1d::new(10));
+    assert!(!bn.batch_independent(true) && bn.batch_independent(false));
+    let whole = bn.forward_t(&x, true).unwrap().cross_entropy(&y, Reduction::Mean).unwrap().backward().unwrap();
+    let (pieces, _, extras) = backward_in_pieces(&bn, 100, |r| {
+        let z = bn.forward_t(&x.narrow(0, r.start, r.len())?, true)?;
+        Ok((z.cross_entropy(&y[r.clone()], Reduction::Mean)?, r.len()))
+    })
+    .unwrap();
+    assert_eq!(extras, vec![100], "one piece");
+    for p in bn.parameters() {
+        assert_eq!(pieces.get(&p.tensor()), whole.get(&p.tensor()));
+    }
+}

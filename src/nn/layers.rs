@@ -278,6 +278,11 @@ impl Module for BatchNorm {
     fn is_training(&self) -> bool {
         self.training.load(Ordering::Relaxed)
     }
+
+    /// Batch statistics couple the samples of a batch in training mode.
+    fn batch_independent(&self, train: bool) -> bool {
+        !train
+    }
 }
 
 /// BatchNorm over [N, C] (PyTorch's `BatchNorm1d`): the same layer as [`BatchNorm`].
@@ -326,5 +331,11 @@ impl Module for Dropout {
 
     fn is_training(&self) -> bool {
         self.training.load(Ordering::Relaxed)
+    }
+
+    /// In training mode each call draws its masks from the next state of one generator: split a batch and the
+    /// masks depend on the order the pieces run in.
+    fn batch_independent(&self, train: bool) -> bool {
+        !train || self.p == 0.0
     }
 }

@@ -100,6 +100,13 @@ pub trait Module: Send + Sync {
     fn is_training(&self) -> bool {
         false
     }
+
+    /// Whether each sample's output depends on that sample alone in the given mode, so a batch may be split
+    /// into pieces with the same result ([`crate::train::backward_in_pieces`]). Not so for BatchNorm on batch
+    /// statistics or for dropout drawing its masks per call.
+    fn batch_independent(&self, _train: bool) -> bool {
+        true
+    }
 }
 
 /// Conveniences over [`Module::visit`].
@@ -150,6 +157,9 @@ impl<M: Module + ?Sized> Module for Arc<M> {
     fn is_training(&self) -> bool {
         (**self).is_training()
     }
+    fn batch_independent(&self, train: bool) -> bool {
+        (**self).batch_independent(train)
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {
@@ -167,6 +177,9 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn is_training(&self) -> bool {
         (**self).is_training()
+    }
+    fn batch_independent(&self, train: bool) -> bool {
+        (**self).batch_independent(train)
     }
 }
 
@@ -230,5 +243,9 @@ impl Module for Sequential {
 
     fn is_training(&self) -> bool {
         self.training.load(Ordering::Relaxed)
+    }
+
+    fn batch_independent(&self, train: bool) -> bool {
+        self.children.iter().all(|(_, m)| m.batch_independent(train))
     }
 }

@@ -8,14 +8,11 @@ use armoury::{Attack, Classifier, Error, Goal, ModuleClassifier, Reduction, Resu
 use armoury_attacks::Pgd;
 use ndarray::ArrayD;
 
-use super::{correct, optimise, Method, StepContext, StepReport};
+use super::{correct, optimise_pieces, Method, StepContext, StepReport};
 
 /// Cross-entropy on `x` in training mode, one optimiser step.
 fn ce_step(ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-    let z = ctx.model.forward_t(x, true)?;
-    let loss = z.cross_entropy(y, Reduction::Mean)?;
-    optimise(ctx.optimizer, &loss)?;
-    Ok(StepReport { loss: loss.item()?, correct: correct(&z, y), size: y.len() })
+    AdversarialDefense::train_step(ctx.model, ctx.optimizer, x, y)
 }
 
 /// Standard training (no attack): the baseline every defense is compared with.
@@ -41,10 +38,15 @@ impl AdversarialDefense {
         x_adv: &Tensor,
         y: &[usize],
     ) -> Result<StepReport> {
-        let z = model.forward_t(x_adv, true)?;
-        let loss = z.cross_entropy(y, Reduction::Mean)?;
-        optimise(optimizer, &loss)?;
-        Ok(StepReport { loss: loss.item()?, correct: correct(&z, y), size: y.len() })
+        let n = y.len();
+        if x_adv.rank() == 0 || x_adv.shape()[0] != n {
+            return Err(Error::ShapeMismatch { op: "train_step", expected: vec![n], got: x_adv.shape().to_vec() });
+        }
+        let (loss, correct) = optimise_pieces(model, optimizer, n, |r| {
+            let z = model.forward_t(&x_adv.narrow(0, r.start, r.len())?, true)?;
+            Ok((z.cross_entropy(&y[r.clone()], Reduction::Sum)?, correct(&z, &y[r])))
+        })?;
+        Ok(StepReport { loss, correct, size: n })
     }
 }
 

@@ -224,10 +224,22 @@ impl AdversarialTrainer {
     }
 }
 
-/// Backward from `loss` to the parameters and one optimiser step.
-pub(crate) fn optimise(optimizer: &mut dyn Optimizer, loss: &Tensor) -> Result<()> {
-    let grads = loss.backward()?;
-    optimizer.step(&grads)
+/// One optimiser step on a loss that is a mean over the batch, built and differentiated a piece of samples at a
+/// time in parallel ([`armoury::train::backward_in_pieces`]): `f(range)` returns the piece's summed loss
+/// (divided by the batch size here) and its correct predictions. Returns the mean loss and the correct count.
+pub(crate) fn optimise_pieces(
+    model: &dyn Module,
+    optimizer: &mut dyn Optimizer,
+    n: usize,
+    f: impl Fn(std::ops::Range<usize>) -> Result<(Tensor, usize)> + Sync,
+) -> Result<(f32, usize)> {
+    let scale = 1.0 / n.max(1) as f32;
+    let (grads, loss, correct) = armoury::train::backward_in_pieces(model, n, |r| {
+        let (loss, correct) = f(r)?;
+        Ok((loss.mul_scalar(scale), correct))
+    })?;
+    optimizer.step(&grads)?;
+    Ok((loss, correct.iter().sum()))
 }
 
 /// Correct predictions of logits `z` [N, K] against `y`.

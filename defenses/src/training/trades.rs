@@ -8,7 +8,7 @@ use armoury_attacks::Pgd;
 use ndarray::{Array2, Axis};
 use rand::SeedableRng;
 
-use super::{correct, optimise, Method, StepContext, StepReport};
+use super::{correct, optimise_pieces, Method, StepContext, StepReport};
 
 /// TRADES: minimise CE(f(x), y) + β·KL(f(x) ‖ f(x′)), with x′ maximising the KL inside the ε-ball (L∞) by `steps`
 /// sign steps of `step_size` from x + 0.001·N(0, I), as the authors' code does.
@@ -70,13 +70,15 @@ impl Method for Trades {
             enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
         }
         let x_adv = unrows(adv, x.shape());
-        let z_clean = ctx.model.forward_t(x, true)?;
-        let z_adv = ctx.model.forward_t(&x_adv, true)?;
-        let natural = z_clean.cross_entropy(y, Reduction::Mean)?;
-        let robust = z_adv.log_softmax(1)?.kl_div(&z_clean.softmax(1)?, Reduction::Mean)?;
-        let loss = natural.add(&robust.mul_scalar(self.beta))?;
-        optimise(ctx.optimizer, &loss)?;
-        Ok(StepReport { loss: loss.item()?, correct: correct(&z_clean, y), size: n })
+        let model = ctx.model;
+        let (loss, correct) = optimise_pieces(model, ctx.optimizer, n, |r| {
+            let z_clean = model.forward_t(&x.narrow(0, r.start, r.len())?, true)?;
+            let z_adv = model.forward_t(&x_adv.narrow(0, r.start, r.len())?, true)?;
+            let natural = z_clean.cross_entropy(&y[r.clone()], Reduction::Sum)?;
+            let robust = z_adv.log_softmax(1)?.kl_div(&z_clean.softmax(1)?, Reduction::Sum)?;
+            Ok((natural.add(&robust.mul_scalar(self.beta))?, correct(&z_clean, &y[r])))
+        })?;
+        Ok(StepReport { loss, correct, size: n })
     }
 }
 
@@ -105,22 +107,25 @@ impl Method for Mart {
         let pgd = Pgd { seed: ctx.step_seed(), ..self.pgd.clone() };
         let x_adv = pgd.generate(ctx.classifier, x, y, &Goal::Untargeted)?;
         let n = y.len();
-        let z_clean = ctx.model.forward_t(x, true)?;
-        let z_adv = ctx.model.forward_t(&x_adv, true)?;
-        let p_adv = z_adv.softmax(1)?;
-        // boosted CE: −ln p_y(x′) − ln(1.0001 − max_{k≠y} p_k(x′))
-        let mut mask = ndarray::ArrayD::from_elem(ndarray::IxDyn(&[n, p_adv.shape()[1]]), false);
-        for (i, &l) in y.iter().enumerate() {
-            mask[[i, l]] = true;
-        }
-        let other = p_adv.masked_fill(&mask, f32::NEG_INFINITY)?.max(1, false)?;
-        let bce = z_adv.cross_entropy(y, Reduction::None)?.sub(&other.neg().add_scalar(1.0001).log())?.mean_all()?;
-        let p_clean = z_clean.softmax(1)?;
-        let true_prob = p_clean.pick(y)?;
-        let kl = p_adv.add_scalar(1e-12).log().kl_div(&p_clean, Reduction::None)?;
-        let weighted = kl.mul(&true_prob.neg().add_scalar(1.0000001))?.mean_all()?;
-        let loss = bce.add(&weighted.mul_scalar(self.lambda))?;
-        optimise(ctx.optimizer, &loss)?;
-        Ok(StepReport { loss: loss.item()?, correct: correct(&z_adv, y), size: n })
+        let model = ctx.model;
+        let (loss, correct) = optimise_pieces(model, ctx.optimizer, n, |r| {
+            let y = &y[r.clone()];
+            let z_clean = model.forward_t(&x.narrow(0, r.start, r.len())?, true)?;
+            let z_adv = model.forward_t(&x_adv.narrow(0, r.start, r.len())?, true)?;
+            let p_adv = z_adv.softmax(1)?;
+            // boosted CE: −ln p_y(x′) − ln(1.0001 − max_{k≠y} p_k(x′))
+            let mut mask = ndarray::ArrayD::from_elem(ndarray::IxDyn(&[r.len(), p_adv.shape()[1]]), false);
+            for (i, &l) in y.iter().enumerate() {
+                mask[[i, l]] = true;
+            }
+            let other = p_adv.masked_fill(&mask, f32::NEG_INFINITY)?.max(1, false)?;
+            let bce = z_adv.cross_entropy(y, Reduction::None)?.sub(&other.neg().add_scalar(1.0001).log())?.sum_all();
+            let p_clean = z_clean.softmax(1)?;
+            let true_prob = p_clean.pick(y)?;
+            let kl = p_adv.add_scalar(1e-12).log().kl_div(&p_clean, Reduction::None)?;
+            let weighted = kl.mul(&true_prob.neg().add_scalar(1.0000001))?.sum_all();
+            Ok((bce.add(&weighted.mul_scalar(self.lambda))?, correct(&z_adv, y)))
+        })?;
+        Ok(StepReport { loss, correct, size: n })
     }
 }
