@@ -176,16 +176,26 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
     }
 }
 
+/// Elements per task of the flat elementwise loops: each task is a plain slice loop that LLVM vectorises (a
+/// rayon `map(..).collect()` pushes one element at a time and does not).
+const FLAT_CHUNK: usize = 1 << 14;
+
+/// `out[i] = f(a[i])` over equal-length slices, in parallel when long.
+fn flat1(a: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
+    let mut out = vec![0.0f32; a.len()];
+    let body = |(o, a): (&mut [f32], &[f32])| o.iter_mut().zip(a).for_each(|(o, &a)| *o = f(a));
+    if a.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(FLAT_CHUNK).zip(a.par_chunks(FLAT_CHUNK)).for_each(body);
+    } else {
+        body((&mut out, a));
+    }
+    out
+}
+
 /// `f` applied to every element, split across threads when the array is large (elementwise, so deterministic).
 pub(crate) fn map(x: &Array, f: impl Fn(f32) -> f32 + Sync + Send) -> ArrayD<f32> {
     if let Some(s) = x.as_slice() {
-        // Standard layout: one flat pass, collected without zero-filling first.
-        let v: Vec<f32> = if s.len() >= PAR_THRESHOLD {
-            s.par_iter().with_min_len(PAR_THRESHOLD / 4).map(|&v| f(v)).collect()
-        } else {
-            s.iter().map(|&v| f(v)).collect()
-        };
-        return ArrayD::from_shape_vec(x.raw_dim(), v).expect("same length");
+        return ArrayD::from_shape_vec(x.raw_dim(), flat1(s, f)).expect("same length");
     }
     if x.len() >= PAR_THRESHOLD {
         Zip::from(x).par_map_collect(|&v| f(v))
@@ -232,6 +242,18 @@ fn binary(kind: BinaryKind, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 fn zip2(a: &Array, b: &Array, f: impl Fn(f32, f32) -> f32 + Sync + Send) -> ArrayD<f32> {
+    if let (Some(sa), Some(sb)) = (a.as_slice(), b.as_slice()) {
+        let mut out = vec![0.0f32; sa.len()];
+        let body = |((o, a), b): ((&mut [f32], &[f32]), &[f32])| {
+            o.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| *o = f(a, b));
+        };
+        if sa.len() >= PAR_THRESHOLD {
+            out.par_chunks_mut(FLAT_CHUNK).zip(sa.par_chunks(FLAT_CHUNK)).zip(sb.par_chunks(FLAT_CHUNK)).for_each(body);
+        } else {
+            body(((&mut out, sa), sb));
+        }
+        return ArrayD::from_shape_vec(a.raw_dim(), out).expect("same length");
+    }
     if a.len() >= PAR_THRESHOLD {
         Zip::from(a).and(b).par_map_collect(|&x, &y| f(x, y))
     } else {
@@ -307,11 +329,22 @@ pub(crate) fn unary(kind: UnaryKind, x: &Tensor) -> Tensor {
 
 /// `f` over three equal-length slices, split across threads when long (elementwise, so deterministic).
 fn zip_slices(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
+    let mut out = vec![0.0f32; a.len()];
+    let body = |(((o, a), b), c): (((&mut [f32], &[f32]), &[f32]), &[f32])| {
+        for (((o, &a), &b), &c) in o.iter_mut().zip(a).zip(b).zip(c) {
+            *o = f(a, b, c);
+        }
+    };
     if a.len() >= PAR_THRESHOLD {
-        a.par_iter().zip(b).zip(c).with_min_len(PAR_THRESHOLD / 4).map(|((&a, &b), &c)| f(a, b, c)).collect()
+        out.par_chunks_mut(FLAT_CHUNK)
+            .zip(a.par_chunks(FLAT_CHUNK))
+            .zip(b.par_chunks(FLAT_CHUNK))
+            .zip(c.par_chunks(FLAT_CHUNK))
+            .for_each(body);
     } else {
-        a.iter().zip(b).zip(c).map(|((&a, &b), &c)| f(a, b, c)).collect()
+        body((((&mut out, a), b), c));
     }
+    out
 }
 
 pub(crate) fn unary_backward(kind: UnaryKind, x: &Array, y: &Array, g: &ArrayD<f32>) -> ArrayD<f32> {
