@@ -269,22 +269,32 @@ mod x86 {
         let (src, dst) = (col.as_ptr(), img.as_mut_ptr());
         for c in 0..u.cg {
             let plane = dst.add(c * u.h * u.w);
-            for ki in 0..u.kh {
-                let taps = src.add((c * u.kh + ki) * u.kw * hw_out);
-                for oh in 0..u.ho {
-                    let ih = (oh * u.sh + ki * u.dh) as isize - u.ph as isize;
-                    if ih < 0 || ih >= u.h as isize {
-                        continue;
-                    }
-                    let row = plane.add(ih as usize * u.w);
-                    for ch in 0..chunks {
-                        let x = (ch * 16) as isize;
-                        let mut acc = _mm512_setzero_ps();
+            // Each image row gathers every (ki, kj) tap that reaches it in registers and is written once.
+            for ih in 0..u.h {
+                let row = plane.add(ih * u.w);
+                for ch in 0..chunks {
+                    let x = (ch * 16) as isize;
+                    let mut acc = _mm512_setzero_ps();
+                    let mut any = false;
+                    for ki in 0..u.kh {
+                        // Output row oh with oh·sh + ki·dh − ph = ih, if any.
+                        let num = (ih + u.ph) as isize - (ki * u.dh) as isize;
+                        if num < 0 || num % u.sh as isize != 0 {
+                            continue;
+                        }
+                        let oh = (num / u.sh as isize) as usize;
+                        if oh >= u.ho {
+                            continue;
+                        }
+                        any = true;
+                        let taps = src.add((c * u.kh + ki) * u.kw * hw_out + oh * u.wo);
                         for kj in 0..u.kw {
                             let off = (kj * u.dw) as isize - u.pw as isize;
-                            let run = taps.add(kj * hw_out + oh * u.wo).wrapping_offset(x - off);
+                            let run = taps.add(kj * hw_out).wrapping_offset(x - off);
                             acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(masks[kj * chunks + ch], run));
                         }
+                    }
+                    if any {
                         let m = lanes(0, u.w as isize - x);
                         let cur = _mm512_maskz_loadu_ps(m, row.offset(x));
                         _mm512_mask_storeu_ps(row.offset(x), m, _mm512_add_ps(cur, acc));
