@@ -12,17 +12,18 @@
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
-/// Whether the running CPU has the AVX-512 foundation instructions (detected once, then cached by `std`).
+/// Whether the AVX-512 kernels run: the CPU has the AVX-512 foundation instructions and the environment
+/// variable `ARMOURY_NO_AVX512` is unset (CI sets it to test the portable path on the same machine). Decided once.
 #[inline]
 pub(crate) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        let cpu = std::arch::is_x86_feature_detected!("avx512f");
+        #[cfg(not(target_arch = "x86_64"))]
+        let cpu = false;
+        cpu && std::env::var_os("ARMOURY_NO_AVX512").is_none()
+    })
 }
 
 /// Column blocks of this many multiply-adds or more are split across threads (when the caller allows it).
