@@ -241,7 +241,11 @@ impl Tensor {
 
     /// Whether every value is finite.
     pub fn all_finite(&self) -> bool {
-        self.0.value.iter().all(|v| v.is_finite())
+        match self.0.value.as_slice_memory_order() {
+            // A branch-free fold over blocks vectorises; `all` stops per element and does not.
+            Some(s) => s.chunks(1024).all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite())),
+            None => self.0.value.iter().all(|v| v.is_finite()),
+        }
     }
 }
 
