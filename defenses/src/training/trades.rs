@@ -7,6 +7,7 @@ use armoury_attacks::budget::{enforce, rows, sign, unrows, Norm};
 use armoury_attacks::Pgd;
 use ndarray::{Array2, Axis};
 use rand::SeedableRng;
+use rayon::prelude::*;
 
 use super::{correct, optimise_pieces, Method, StepContext, StepReport};
 
@@ -56,17 +57,18 @@ impl Method for Trades {
         // x′ = x + 0.001·N(0, I), then sign ascent on KL(p_clean ‖ f(x′)).
         let seed = ctx.step_seed();
         let mut adv = x2.clone();
-        for (mut r, xr) in adv.axis_iter_mut(Axis(0)).zip(x2.axis_iter(Axis(0))) {
+        // Rows in parallel, each from its own generator (so the thread count does not matter).
+        adv.axis_iter_mut(Axis(0)).into_par_iter().zip(x2.axis_iter(Axis(0))).for_each(|(mut r, xr)| {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(sample_seed(seed, 1, xr.as_slice().expect("rows")));
             let z = armoury::normal_vec(&mut rng, d);
             r.iter_mut().zip(&z).for_each(|(v, g)| *v += 0.001 * g);
-        }
+        });
         enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
         for _ in 0..self.steps {
             let f = |z: &Tensor, r: std::ops::Range<usize>| kl_rows(z, &p_clean, r);
             let (_, g, _) = clf.gradient(&unrows(adv.clone(), x.shape()), &f)?;
             let g2 = rows(&g);
-            ndarray::Zip::from(&mut adv).and(&g2).for_each(|a, &gv| *a += self.step_size * sign(gv));
+            ndarray::Zip::from(&mut adv).and(&g2).par_for_each(|a, &gv| *a += self.step_size * sign(gv));
             enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
         }
         let x_adv = unrows(adv, x.shape());
