@@ -191,6 +191,15 @@ impl Tensor {
         self.0.value.to_owned()
     }
 
+    /// The value as an owned array, without a copy when this tensor is the last holder of its storage (an
+    /// attack's iterate handed to the classifier and taken back, a fresh gradient).
+    pub fn into_array(self) -> ArrayD<f32> {
+        match Arc::try_unwrap(self.0) {
+            Ok(node) => node.value.into_owned(),
+            Err(shared) => shared.value.to_owned(),
+        }
+    }
+
     /// The values in row-major order.
     pub fn to_vec(&self) -> Vec<f32> {
         self.0.value.iter().copied().collect()

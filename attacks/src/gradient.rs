@@ -204,7 +204,14 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn grad(&self, x2: &Array2<f32>, div: Option<(Diversity, &[u64], u64)>) -> Result<Array2<f32>> {
-        let x = unrows(x2.clone(), &self.shape);
+        Ok(self.grad_owned(x2.clone(), div)?.1)
+    }
+
+    /// [`Ctx::grad`] of an iterate the caller gives up and gets back: the rows travel into the classifier and
+    /// back without a copy (as does the gradient).
+    fn grad_owned(&self, x2: Array2<f32>, div: Option<(Diversity, &[u64], u64)>) -> Result<(Array2<f32>, Array2<f32>)> {
+        let n = x2.nrows();
+        let x = unrows(x2, &self.shape);
         let g = match div {
             None => {
                 let f = |z: &Tensor, r: std::ops::Range<usize>| self.loss.objective(z, r, self.labels, self.goal);
@@ -221,7 +228,13 @@ impl Ctx<'_> {
                 obj.grad_wrt(&[&xv])?.pop().expect("one target")
             }
         };
-        Ok(rows(&g))
+        let back = |t: Tensor| {
+            let a = t.into_array();
+            let d = a.len() / n.max(1);
+            a.into_shape_with_order((n, d)).expect("N·D elements")
+        };
+        let g = if g.value().is_standard_layout() { back(g) } else { rows(&g) };
+        Ok((back(x), g))
     }
 }
 
@@ -291,7 +304,13 @@ impl Pgd {
                 &adv
             };
             let div = self.diversity.map(|dv| (dv, seeds.as_slice(), t as u64));
-            let grad = ctx.grad(look, div)?;
+            let grad = if self.nesterov {
+                ctx.grad(look, div)?
+            } else {
+                let (back, grad) = ctx.grad_owned(std::mem::take(&mut adv), div)?;
+                adv = back;
+                grad
+            };
             let mut dir = match self.variance {
                 None => grad,
                 Some(v) => {
