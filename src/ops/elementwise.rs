@@ -330,7 +330,8 @@ pub(crate) fn unary(kind: UnaryKind, x: &Tensor) -> Tensor {
 /// `f` over three equal-length slices, split across threads when long (elementwise, so deterministic).
 fn zip_slices(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
     let mut out = vec![0.0f32; a.len()];
-    let body = |(((o, a), b), c): (((&mut [f32], &[f32]), &[f32]), &[f32])| {
+    type Chunks<'a> = (((&'a mut [f32], &'a [f32]), &'a [f32]), &'a [f32]);
+    let body = |(((o, a), b), c): Chunks| {
         for (((o, &a), &b), &c) in o.iter_mut().zip(a).zip(b).zip(c) {
             *o = f(a, b, c);
         }
