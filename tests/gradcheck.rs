@@ -194,6 +194,8 @@ fn convolution() {
         let p = *p;
         check(&format!("conv2d case {i}"), &inputs, &move |t| t[0].conv2d(&t[1], Some(&t[2]), p));
         check(&format!("conv2d no bias {i}"), &inputs[..2], &move |t| t[0].conv2d(&t[1], None, p));
+        // The fused ReLU (a pre-activation within h of its kink is unlikely for these random inputs).
+        check(&format!("conv2d_relu case {i}"), &inputs, &move |t| t[0].conv2d_relu(&t[1], Some(&t[2]), p));
     }
 }
 

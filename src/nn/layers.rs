@@ -105,6 +105,11 @@ impl Module for Conv2d {
         x.conv2d(&self.weight.tensor(), b.as_ref(), self.params)
     }
 
+    fn forward_relu(&self, x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
+        let b = self.bias.as_ref().map(Param::tensor);
+        Some(x.conv2d_relu(&self.weight.tensor(), b.as_ref(), self.params))
+    }
+
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
         f(&format!("{prefix}weight"), &self.weight);
         if let Some(b) = &self.bias {
@@ -147,7 +152,7 @@ impl Module for Flatten {
 }
 
 macro_rules! activation {
-    ($(#[$doc:meta])* $name:ident, |$x:ident| $body:expr) => {
+    ($(#[$doc:meta])* $name:ident, |$x:ident| $body:expr, $relu:expr) => {
         $(#[$doc])*
         pub struct $name;
         impl Module for $name {
@@ -155,16 +160,19 @@ macro_rules! activation {
                 Ok($body)
             }
             fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
+            fn is_relu(&self) -> bool {
+                $relu
+            }
         }
     };
 }
 
 activation!(/// max(x, 0).
-    ReLU, |x| x.relu());
+    ReLU, |x| x.relu(), true);
 activation!(/// The logistic sigmoid.
-    Sigmoid, |x| x.sigmoid());
+    Sigmoid, |x| x.sigmoid(), false);
 activation!(/// tanh.
-    Tanh, |x| x.tanh());
+    Tanh, |x| x.tanh(), false);
 
 /// x for x > 0, else slope·x.
 pub struct LeakyReLU(pub f32);

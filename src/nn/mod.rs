@@ -107,6 +107,17 @@ pub trait Module: Send + Sync {
     fn batch_independent(&self, _train: bool) -> bool {
         true
     }
+
+    /// `relu(self.forward_t(x, train))` computed as one fused op, when the module has one (`Conv2d` does);
+    /// containers use it for a module followed by a [`ReLU`](crate::nn::ReLU).
+    fn forward_relu(&self, _x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
+        None
+    }
+
+    /// Whether this module is exactly max(x, 0) (lets a container fuse it into the module before).
+    fn is_relu(&self) -> bool {
+        false
+    }
 }
 
 /// Conveniences over [`Module::visit`].
@@ -160,6 +171,12 @@ impl<M: Module + ?Sized> Module for Arc<M> {
     fn batch_independent(&self, train: bool) -> bool {
         (**self).batch_independent(train)
     }
+    fn forward_relu(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
+        (**self).forward_relu(x, train)
+    }
+    fn is_relu(&self) -> bool {
+        (**self).is_relu()
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {
@@ -180,6 +197,12 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn batch_independent(&self, train: bool) -> bool {
         (**self).batch_independent(train)
+    }
+    fn forward_relu(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
+        (**self).forward_relu(x, train)
+    }
+    fn is_relu(&self) -> bool {
+        (**self).is_relu()
     }
 }
 
@@ -220,10 +243,23 @@ impl Sequential {
 }
 
 impl Module for Sequential {
+    /// Runs the children in order; a child followed by a `ReLU` runs as one fused op when it has one (the same
+    /// values and gradients; [`Sequential::forward_collect`] keeps every intermediate separate).
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let mut h = x.clone();
-        for (_, m) in &self.children {
+        let mut i = 0;
+        while i < self.children.len() {
+            let m = &self.children[i].1;
+            let next_is_relu = self.children.get(i + 1).is_some_and(|(_, r)| r.is_relu());
+            if next_is_relu {
+                if let Some(fused) = m.forward_relu(&h, train) {
+                    h = fused?;
+                    i += 2;
+                    continue;
+                }
+            }
             h = m.forward_t(&h, train)?;
+            i += 1;
         }
         Ok(h)
     }

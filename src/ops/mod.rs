@@ -28,20 +28,63 @@ pub(crate) enum Op {
     Binary(elementwise::BinaryKind, Tensor, Tensor),
     Unary(UnaryKind, Tensor),
     MatMul(Tensor, Tensor),
-    Sum { x: Tensor, axes: Vec<usize>, keepdim: bool },
-    MaxAlong { x: Tensor, axis: usize, keepdim: bool, index: Vec<usize> },
+    Sum {
+        x: Tensor,
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
+    MaxAlong {
+        x: Tensor,
+        axis: usize,
+        keepdim: bool,
+        index: Vec<usize>,
+    },
     Reshape(Tensor),
     Permute(Tensor, Vec<usize>),
     BroadcastTo(Tensor),
-    Narrow { x: Tensor, axis: usize, start: usize },
-    Pad { x: Tensor, pads: Vec<(usize, usize)> },
-    Concat { xs: Vec<Tensor>, axis: usize },
-    IndexSelect { x: Tensor, axis: usize, index: Vec<usize> },
-    Gather { x: Tensor, index: ndarray::Array2<usize> },
-    Where { mask: ArrayD<bool>, a: Tensor, b: Tensor },
-    Conv2d { x: Tensor, w: Tensor, b: Option<Tensor>, p: Conv2dParams },
-    MaxPool2d { x: Tensor, index: Vec<u32> },
-    AvgPool2d { x: Tensor, p: Pool2dParams },
+    Narrow {
+        x: Tensor,
+        axis: usize,
+        start: usize,
+    },
+    Pad {
+        x: Tensor,
+        pads: Vec<(usize, usize)>,
+    },
+    Concat {
+        xs: Vec<Tensor>,
+        axis: usize,
+    },
+    IndexSelect {
+        x: Tensor,
+        axis: usize,
+        index: Vec<usize>,
+    },
+    Gather {
+        x: Tensor,
+        index: ndarray::Array2<usize>,
+    },
+    Where {
+        mask: ArrayD<bool>,
+        a: Tensor,
+        b: Tensor,
+    },
+    /// `relu`: the output is max(conv, 0) (fused; the backward masks by output > 0 first).
+    Conv2d {
+        x: Tensor,
+        w: Tensor,
+        b: Option<Tensor>,
+        p: Conv2dParams,
+        relu: bool,
+    },
+    MaxPool2d {
+        x: Tensor,
+        index: Vec<u32>,
+    },
+    AvgPool2d {
+        x: Tensor,
+        p: Pool2dParams,
+    },
 }
 
 impl Op {
@@ -61,7 +104,8 @@ impl Op {
             Op::IndexSelect { .. } => "index_select",
             Op::Gather { .. } => "gather",
             Op::Where { .. } => "where",
-            Op::Conv2d { .. } => "conv2d",
+            Op::Conv2d { relu: false, .. } => "conv2d",
+            Op::Conv2d { relu: true, .. } => "conv2d_relu",
             Op::MaxPool2d { .. } => "max_pool2d",
             Op::AvgPool2d { .. } => "avg_pool2d",
         }
@@ -115,7 +159,9 @@ impl Op {
             }
             Op::Gather { x, index } => Ok(vec![Some(index::gather_backward(x.shape(), index, g))]),
             Op::Where { mask, a, b } => Ok(index::where_backward(mask, a, b, g, need)),
-            Op::Conv2d { x, w, b, p } => conv::conv2d_backward(x, w, b.is_some(), p, g, need),
+            Op::Conv2d { x, w, b, p, relu } => {
+                conv::conv2d_backward(x, w, b.is_some(), p, g, relu.then_some(out), need)
+            }
             Op::MaxPool2d { x, index } => Ok(vec![Some(pool::max_pool2d_backward(x.shape(), index, g))]),
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
         }
