@@ -66,11 +66,18 @@ impl Method for Trades {
         enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
         for _ in 0..self.steps {
             let f = |z: &Tensor, r: std::ops::Range<usize>| kl_rows(z, &p_clean, r);
-            let (_, g, _) = clf.gradient(&unrows(adv.clone(), x.shape()), &f)?;
+            // The iterate goes to the classifier and comes back without a copy.
+            let t = unrows(std::mem::take(&mut adv), x.shape());
+            let (_, g, _) = clf.gradient(&t, &f)?;
+            adv = t.into_array().into_shape_with_order((n, d)).expect("N·D elements");
             let g2 = rows(&g);
-            ndarray::Zip::from(&mut adv).and(&g2).par_for_each(|a, &gv| *a += self.step_size * sign(gv));
-            enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
+            // Sign step, then into the ε-box around x and the bounds (exact feasibility is enforced once, below).
+            let (step, e) = (self.step_size, self.eps);
+            ndarray::Zip::from(&mut adv).and(&g2).and(&x2).par_for_each(|a, &gv, &xv| {
+                *a = (*a + step * sign(gv)).clamp(xv - e, xv + e).clamp(bounds.0, bounds.1);
+            });
         }
+        enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
         let x_adv = unrows(adv, x.shape());
         let model = ctx.model;
         let (loss, correct) = optimise_pieces(model, ctx.optimizer, n, |r| {
