@@ -20,6 +20,33 @@ use rayon::prelude::*;
 
 use crate::budget::{enforce, rows, unrows, Epsilon, Norm};
 
+/// The `run` and `sweep` of an [`armoury::Attack`] whose work is `self.run_eps(model, x, labels, goal, &Epsilon)`
+/// and whose configured budget is `self.eps`: `run` uses it, `sweep` runs once per given ε.
+macro_rules! budget_entry_points {
+    () => {
+        fn run(
+            &self,
+            model: &dyn armoury::Classifier,
+            x: &armoury::Tensor,
+            labels: &[usize],
+            goal: &armoury::Goal,
+        ) -> armoury::Result<armoury::AttackResult> {
+            self.run_eps(model, x, labels, goal, &self.eps)
+        }
+
+        fn sweep(
+            &self,
+            model: &dyn armoury::Classifier,
+            x: &armoury::Tensor,
+            labels: &[usize],
+            goal: &armoury::Goal,
+            eps: &[f32],
+        ) -> armoury::Result<Vec<armoury::AttackResult>> {
+            eps.iter().map(|&e| self.run_eps(model, x, labels, goal, &$crate::budget::Epsilon::Scalar(e))).collect()
+        }
+    };
+}
+
 mod genetic;
 mod nes;
 mod pso;

@@ -358,18 +358,5 @@ impl Attack for Nes {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
-        self.run_eps(model, x, labels, goal, &self.eps)
-    }
-
-    fn sweep(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &[f32],
-    ) -> Result<Vec<AttackResult>> {
-        eps.iter().map(|&e| self.run_eps(model, x, labels, goal, &Epsilon::Scalar(e))).collect()
-    }
+    budget_entry_points!();
 }

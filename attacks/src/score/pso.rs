@@ -223,18 +223,5 @@ impl Attack for ParticleSwarm {
         format!("PSO(eps={}, queries={}, particles={})", self.eps.describe(), self.max_queries, self.particles)
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
-        self.run_eps(model, x, labels, goal, &self.eps)
-    }
-
-    fn sweep(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &[f32],
-    ) -> Result<Vec<AttackResult>> {
-        eps.iter().map(|&e| self.run_eps(model, x, labels, goal, &Epsilon::Scalar(e))).collect()
-    }
+    budget_entry_points!();
 }

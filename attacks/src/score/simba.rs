@@ -258,20 +258,7 @@ impl Attack for SimBA {
         format!("SimBA-{basis}(eps={}, queries={})", self.eps.describe(), self.max_queries)
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
-        self.run_eps(model, x, labels, goal, &self.eps)
-    }
-
-    fn sweep(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &[f32],
-    ) -> Result<Vec<AttackResult>> {
-        eps.iter().map(|&e| self.run_eps(model, x, labels, goal, &Epsilon::Scalar(e))).collect()
-    }
+    budget_entry_points!();
 }
 
 #[cfg(test)]
