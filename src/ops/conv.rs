@@ -237,7 +237,7 @@ fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
     }
 }
 
-/// `c (+)= a·b` on the AVX-512 kernel when the CPU has it, else on the `gemm` crate.
+/// `c (+)= a·b` on the vector kernel when the CPU has one, else on the `gemm` crate.
 fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32>, accumulate: bool, par: bool) {
     if !simd::gemm_nn(a, b, c.view_mut(), accumulate, par) {
         gemm(a, b, c, accumulate, par);
@@ -275,9 +275,61 @@ fn mat_mut(s: &mut [f32], r: usize, c: usize) -> ArrayViewMut2<'_, f32> {
     ArrayViewMut2::from_shape((r, c), s).expect("slice length is r·c")
 }
 
-/// Forward for one image: `out[O, Ho·Wo]` from `img[C, H, W]`.
-fn forward_image(img: &[f32], wt: &[f32], bias: Option<&[f32]>, g: &Geom, col: &mut [f32], out: &mut [f32], par: bool) {
+/// Forward for one image: `out[O, Ho·Wo]` from `img[C, H, W]`; returns whether the ReLU was applied too.
+///
+/// With the vector kernels and a column stride of 1 the convolution runs straight from the image (zero-padded
+/// into `pad` first when the geometry has padding), with the bias and ReLU applied as each register tile is
+/// stored; otherwise the image is unfolded into `col` for a product.
+#[allow(clippy::too_many_arguments)]
+fn forward_image(
+    img: &[f32],
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    col: &mut Vec<f32>,
+    pad: &mut Vec<f32>,
+    out: &mut [f32],
+    relu: bool,
+    par: bool,
+) -> bool {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+    if g.p.stride.1 == 1 && simd::accelerated() && !g.is_pointwise() {
+        let (ph, pw) = g.p.padding;
+        let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
+        let src = if (ph, pw) == (0, 0) {
+            img
+        } else {
+            pad.clear();
+            pad.resize(g.c * hp * wp, 0.0);
+            for (dst, plane) in pad.chunks_exact_mut(hp * wp).zip(img.chunks_exact(g.h * g.w)) {
+                for (drow, srow) in dst[ph * wp..].chunks_exact_mut(wp).zip(plane.chunks_exact(g.w)) {
+                    drow[pw..pw + g.w].copy_from_slice(srow);
+                }
+            }
+            &pad[..]
+        };
+        let u = simd::Unfold { h: hp, w: wp, ph: 0, pw: 0, ..g.unfold() };
+        let group = |grp: usize, out: &mut [f32]| {
+            let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
+            let dst = &mut out[grp * og * hw..(grp + 1) * og * hw];
+            simd::conv_direct(
+                &src[grp * g.cg() * hp * wp..],
+                &u,
+                &wt[grp * og * k..(grp + 1) * og * k],
+                og,
+                b,
+                relu,
+                dst,
+            )
+        };
+        // The kernel declines for a geometry (the same for every group), so the first group decides.
+        if group(0, out) {
+            for grp in 1..g.p.groups {
+                group(grp, out);
+            }
+            return true;
+        }
+    }
     // The bias is written first and the GEMM accumulates onto it (`b + Σ w·x`), saving a pass over the output.
     if let Some(b) = bias {
         for (plane, &bv) in out.chunks_mut(hw).zip(b) {
@@ -291,10 +343,12 @@ fn forward_image(img: &[f32], wt: &[f32], bias: Option<&[f32]>, g: &Geom, col: &
             let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
             product(wg, mat(src, k, hw), dst, bias.is_some(), par);
         } else {
+            col.resize(k * hw, 0.0);
             im2col(img, g, grp * g.cg(), col);
             product(wg, mat(col, k, hw), dst, bias.is_some(), par);
         }
     }
+    false
 }
 
 fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: bool) -> Result<Tensor> {
@@ -306,26 +360,19 @@ fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: boo
     let (xs, ws) = (xs.as_slice().expect("standard layout"), ws.as_slice().expect("standard layout"));
     let bias = bs.as_ref().map(|b| b.as_slice().expect("standard layout"));
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
-    let col_len = if g.is_pointwise() { 0 } else { g.k() * g.hw_out() };
     let mut out = vec![0.0f32; n * out_len];
-    // The fused ReLU runs on each image's output while it is still in cache.
-    let clamp = |o: &mut [f32]| {
-        if relu {
+    // The fused ReLU runs on each image's output while it is still in cache (or in registers).
+    let run = |col: &mut Vec<f32>, pad: &mut Vec<f32>, o: &mut [f32], img: &[f32], par: bool| {
+        if !forward_image(img, ws, bias, &g, col, pad, o, relu, par) && relu {
             o.iter_mut().for_each(|v| *v = v.max(0.0));
         }
     };
     if n == 1 {
-        let mut col = vec![0.0; col_len];
-        forward_image(xs, ws, bias, &g, &mut col, &mut out, true);
-        clamp(&mut out);
+        run(&mut Vec::new(), &mut Vec::new(), &mut out, xs, true);
     } else {
-        out.par_chunks_mut(out_len).zip(xs.par_chunks(in_len)).for_each_init(
-            || vec![0.0; col_len],
-            |col, (o, img)| {
-                forward_image(img, ws, bias, &g, col, o, false);
-                clamp(o);
-            },
-        );
+        out.par_chunks_mut(out_len)
+            .zip(xs.par_chunks(in_len))
+            .for_each_init(|| (Vec::new(), Vec::new()), |(col, pad), (o, img)| run(col, pad, o, img, false));
     }
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu }))
@@ -396,9 +443,9 @@ pub(crate) fn conv2d_backward(
     let dw = need_w.then(|| {
         let chunk_in = WGRAD_CHUNK * in_len;
         let chunk_out = WGRAD_CHUNK * out_len;
-        // With AVX-512 each group's gradient is accumulated transposed, dWᵀ[K, Og] += col · doutᵀ, so the product
+        // With the vector kernels each group's gradient is accumulated transposed, dWᵀ[K, Og] += col · doutᵀ, so the product
         // runs on the register-tiled kernel (doutᵀ has contiguous rows); otherwise dW += dout · colᵀ on `gemm`.
-        let transposed = simd::has_avx512();
+        let transposed = simd::accelerated();
         let partials: Vec<Vec<f32>> = xs
             .par_chunks(chunk_in)
             .zip(gs.par_chunks(chunk_out))
@@ -534,6 +581,51 @@ mod tests {
             for (a, b) in got.value().iter().zip(want.iter()) {
                 assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()), "case {seed}: {a} vs {b}");
             }
+        }
+    }
+
+    /// The direct (implicit-GEMM) forward gives the same bits as unfolding the image and running the product
+    /// onto the bias, with and without the fused ReLU: each output is the same multiply-add chain. Geometries
+    /// with full and partial vectors, padding, row stride, dilation and groups.
+    #[test]
+    fn direct_forward_equals_unfolded_product() {
+        let cases = [
+            (2, 1, 28, 28, 16, 5, 5, Conv2dParams::default()),
+            (2, 16, 12, 12, 32, 5, 5, Conv2dParams::default()),
+            (2, 3, 13, 30, 7, 3, 3, Conv2dParams { padding: (1, 1), ..Default::default() }),
+            (1, 4, 11, 21, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
+            (1, 2, 6, 45, 13, 2, 4, Conv2dParams::default()),
+        ];
+        for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+            let seed = seed as u64;
+            let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
+            let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 10 + seed);
+            let b = Tensor::uniform(&[o], -1.0, 1.0, 20 + seed);
+            let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+            let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+            let (xs, ws, bs) = (x.to_vec(), wt.to_vec(), b.to_vec());
+            let mut want = vec![0.0f32; n * o * hw];
+            let mut col = vec![0.0f32; k * hw];
+            for (img, out) in xs.chunks(c * h * w).zip(want.chunks_mut(o * hw)) {
+                for (plane, &bv) in out.chunks_mut(hw).zip(&bs) {
+                    plane.fill(bv);
+                }
+                for grp in 0..p.groups {
+                    im2col(img, &g, grp * g.cg(), &mut col);
+                    let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
+                    product(
+                        wg,
+                        mat(&col, k, hw),
+                        mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw),
+                        true,
+                        false,
+                    );
+                }
+            }
+            let got = x.conv2d(&wt, Some(&b), p).unwrap().to_vec();
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "case {seed}");
+            let fused = x.conv2d_relu(&wt, Some(&b), p).unwrap().to_vec();
+            assert!(fused.iter().zip(&want).all(|(a, b)| a.to_bits() == b.max(0.0).to_bits()), "case {seed} relu");
         }
     }
 

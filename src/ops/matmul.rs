@@ -141,7 +141,7 @@ pub(crate) fn matmul_backward(
         let g2 = g.view().into_dimensionality::<Ix2>().expect("output is a matrix");
         let a2 = av.view().into_dimensionality::<Ix2>().expect("rank checked");
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
-        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. On the AVX-512 kernel when the right operand has contiguous rows (a
+        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. On the vector kernel when the right operand has contiguous rows (a
         // `Linear` layer's weight is [out, in], so G·W qualifies): each row of its product is one fixed chain
         // of multiply-adds, so G·Bᵀ stays batch invariant without padding.
         let ga = need[0].then(|| {

@@ -281,7 +281,7 @@ mod tests {
         max_pool_plane(&plane, &mut o2, &mut [], h, w, wo, &p);
         assert!(o.iter().zip(&o2).all(|(a, b)| a == b || (a.is_nan() && b.is_nan())));
         // Without the NaN the values-only path takes its vectorised two-pass route, and the indexed path its
-        // AVX-512 kernel where the CPU has one: same values, same first-maximum indices as the scan.
+        // vector kernel where the CPU has one: same values, same first-maximum indices as the scan.
         for (h, w) in [(6, 8), (4, 40), (2, 2), (8, 66)] {
             let plane: Vec<f32> = (0..h * w).map(|i| ((i * 7919) % 5) as f32 - 2.0).collect();
             let (ho, wo) = (h / 2, w / 2);

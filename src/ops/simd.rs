@@ -1,36 +1,67 @@
-//! Hand-written AVX-512 product kernels for the shapes convolutions produce, where the `gemm` crate (AVX2 only on
-//! stable Rust) leaves half of a modern core's vector width unused.
+//! Hand-written vector kernels for the shapes convolutions produce, on AVX-512 or on AVX2 with FMA (chosen at run
+//! time), where the `gemm` crate's packing and generic tiles leave much of a core's throughput unused.
 //!
 //! [`gemm_nn`] computes `c (+)= a·b` when the rows of `b` and `c` are contiguous: a register tile of up to 6 rows of
-//! `a` (broadcast) times up to 64 columns of `b` (four 16-lane vectors), over the whole reduction, with no packing —
-//! convolution operands (`W·col`, `Wᵀ·dout`) are already in that layout and small enough to stay in L2. Each output
-//! element is one fused multiply-add chain over `k` in order, whatever `m`, `n`, the tiling or the thread count, so
-//! results are deterministic and a row never depends on the other rows.
+//! `a` (broadcast) times up to four 16-lane vectors of columns of `b` (AVX-512) or two 8-lane ones (AVX2), over the
+//! whole reduction, with no packing — convolution operands (`W·col`, `Wᵀ·dout`) are already in that layout and
+//! small enough to stay in L2. Each output element is one fused multiply-add chain over `k` in order, whatever
+//! `m`, `n`, the tiling or the thread count, so results are deterministic and a row never depends on the other
+//! rows. [`im2col`], [`col2im`] and [`max_pool_2x2`] move whole runs of a row with masked vector loads and stores.
 //!
-//! On CPUs without AVX-512F the functions return `false` and the caller uses the `gemm` crate.
+//! The kernels are written once, generic over the instruction set ([`x86::Isa`]), and compiled for each behind a
+//! `#[target_feature]` entry point. On other CPUs the functions return `false` and the caller uses the `gemm`
+//! crate or its scalar loops.
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
-/// Whether the AVX-512 kernels run: the CPU has the AVX-512 foundation instructions and the environment
-/// variable `ARMOURY_NO_AVX512` is unset (CI sets it to test the portable path on the same machine). Decided once.
+/// The vector instruction set the kernels use, from most to least capable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Level {
+    /// No hand-written kernels: the `gemm` crate and scalar loops.
+    Portable,
+    /// AVX2 and FMA: 8-lane vectors.
+    Avx2,
+    /// AVX-512F: 16-lane vectors and lane masks.
+    Avx512,
+}
+
+/// The instruction set the kernels run on: the best the CPU has, capped by the environment variable
+/// `ARMOURY_SIMD` (`avx2` or `portable`; CI sets it to test every path on one machine). Decided once.
 #[inline]
-pub(crate) fn has_avx512() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
+pub(crate) fn level() -> Level {
+    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        let cpu = std::arch::is_x86_feature_detected!("avx512f");
+        let cpu = if std::arch::is_x86_feature_detected!("avx512f") {
+            Level::Avx512
+        } else if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            Level::Avx2
+        } else {
+            Level::Portable
+        };
         #[cfg(not(target_arch = "x86_64"))]
-        let cpu = false;
-        cpu && std::env::var_os("ARMOURY_NO_AVX512").is_none()
+        let cpu = Level::Portable;
+        let cap = match std::env::var("ARMOURY_SIMD").as_deref() {
+            Ok("portable") | Ok("none") => Level::Portable,
+            Ok("avx2") => Level::Avx2,
+            _ => Level::Avx512,
+        };
+        cpu.min(cap)
     })
+}
+
+/// Whether the hand-written kernels run (on either instruction set).
+#[inline]
+pub(crate) fn accelerated() -> bool {
+    level() != Level::Portable
 }
 
 /// Column blocks of this many multiply-adds or more are split across threads (when the caller allows it).
 const PAR_WORK: usize = 1 << 21;
 
 /// `c = a·b`, or `c += a·b` when `accumulate`, for `b` and `c` with contiguous rows; `a` may have any strides.
-/// Returns `false` without touching `c` when the CPU lacks AVX-512F or the layout does not fit.
+/// Returns `false` without touching `c` when the CPU has neither instruction set or the layout does not fit.
 pub(crate) fn gemm_nn(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
@@ -40,7 +71,8 @@ pub(crate) fn gemm_nn(
 ) -> bool {
     let ((m, k), n) = (a.dim(), b.ncols());
     debug_assert!(b.nrows() == k && c.dim() == (m, n));
-    if !has_avx512() {
+    let level = level();
+    if level == Level::Portable {
         return false;
     }
     if m == 0 || n == 0 {
@@ -66,28 +98,29 @@ pub(crate) fn gemm_nn(
         m,
         k,
         accumulate,
+        level,
     };
-    let blocks = n.div_ceil(BLOCK_N);
+    let block_n = if level == Level::Avx512 { 64 } else { 16 };
+    let blocks = n.div_ceil(block_n);
     let nested = rayon::current_thread_index().is_some();
     if parallel && !nested && blocks > 1 && m * n * k >= PAR_WORK {
         (0..blocks).into_par_iter().for_each(|blk| {
-            let j = blk * BLOCK_N;
+            let j = blk * block_n;
             // SAFETY: blocks write disjoint column ranges of `c`; the operands outlive this call.
-            unsafe { ops.block(j, (n - j).min(BLOCK_N)) }
+            unsafe { ops.block(j, (n - j).min(block_n)) }
         });
     } else {
         for blk in 0..blocks {
-            let j = blk * BLOCK_N;
+            let j = blk * block_n;
             // SAFETY: as above, sequentially.
-            unsafe { ops.block(j, (n - j).min(BLOCK_N)) }
+            unsafe { ops.block(j, (n - j).min(block_n)) }
         }
     }
     true
 }
 
-/// Columns of `b`/`c` per register tile: four 16-lane vectors.
-const BLOCK_N: usize = 64;
-/// Rows of `a`/`c` per register tile (6 × 4 accumulators + 4 `b` vectors + 1 broadcast fit the 32 registers).
+/// Rows of `a`/`c` per register tile (AVX-512: 6 × 4 accumulators + 4 `b` vectors + 1 broadcast fit the 32
+/// registers; AVX2: 6 × 2 + 2 + 1 fit the 16).
 const BLOCK_M: usize = 6;
 
 /// Raw views of the three operands (validated by [`gemm_nn`]).
@@ -103,6 +136,7 @@ struct Operands {
     m: usize,
     k: usize,
     accumulate: bool,
+    level: Level,
 }
 
 // SAFETY: the pointers come from views borrowed for the duration of `gemm_nn`; concurrent tasks touch disjoint
@@ -111,16 +145,20 @@ unsafe impl Send for Operands {}
 unsafe impl Sync for Operands {}
 
 impl Operands {
-    /// All rows of `c` for the `nb ≤ 64` columns starting at `j`.
+    /// All rows of `c` for the `nb` columns (at most one block) starting at `j`.
     unsafe fn block(&self, j: usize, nb: usize) {
         #[cfg(target_arch = "x86_64")]
         {
-            let nv = nb.div_ceil(16);
-            let tail = nb - (nv - 1) * 16;
-            let mask: u16 = if tail == 16 { u16::MAX } else { (1u16 << tail) - 1 };
+            let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
+            let nv = nb.div_ceil(lanes);
+            let tail = nb - (nv - 1) * lanes;
+            // Rows split evenly over the fewest tiles of at most BLOCK_M (25 = 5 × 5, not 4 × 6 + 1): a one-row
+            // tile has too few independent accumulators to hide the multiply-add latency.
+            let tiles = self.m.div_ceil(BLOCK_M);
+            let (base, extra) = (self.m / tiles, self.m % tiles);
             let mut i = 0;
-            while i < self.m {
-                let mr = (self.m - i).min(BLOCK_M);
+            for tile in 0..tiles {
+                let mr = base + usize::from(tile < extra);
                 let t = Tile {
                     k: self.k,
                     a: self.a.offset(i as isize * self.rsa),
@@ -130,22 +168,22 @@ impl Operands {
                     rsb: self.rsb,
                     c: self.c.offset(i as isize * self.rsc).add(j),
                     rsc: self.rsc,
-                    mask,
+                    tail,
                     accumulate: self.accumulate,
                 };
-                x86::dispatch(&t, mr, nv);
+                x86::tile(self.level, &t, mr, nv);
                 i += mr;
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (j, nb);
-            unreachable!("gemm_nn checks for AVX-512 first");
+            unreachable!("gemm_nn checks the instruction set first");
         }
     }
 }
 
-/// One register tile: `R ≤ 6` rows by `V ≤ 4` vectors of columns, the last vector masked to `mask`.
+/// One register tile: `R ≤ 6` rows by `V` vectors of columns, the last vector holding `tail` columns.
 #[allow(dead_code)]
 struct Tile {
     k: usize,
@@ -156,53 +194,581 @@ struct Tile {
     rsb: isize,
     c: *mut f32,
     rsc: isize,
-    mask: u16,
+    tail: usize,
     accumulate: bool,
+}
+
+/// One register tile of a direct convolution: `R ≤ 6` output channels (rows of `a`, `rsa` apart, and of the
+/// output, `rsc` apart) by `V` vectors of output positions, vector `v` reading the image at `src[v] + koff[k]` for
+/// the `k`-th kernel tap and writing `lanes[v]` outputs at `dst[v]`.
+#[allow(dead_code)]
+struct Direct {
+    k: usize,
+    a: *const f32,
+    rsa: usize,
+    koff: *const isize,
+    src: [*const f32; 4],
+    dst: [*mut f32; 4],
+    lanes: [usize; 4],
+    rsc: usize,
+    bias: [f32; BLOCK_M],
+    relu: bool,
+}
+
+/// A convolution of one image group computed straight from the image (implicit GEMM), without unfolding it:
+/// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` (plus the bias, then the ReLU when `relu`), where `col` is never
+/// written — each register tile loads its input runs from the image at the kernel taps' offsets. Needs an
+/// unpadded geometry (the caller pads) with a column stride of 1; vectors run along output rows.
+///
+/// Every output element is the same fused multiply-add chain as [`gemm_nn`] over the im2col matrix with the output
+/// prefilled by the bias, so both paths give identical bits. Returns `false` (nothing written) without the vector
+/// kernels, or when output rows are so short that vectors would run mostly empty.
+pub(crate) fn conv_direct(
+    img: &[f32],
+    u: &Unfold,
+    wt: &[f32],
+    og: usize,
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: &mut [f32],
+) -> bool {
+    let level = level();
+    if level == Level::Portable || u.ph != 0 || u.pw != 0 || u.wo == 0 || u.ho == 0 || og == 0 {
+        return false;
+    }
+    let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
+    let chunks = u.wo.div_ceil(lanes);
+    // Lane use below 3/4 (an 8-wide row on 16 lanes): the unfolded product fills its vectors better.
+    if 4 * u.wo < 3 * chunks * lanes {
+        return false;
+    }
+    let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
+    let last_row = (u.ho - 1) * u.sh + (u.kh - 1) * u.dh;
+    let last_col = u.wo - 1 + (u.kw - 1) * u.dw;
+    assert!(
+        wt.len() >= og * k
+            && out.len() >= og * hw
+            && bias.is_none_or(|b| b.len() >= og)
+            && last_row < u.h
+            && last_col < u.w
+            && img.len() >= u.cg * u.h * u.w,
+        "conv_direct: sizes"
+    );
+    let mut koff = Vec::with_capacity(k);
+    for c in 0..u.cg {
+        for ki in 0..u.kh {
+            for kj in 0..u.kw {
+                koff.push((c * u.h * u.w + ki * u.dh * u.w + kj * u.dw) as isize);
+            }
+        }
+    }
+    // (input offset, output offset, lanes) of every vector of output positions, row by row.
+    let mut vecs = Vec::with_capacity(u.ho * chunks);
+    for oh in 0..u.ho {
+        for ch in 0..chunks {
+            let ow = ch * lanes;
+            vecs.push((oh * u.sh * u.w + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
+        }
+    }
+    let tiles = og.div_ceil(BLOCK_M);
+    let (base, extra) = (og / tiles, og % tiles);
+    let mut i = 0;
+    for tile in 0..tiles {
+        let mr = base + usize::from(tile < extra);
+        let mut bias_rows = [0.0f32; BLOCK_M];
+        if let Some(b) = bias {
+            bias_rows[..mr].copy_from_slice(&b[i..i + mr]);
+        }
+        for group in vecs.chunks(max_vecs) {
+            let mut t = Direct {
+                k,
+                a: wt[i * k..].as_ptr(),
+                rsa: k,
+                koff: koff.as_ptr(),
+                src: [img.as_ptr(); 4],
+                dst: [out.as_mut_ptr(); 4],
+                lanes: [0; 4],
+                rsc: hw,
+                bias: bias_rows,
+                relu,
+            };
+            for (v, &(src, dst, n)) in group.iter().enumerate() {
+                // SAFETY (of the offsets): every tap of every lane stays inside the image (asserted bounds above),
+                // every output inside `out`.
+                t.src[v] = img.as_ptr().wrapping_add(src);
+                t.dst[v] = out.as_mut_ptr().wrapping_add(i * hw + dst);
+                t.lanes[v] = n;
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the level's instructions are present; loads and stores stay inside `img` and `out`, masked
+            // lanes never touch memory.
+            unsafe {
+                x86::direct(level, &t, mr, group.len());
+            }
+        }
+        i += mr;
+    }
+    true
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::Tile;
+    use super::{Direct, Level, Tile, Unfold};
     use std::arch::x86_64::*;
 
-    /// Runs the tile kernel specialised for `r` rows and `v` vectors.
-    pub(super) unsafe fn dispatch(t: &Tile, r: usize, v: usize) {
-        macro_rules! go {
-            ($($r:literal)*) => {
-                match (r, v) {
-                    $( ($r, 1) => tile::<$r, 1>(t), ($r, 2) => tile::<$r, 2>(t),
-                       ($r, 3) => tile::<$r, 3>(t), ($r, 4) => tile::<$r, 4>(t), )*
-                    _ => unreachable!("tile sizes are bounded by BLOCK_M and BLOCK_N"),
-                }
-            };
-        }
-        go!(1 2 3 4 5 6)
+    /// The vector operations the kernels are written in, for one instruction set. Every method is inlined into
+    /// a `#[target_feature]` entry point below, where the intrinsics it calls are available.
+    pub(super) trait Isa {
+        /// Lanes of `f32`.
+        type V: Copy;
+        /// Lanes of `u32`/`i32`.
+        type I: Copy;
+        /// A set of lanes.
+        type M: Copy;
+        const LANES: usize;
+        unsafe fn zero() -> Self::V;
+        unsafe fn splat(x: f32) -> Self::V;
+        unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+        /// `a·b + c`, rounded once.
+        unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+        unsafe fn loadu(p: *const f32) -> Self::V;
+        unsafe fn storeu(p: *mut f32, v: Self::V);
+        /// Lanes `lo..hi`, clamped to the vector.
+        unsafe fn lanes(lo: isize, hi: isize) -> Self::M;
+        unsafe fn and(a: Self::M, b: Self::M) -> Self::M;
+        unsafe fn or(a: Self::M, b: Self::M) -> Self::M;
+        unsafe fn is_empty(m: Self::M) -> bool;
+        /// Loads the lanes in `m` (the others are zero and never touch memory).
+        unsafe fn load(m: Self::M, p: *const f32) -> Self::V;
+        /// Stores the lanes in `m` (the others never touch memory).
+        unsafe fn store(m: Self::M, p: *mut f32, v: Self::V);
+        /// The even and the odd elements of the `2·LANES` elements `lo, hi`.
+        unsafe fn deinterleave(lo: Self::V, hi: Self::V) -> (Self::V, Self::V);
+        /// Lanes where `a == b` (ordered).
+        unsafe fn eq(a: Self::V, b: Self::V) -> Self::M;
+        /// Lanes where `a` or `b` is NaN.
+        unsafe fn unordered(a: Self::V, b: Self::V) -> Self::M;
+        /// `0, 2, 4, …`.
+        unsafe fn evens() -> Self::I;
+        unsafe fn splat_i(x: i32) -> Self::I;
+        unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
+        /// `yes` in the lanes of `m`, `no` elsewhere.
+        unsafe fn select_i(m: Self::M, yes: Self::I, no: Self::I) -> Self::I;
+        unsafe fn store_i(m: Self::M, p: *mut u32, v: Self::I);
     }
 
-    /// Lanes `lo..hi` (clamped to 0..16) set.
+    /// AVX-512F: 16 lanes, lane masks in a `u16`.
+    pub(super) struct Avx512;
+
+    /// AVX2 with FMA: 8 lanes; a lane set is a vector of all-ones/zero lanes and its bits.
+    pub(super) struct Avx2;
+
+    /// A lane set for [`Avx2`]: the vector form for masked moves and the bit form for quick tests.
+    #[derive(Clone, Copy)]
+    pub(super) struct Lanes8 {
+        v: __m256i,
+        bits: u8,
+    }
+
+    /// Bits `lo..hi` of `width`, clamped.
     #[inline(always)]
-    fn lanes(lo: isize, hi: isize) -> u16 {
-        let (lo, hi) = (lo.clamp(0, 16), hi.clamp(0, 16));
+    fn bit_range(lo: isize, hi: isize, width: isize) -> u32 {
+        let (lo, hi) = (lo.clamp(0, width), hi.clamp(0, width));
         if hi <= lo {
             0
         } else {
-            ((((1u32 << (hi - lo)) - 1) << lo) & 0xFFFF) as u16
+            (((1u64 << (hi - lo)) - 1) << lo) as u32
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn im2col(img: &[f32], u: &super::Unfold, col: &mut [f32]) {
-        let hw_out = u.ho * u.wo;
-        let chunks = u.wo.div_ceil(16);
-        // Per kernel column and 16-wide chunk of an output row: the lanes to store, and the lanes whose input
+    impl Isa for Avx512 {
+        type V = __m512;
+        type I = __m512i;
+        type M = u16;
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            _mm512_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m512 {
+            _mm512_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            _mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m512, b: __m512) -> __m512 {
+            _mm512_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+            _mm512_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn loadu(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn storeu(p: *mut f32, v: __m512) {
+            _mm512_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn lanes(lo: isize, hi: isize) -> u16 {
+            bit_range(lo, hi, 16) as u16
+        }
+        #[inline(always)]
+        unsafe fn and(a: u16, b: u16) -> u16 {
+            a & b
+        }
+        #[inline(always)]
+        unsafe fn or(a: u16, b: u16) -> u16 {
+            a | b
+        }
+        #[inline(always)]
+        unsafe fn is_empty(m: u16) -> bool {
+            m == 0
+        }
+        #[inline(always)]
+        unsafe fn load(m: u16, p: *const f32) -> __m512 {
+            _mm512_maskz_loadu_ps(m, p)
+        }
+        #[inline(always)]
+        unsafe fn store(m: u16, p: *mut f32, v: __m512) {
+            _mm512_mask_storeu_ps(p, m, v)
+        }
+        #[inline(always)]
+        unsafe fn deinterleave(lo: __m512, hi: __m512) -> (__m512, __m512) {
+            let even = Self::evens();
+            let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+            (_mm512_permutex2var_ps(lo, even, hi), _mm512_permutex2var_ps(lo, odd, hi))
+        }
+        #[inline(always)]
+        unsafe fn eq(a: __m512, b: __m512) -> u16 {
+            _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn unordered(a: __m512, b: __m512) -> u16 {
+            _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn evens() -> __m512i {
+            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+        }
+        #[inline(always)]
+        unsafe fn splat_i(x: i32) -> __m512i {
+            _mm512_set1_epi32(x)
+        }
+        #[inline(always)]
+        unsafe fn add_i(a: __m512i, b: __m512i) -> __m512i {
+            _mm512_add_epi32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn select_i(m: u16, yes: __m512i, no: __m512i) -> __m512i {
+            _mm512_mask_mov_epi32(no, m, yes)
+        }
+        #[inline(always)]
+        unsafe fn store_i(m: u16, p: *mut u32, v: __m512i) {
+            _mm512_mask_storeu_epi32(p.cast(), m, v)
+        }
+    }
+
+    impl Avx2 {
+        #[inline(always)]
+        unsafe fn from_vector(v: __m256i) -> Lanes8 {
+            Lanes8 { v, bits: _mm256_movemask_ps(_mm256_castsi256_ps(v)) as u8 }
+        }
+    }
+
+    impl Isa for Avx2 {
+        type V = __m256;
+        type I = __m256i;
+        type M = Lanes8;
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m256, b: __m256) -> __m256 {
+            _mm256_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+            _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn loadu(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn storeu(p: *mut f32, v: __m256) {
+            _mm256_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn lanes(lo: isize, hi: isize) -> Lanes8 {
+            let (lo, hi) = (lo.clamp(0, 8) as i32, hi.clamp(0, 8) as i32);
+            let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let v = _mm256_and_si256(
+                _mm256_cmpgt_epi32(iota, _mm256_set1_epi32(lo - 1)),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), iota),
+            );
+            Lanes8 { v, bits: bit_range(lo as isize, hi as isize, 8) as u8 }
+        }
+        #[inline(always)]
+        unsafe fn and(a: Lanes8, b: Lanes8) -> Lanes8 {
+            Lanes8 { v: _mm256_and_si256(a.v, b.v), bits: a.bits & b.bits }
+        }
+        #[inline(always)]
+        unsafe fn or(a: Lanes8, b: Lanes8) -> Lanes8 {
+            Lanes8 { v: _mm256_or_si256(a.v, b.v), bits: a.bits | b.bits }
+        }
+        #[inline(always)]
+        unsafe fn is_empty(m: Lanes8) -> bool {
+            m.bits == 0
+        }
+        #[inline(always)]
+        unsafe fn load(m: Lanes8, p: *const f32) -> __m256 {
+            // A plain load when every lane is wanted (the common case): cheaper than the masked move.
+            match m.bits {
+                0xFF => _mm256_loadu_ps(p),
+                0 => _mm256_setzero_ps(),
+                _ => _mm256_maskload_ps(p, m.v),
+            }
+        }
+        #[inline(always)]
+        unsafe fn store(m: Lanes8, p: *mut f32, v: __m256) {
+            match m.bits {
+                0xFF => _mm256_storeu_ps(p, v),
+                0 => {}
+                _ => _mm256_maskstore_ps(p, m.v, v),
+            }
+        }
+        #[inline(always)]
+        unsafe fn deinterleave(lo: __m256, hi: __m256) -> (__m256, __m256) {
+            // Within each 128-bit half: lo's pair then hi's pair; then the 64-bit quarters put back in order.
+            let even = _mm256_shuffle_ps::<0b10_00_10_00>(lo, hi);
+            let odd = _mm256_shuffle_ps::<0b11_01_11_01>(lo, hi);
+            (
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(even))),
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(odd))),
+            )
+        }
+        #[inline(always)]
+        unsafe fn eq(a: __m256, b: __m256) -> Lanes8 {
+            Self::from_vector(_mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(a, b)))
+        }
+        #[inline(always)]
+        unsafe fn unordered(a: __m256, b: __m256) -> Lanes8 {
+            Self::from_vector(_mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(a, b)))
+        }
+        #[inline(always)]
+        unsafe fn evens() -> __m256i {
+            _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)
+        }
+        #[inline(always)]
+        unsafe fn splat_i(x: i32) -> __m256i {
+            _mm256_set1_epi32(x)
+        }
+        #[inline(always)]
+        unsafe fn add_i(a: __m256i, b: __m256i) -> __m256i {
+            _mm256_add_epi32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn select_i(m: Lanes8, yes: __m256i, no: __m256i) -> __m256i {
+            _mm256_blendv_epi8(no, yes, m.v)
+        }
+        #[inline(always)]
+        unsafe fn store_i(m: Lanes8, p: *mut u32, v: __m256i) {
+            match m.bits {
+                0xFF => _mm256_storeu_si256(p.cast(), v),
+                0 => {}
+                _ => _mm256_maskstore_epi32(p.cast(), m.v, v),
+            }
+        }
+    }
+
+    /// Entry points: each kernel compiled once per instruction set, with that set's features enabled.
+    macro_rules! entry_points {
+        ($(fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $body:ident;)*) => {
+            $(
+                pub(super) unsafe fn $name(level: Level, $($arg: $ty),*) $(-> $ret)? {
+                    #[target_feature(enable = "avx512f")]
+                    unsafe fn wide($($arg: $ty),*) $(-> $ret)? { $body::<Avx512>($($arg),*) }
+                    #[target_feature(enable = "avx2,fma")]
+                    unsafe fn narrow($($arg: $ty),*) $(-> $ret)? { $body::<Avx2>($($arg),*) }
+                    match level {
+                        Level::Avx512 => wide($($arg),*),
+                        Level::Avx2 => narrow($($arg),*),
+                        Level::Portable => unreachable!("callers check the level first"),
+                    }
+                }
+            )*
+        };
+    }
+
+    entry_points! {
+        fn im2col(img: &[f32], u: &Unfold, col: &mut [f32]) = im2col_body;
+        fn col2im(col: &[f32], u: &Unfold, img: &mut [f32]) = col2im_body;
+        fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool = pool_body;
+    }
+
+    /// `f::<r, v, flag>(t)` for the runtime `r` and `v` among the listed values.
+    macro_rules! tile_match {
+        ($f:ident, $fl:literal, $t:ident, $r:ident, $v:ident, [$($rr:literal)*], $vs:tt) => {
+            match $r { $( $rr => tile_match!(@vecs $f, $fl, $t, $v, $rr, $vs), )* _ => unreachable!("tile rows ≤ 6") }
+        };
+        (@vecs $f:ident, $fl:literal, $t:ident, $v:ident, $rr:literal, [$($vv:literal)*]) => {
+            match $v { $( $vv => $f::<$rr, $vv, $fl>($t), )* _ => unreachable!("tile vectors ≤ 4 (AVX-512) or 2 (AVX2)") }
+        };
+    }
+
+    /// Runs `$body::<Isa, R, V, FLAG>(t)` for the level's instruction set, specialised for `r` rows, `v` vectors
+    /// and the flag (a partial vector present or not).
+    macro_rules! tile_dispatch {
+        ($body:ident, $tile:ty, $level:expr, $t:expr, $r:expr, $v:expr, $flag:expr) => {{
+            #[target_feature(enable = "avx512f")]
+            unsafe fn wide<const R: usize, const V: usize, const F: bool>(t: &$tile) {
+                $body::<Avx512, R, V, F>(t)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn narrow<const R: usize, const V: usize, const F: bool>(t: &$tile) {
+                $body::<Avx2, R, V, F>(t)
+            }
+            let (t, r, v) = ($t, $r, $v);
+            match ($level, $flag) {
+                (Level::Avx512, false) => tile_match!(wide, false, t, r, v, [1 2 3 4 5 6], [1 2 3 4]),
+                (Level::Avx512, true) => tile_match!(wide, true, t, r, v, [1 2 3 4 5 6], [1 2 3 4]),
+                (Level::Avx2, false) => tile_match!(narrow, false, t, r, v, [1 2 3 4 5 6], [1 2]),
+                (Level::Avx2, true) => tile_match!(narrow, true, t, r, v, [1 2 3 4 5 6], [1 2]),
+                (Level::Portable, _) => unreachable!("callers check the level first"),
+            }
+        }};
+    }
+
+    /// Runs the product tile kernel specialised for `r` rows and `v` vectors (with a partial last vector or not).
+    pub(super) unsafe fn tile(level: Level, t: &Tile, r: usize, v: usize) {
+        let tail = t.tail < if level == Level::Avx512 { 16 } else { 8 };
+        tile_dispatch!(tile_body, Tile, level, t, r, v, tail)
+    }
+
+    /// Runs the direct-convolution tile kernel specialised for `r` rows and `v` vectors (masked or not).
+    pub(super) unsafe fn direct(level: Level, t: &Direct, r: usize, v: usize) {
+        let full = if level == Level::Avx512 { 16 } else { 8 };
+        let masked = t.lanes[..v].iter().any(|&l| l < full);
+        tile_dispatch!(direct_body, Direct, level, t, r, v, masked)
+    }
+
+    /// `R` output channels × `V` vectors of output positions of a convolution, read straight from the image:
+    /// row `k` of the virtual im2col matrix is the image at `src[v] + koff[k]`. Each element is one fused
+    /// multiply-add chain over `k` in order, started from the bias — the same chain as the im2col product.
+    #[inline(always)]
+    unsafe fn direct_body<S: Isa, const R: usize, const V: usize, const MASKED: bool>(t: &Direct) {
+        let masks: [S::M; V] = std::array::from_fn(|v| S::lanes(0, t.lanes[v] as isize));
+        let mut acc = [[S::zero(); V]; R];
+        for (r, row) in acc.iter_mut().enumerate() {
+            *row = [S::splat(t.bias[r]); V];
+        }
+        for kk in 0..t.k {
+            let o = *t.koff.add(kk);
+            let mut bv = [S::zero(); V];
+            for (v, b) in bv.iter_mut().enumerate() {
+                let p = t.src[v].offset(o);
+                *b = if MASKED { S::load(masks[v], p) } else { S::loadu(p) };
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = S::splat(*t.a.add(r * t.rsa + kk));
+                for (a, &b) in row.iter_mut().zip(&bv) {
+                    *a = S::fmadd(av, b, *a);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &a) in row.iter().enumerate() {
+                let a = if t.relu { S::max(a, S::zero()) } else { a };
+                let p = t.dst[v].add(r * t.rsc);
+                if MASKED {
+                    S::store(masks[v], p, a)
+                } else {
+                    S::storeu(p, a)
+                }
+            }
+        }
+    }
+
+    /// `R` rows × `V` vectors of `c`, one fused multiply-add chain per element over the whole reduction; with
+    /// `TAIL` the last vector holds only `t.tail` columns.
+    #[inline(always)]
+    unsafe fn tile_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Tile) {
+        let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
+        // The last vector is masked with `TAIL`, the others are plain moves (no closure: it must inline into the
+        // entry point for the intrinsics to).
+        #[inline(always)]
+        unsafe fn ld<S: Isa, const V: usize, const TAIL: bool>(last: S::M, p: *const f32, v: usize) -> S::V {
+            if TAIL && v + 1 == V {
+                S::load(last, p)
+            } else {
+                S::loadu(p)
+            }
+        }
+        let mut acc = [[S::zero(); V]; R];
+        if t.accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, a) in row.iter_mut().enumerate() {
+                    *a = ld::<S, V, TAIL>(last, t.c.offset(r as isize * t.rsc).add(S::LANES * v), v);
+                }
+            }
+        }
+        let (mut ap, mut bp) = (t.a, t.b);
+        for _ in 0..t.k {
+            let mut bv = [S::zero(); V];
+            for (v, b) in bv.iter_mut().enumerate() {
+                *b = ld::<S, V, TAIL>(last, bp.add(S::LANES * v), v);
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = S::splat(*ap.offset(r as isize * t.rsa));
+                for (a, &b) in row.iter_mut().zip(&bv) {
+                    *a = S::fmadd(av, b, *a);
+                }
+            }
+            ap = ap.offset(t.csa);
+            bp = bp.offset(t.rsb);
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &a) in row.iter().enumerate() {
+                let p = t.c.offset(r as isize * t.rsc).add(S::LANES * v);
+                if TAIL && v + 1 == V {
+                    S::store(last, p, a)
+                } else {
+                    S::storeu(p, a)
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn im2col_body<S: Isa>(img: &[f32], u: &Unfold, col: &mut [f32]) {
+        let (l, hw_out) = (S::LANES, u.ho * u.wo);
+        let chunks = u.wo.div_ceil(l);
+        // Per kernel column and vector-wide chunk of an output row: the lanes to store, and the lanes whose input
         // column lies inside the row (the rest are padding zeros). They do not depend on the row.
-        let mut masks = vec![(0u16, 0u16); u.kw * chunks];
+        let mut masks = Vec::with_capacity(u.kw * chunks);
         for kj in 0..u.kw {
             let off = (kj * u.dw) as isize - u.pw as isize;
             for ch in 0..chunks {
-                let o = (ch * 16) as isize;
-                let store = lanes(0, u.wo as isize - o);
-                masks[kj * chunks + ch] = (store, lanes(-(o + off), u.w as isize - (o + off)) & store);
+                let o = (ch * l) as isize;
+                let store = S::lanes(0, u.wo as isize - o);
+                masks.push((store, S::and(S::lanes(-(o + off), u.w as isize - (o + off)), store)));
             }
         }
         let (src, mut dst) = (img.as_ptr(), col.as_mut_ptr());
@@ -217,54 +783,49 @@ mod x86 {
                 for kj in 0..u.kw {
                     let off = (kj * u.dw) as isize - u.pw as isize;
                     let m = &masks[kj * chunks..(kj + 1) * chunks];
-                    let zero_rows = |from: usize, to: usize| {
-                        for oh in from..to {
-                            for (ch, &(store, _)) in m.iter().enumerate() {
-                                _mm512_mask_storeu_ps(dst.add(oh * u.wo + 16 * ch), store, _mm512_setzero_ps());
-                            }
+                    for oh in (0..lo).chain(hi..u.ho) {
+                        for (ch, &(store, _)) in m.iter().enumerate() {
+                            S::store(store, dst.add(oh * u.wo + l * ch), S::zero());
                         }
-                    };
-                    zero_rows(0, lo);
-                    // Lane l of chunk ch reads input column 16·ch + l + off of the row.
+                    }
+                    // Lane i of chunk ch reads input column l·ch + i + off of the row.
                     let mut row =
                         plane.wrapping_offset((lo * u.sh) as isize * u.w as isize + first * u.w as isize + off);
                     let mut run = dst.add(lo * u.wo);
                     let step = (u.sh * u.w) as isize;
                     if let [(store, load)] = *m {
                         for _ in lo..hi {
-                            _mm512_mask_storeu_ps(run, store, _mm512_maskz_loadu_ps(load, row));
+                            S::store(store, run, S::load(load, row));
                             row = row.wrapping_offset(step);
                             run = run.add(u.wo);
                         }
                     } else {
                         for _ in lo..hi {
                             for (ch, &(store, load)) in m.iter().enumerate() {
-                                let v = _mm512_maskz_loadu_ps(load, row.wrapping_add(16 * ch));
-                                _mm512_mask_storeu_ps(run.add(16 * ch), store, v);
+                                S::store(store, run.add(l * ch), S::load(load, row.wrapping_add(l * ch)));
                             }
                             row = row.wrapping_offset(step);
                             run = run.add(u.wo);
                         }
                     }
-                    zero_rows(hi, u.ho);
                     dst = dst.add(hw_out);
                 }
             }
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn col2im(col: &[f32], u: &super::Unfold, img: &mut [f32]) {
-        let hw_out = u.ho * u.wo;
-        let chunks = u.w.div_ceil(16);
-        // Per kernel column and 16-wide chunk of an image row: the lanes that receive an output column of the
-        // tap (image column x + l takes output column x + l − off), and per chunk the lanes inside the row.
-        let mut masks = vec![0u16; u.kw * chunks];
+    #[inline(always)]
+    unsafe fn col2im_body<S: Isa>(col: &[f32], u: &Unfold, img: &mut [f32]) {
+        let (l, hw_out) = (S::LANES, u.ho * u.wo);
+        let chunks = u.w.div_ceil(l);
+        // Per kernel column and vector-wide chunk of an image row: the lanes that receive an output column of
+        // the tap (image column x + i takes output column x + i − off).
+        let mut masks = Vec::with_capacity(u.kw * chunks);
         for kj in 0..u.kw {
             let off = (kj * u.dw) as isize - u.pw as isize;
             for ch in 0..chunks {
-                let x = (ch * 16) as isize;
-                masks[kj * chunks + ch] = lanes(off - x, u.wo as isize + off - x);
+                let x = (ch * l) as isize;
+                masks.push(S::lanes(off - x, u.wo as isize + off - x));
             }
         }
         let (src, dst) = (col.as_ptr(), img.as_mut_ptr());
@@ -274,8 +835,8 @@ mod x86 {
             for ih in 0..u.h {
                 let row = plane.add(ih * u.w);
                 for ch in 0..chunks {
-                    let x = (ch * 16) as isize;
-                    let mut acc = _mm512_setzero_ps();
+                    let x = (ch * l) as isize;
+                    let mut acc = S::zero();
                     let mut any = false;
                     for ki in 0..u.kh {
                         // Output row oh with oh·sh + ki·dh − ph = ih, if any.
@@ -292,94 +853,54 @@ mod x86 {
                         for kj in 0..u.kw {
                             let off = (kj * u.dw) as isize - u.pw as isize;
                             let run = taps.add(kj * hw_out).wrapping_offset(x - off);
-                            acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(masks[kj * chunks + ch], run));
+                            acc = S::add(acc, S::load(masks[kj * chunks + ch], run));
                         }
                     }
                     if any {
-                        let m = lanes(0, u.w as isize - x);
-                        let cur = _mm512_maskz_loadu_ps(m, row.offset(x));
-                        _mm512_mask_storeu_ps(row.offset(x), m, _mm512_add_ps(cur, acc));
+                        let m = S::lanes(0, u.w as isize - x);
+                        let cur = S::load(m, row.offset(x));
+                        S::store(m, row.offset(x), S::add(cur, acc));
                     }
                 }
             }
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool {
-        let (ho, wo) = (h / 2, w / 2);
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-        let lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    #[inline(always)]
+    unsafe fn pool_body<S: Isa>(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool {
+        let (l, ho, wo) = (S::LANES, h / 2, w / 2);
         let p = plane.as_ptr();
+        let (below, one) = (S::splat_i(w as i32), S::splat_i(1));
         for i in 0..ho {
             let (top, bottom) = (p.add(2 * i * w), p.add((2 * i + 1) * w));
             let mut j0 = 0;
             while j0 < wo {
-                let n = (wo - j0).min(16);
-                let m_out = lanes(0, n as isize);
-                // 2n input columns from 2·j0, in two masked halves of 16.
-                let m_lo = lanes(0, (2 * n) as isize);
-                let m_hi = lanes(0, 2 * n as isize - 16);
-                let t0 = _mm512_maskz_loadu_ps(m_lo, top.add(2 * j0));
-                let t1 = _mm512_maskz_loadu_ps(m_hi, top.add(2 * j0).wrapping_add(16));
-                let b0 = _mm512_maskz_loadu_ps(m_lo, bottom.add(2 * j0));
-                let b1 = _mm512_maskz_loadu_ps(m_hi, bottom.add(2 * j0).wrapping_add(16));
-                let a = _mm512_permutex2var_ps(t0, even, t1);
-                let b = _mm512_permutex2var_ps(t0, odd, t1);
-                let c = _mm512_permutex2var_ps(b0, even, b1);
-                let d = _mm512_permutex2var_ps(b0, odd, b1);
-                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, b) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(c, d);
-                if nan & m_out != 0 {
+                let n = (wo - j0).min(l) as isize;
+                let m_out = S::lanes(0, n);
+                // 2n input columns from 2·j0, in two masked halves of one vector each.
+                let (m_lo, m_hi) = (S::lanes(0, 2 * n), S::lanes(0, 2 * n - l as isize));
+                let (t, b) = (top.add(2 * j0), bottom.add(2 * j0));
+                let (a, b_) = S::deinterleave(S::load(m_lo, t), S::load(m_hi, t.wrapping_add(l)));
+                let (c, d) = S::deinterleave(S::load(m_lo, b), S::load(m_hi, b.wrapping_add(l)));
+                let b = b_;
+                if !S::is_empty(S::and(S::or(S::unordered(a, b), S::unordered(c, d)), m_out)) {
                     return false;
                 }
-                let m = _mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d));
+                let m = S::max(S::max(a, b), S::max(c, d));
                 // Flat indices of the four window entries; the first entry equal to the maximum wins.
-                let base = _mm512_add_epi32(_mm512_set1_epi32((2 * i * w + 2 * j0) as i32), lane2);
-                let below = _mm512_set1_epi32(w as i32);
-                let one = _mm512_set1_epi32(1);
-                let mut at = _mm512_add_epi32(_mm512_add_epi32(base, below), one);
-                at = _mm512_mask_mov_epi32(at, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(c, m), _mm512_add_epi32(base, below));
-                at = _mm512_mask_mov_epi32(at, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(b, m), _mm512_add_epi32(base, one));
-                at = _mm512_mask_mov_epi32(at, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, m), base);
-                _mm512_mask_storeu_ps(out.as_mut_ptr().add(i * wo + j0), m_out, m);
+                let base = S::add_i(S::splat_i((2 * i * w + 2 * j0) as i32), S::evens());
+                let mut at = S::add_i(S::add_i(base, below), one);
+                at = S::select_i(S::eq(c, m), S::add_i(base, below), at);
+                at = S::select_i(S::eq(b, m), S::add_i(base, one), at);
+                at = S::select_i(S::eq(a, m), base, at);
+                S::store(m_out, out.as_mut_ptr().add(i * wo + j0), m);
                 if !idx.is_empty() {
-                    _mm512_mask_storeu_epi32(idx.as_mut_ptr().add(i * wo + j0).cast(), m_out, at);
+                    S::store_i(m_out, idx.as_mut_ptr().add(i * wo + j0), at);
                 }
-                j0 += 16;
+                j0 += l;
             }
         }
         true
-    }
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
-        let masks: [u16; V] = std::array::from_fn(|v| if v + 1 == V { t.mask } else { u16::MAX });
-        let mut acc = [[_mm512_setzero_ps(); V]; R];
-        if t.accumulate {
-            for (r, row) in acc.iter_mut().enumerate() {
-                for (v, a) in row.iter_mut().enumerate() {
-                    *a = _mm512_maskz_loadu_ps(masks[v], t.c.offset(r as isize * t.rsc).add(16 * v));
-                }
-            }
-        }
-        let (mut ap, mut bp) = (t.a, t.b);
-        for _ in 0..t.k {
-            let bv: [__m512; V] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], bp.add(16 * v)));
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*ap.offset(r as isize * t.rsa));
-                for (a, &b) in row.iter_mut().zip(&bv) {
-                    *a = _mm512_fmadd_ps(av, b, *a);
-                }
-            }
-            ap = ap.offset(t.csa);
-            bp = bp.offset(t.rsb);
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (v, &a) in row.iter().enumerate() {
-                _mm512_mask_storeu_ps(t.c.offset(r as isize * t.rsc).add(16 * v), masks[v], a);
-            }
-        }
     }
 }
 
@@ -402,50 +923,55 @@ pub(crate) struct Unfold {
 }
 
 /// `col[K, Ho·Wo]` from the `cg` planes starting at `img` (a column stride of 1 makes every (tap, output row) a
-/// contiguous run, copied with masked 16-lane moves that also zero the padding). `false`: no AVX-512, do nothing.
+/// contiguous run, copied with masked vector moves that also zero the padding). `false`: no vector kernels, do
+/// nothing.
 pub(crate) fn im2col(img: &[f32], u: &Unfold, col: &mut [f32]) -> bool {
-    if !has_avx512() {
+    let level = level();
+    if level == Level::Portable {
         return false;
     }
     assert!(img.len() >= u.cg * u.h * u.w && col.len() >= u.cg * u.kh * u.kw * u.ho * u.wo, "im2col: sizes");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F is present; every access is inside the slices checked above (masked lanes never touch
-    // memory).
+    // SAFETY: the level's instructions are present; every access is inside the slices checked above (masked
+    // lanes never touch memory).
     unsafe {
-        x86::im2col(img, u, col);
+        x86::im2col(level, img, u, col);
     }
     true
 }
 
 /// Adds `col[K, Ho·Wo]` back into the `cg` planes starting at `img` (the adjoint of [`im2col`]): for each image
-/// row the kernel columns' shifted runs are summed in registers and the row is written once. `false`: no AVX-512.
+/// row the kernel columns' shifted runs are summed in registers and the row is written once. `false`: no vector
+/// kernels.
 pub(crate) fn col2im(col: &[f32], u: &Unfold, img: &mut [f32]) -> bool {
-    if !has_avx512() {
+    let level = level();
+    if level == Level::Portable {
         return false;
     }
     assert!(img.len() >= u.cg * u.h * u.w && col.len() >= u.cg * u.kh * u.kw * u.ho * u.wo, "col2im: sizes");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as for `im2col`.
     unsafe {
-        x86::col2im(col, u, img);
+        x86::col2im(level, col, u, img);
     }
     true
 }
 
 /// 2×2 max pooling with stride 2 of one plane `h×w` (windows inside the plane) into `out[h/2 × w/2]` and the flat
 /// arg-max into `idx`: the first maximum of each window in row-major order, as the scalar scan. Planes holding a
-/// NaN are left to the caller (`false`), as are CPUs without AVX-512.
+/// NaN are left to the caller (`false`), as are CPUs without the vector kernels.
 /// An empty `idx` asks for the values only.
 pub(crate) fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool {
     let (ho, wo) = (h / 2, w / 2);
     let idx_ok = idx.is_empty() || idx.len() >= ho * wo;
-    if !has_avx512() || plane.len() < h * w || out.len() < ho * wo || !idx_ok || h * w >= 1 << 31 {
+    let level = level();
+    if level == Level::Portable || plane.len() < h * w || out.len() < ho * wo || !idx_ok || h * w >= 1 << 31 {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F is present and every access stays inside the slices checked above.
+    // SAFETY: the level's instructions are present and every access stays inside the slices checked above.
     unsafe {
-        x86::max_pool_2x2(plane, h, w, out, idx)
+        x86::max_pool_2x2(level, plane, h, w, out, idx)
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -479,7 +1005,7 @@ mod tests {
     /// serial and split across threads — against an f64 triple loop.
     #[test]
     fn matches_reference_products() {
-        if !has_avx512() {
+        if !accelerated() {
             return;
         }
         for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (6, 25, 64), (7, 40, 65), (13, 400, 130), (32, 400, 64), (3, 0, 9)] {
@@ -504,7 +1030,7 @@ mod tests {
     /// A row of the product is bit-identical whichever other rows are computed with it.
     #[test]
     fn rows_do_not_depend_on_other_rows() {
-        if !has_avx512() {
+        if !accelerated() {
             return;
         }
         let (a, b) = (random(20, 77, 4), random(77, 70, 5));
