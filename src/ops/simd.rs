@@ -619,8 +619,26 @@ mod x86 {
 
     entry_points! {
         fn im2col(img: &[f32], u: &Unfold, col: &mut [f32]) = im2col_body;
-        fn col2im(col: &[f32], u: &Unfold, img: &mut [f32]) = col2im_body;
         fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool = pool_body;
+    }
+
+    /// The adjoint of im2col. With AVX-512 each image row gathers its taps' shifted runs under lane masks (free
+    /// there) and is written once; with AVX2, where masked moves cost more than plain ones, each tap's runs are
+    /// added into the image rows with full vectors, masking only a run's last partial vector.
+    pub(super) unsafe fn col2im(level: Level, col: &[f32], u: &Unfold, img: &mut [f32]) {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn wide(col: &[f32], u: &Unfold, img: &mut [f32]) {
+            col2im_body::<Avx512>(col, u, img)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn narrow(col: &[f32], u: &Unfold, img: &mut [f32]) {
+            col2im_scatter::<Avx2>(col, u, img)
+        }
+        match level {
+            Level::Avx512 => wide(col, u, img),
+            Level::Avx2 => narrow(col, u, img),
+            Level::Portable => unreachable!("callers check the level first"),
+        }
     }
 
     /// `f::<r, v, flag>(t)` for the runtime `r` and `v` among the listed values.
@@ -860,6 +878,43 @@ mod x86 {
                         let m = S::lanes(0, u.w as isize - x);
                         let cur = S::load(m, row.offset(x));
                         S::store(m, row.offset(x), S::add(cur, acc));
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn col2im_scatter<S: Isa>(col: &[f32], u: &Unfold, img: &mut [f32]) {
+        let (l, hw_out) = (S::LANES, u.ho * u.wo);
+        let (src, dst) = (col.as_ptr(), img.as_mut_ptr());
+        for c in 0..u.cg {
+            let plane = dst.add(c * u.h * u.w);
+            for ki in 0..u.kh {
+                // Output rows whose image row oh·sh + ki·dh − ph lies inside the plane: lo..hi.
+                let first = (ki * u.dh) as isize - u.ph as isize;
+                let lo = if first >= 0 { 0 } else { (-first as usize).div_ceil(u.sh) }.min(u.ho);
+                let hi = if first >= u.h as isize { 0 } else { (u.h as isize - first) as usize }.div_ceil(u.sh);
+                let hi = hi.clamp(lo, u.ho);
+                for kj in 0..u.kw {
+                    // Output columns whose image column ow + off lies inside the row: from..to.
+                    let off = (kj * u.dw) as isize - u.pw as isize;
+                    let from = if off >= 0 { 0 } else { (-off) as usize }.min(u.wo);
+                    let to = ((u.w as isize - off).max(0) as usize).clamp(from, u.wo);
+                    let tap = src.add(((c * u.kh + ki) * u.kw + kj) * hw_out);
+                    for oh in lo..hi {
+                        let run = tap.add(oh * u.wo);
+                        let row = plane.wrapping_offset(((oh * u.sh) as isize + first) * u.w as isize + off);
+                        let mut ow = from;
+                        while ow + l <= to {
+                            let p = row.add(ow);
+                            S::storeu(p, S::add(S::loadu(p), S::loadu(run.add(ow))));
+                            ow += l;
+                        }
+                        if ow < to {
+                            let (m, p) = (S::lanes(0, (to - ow) as isize), row.add(ow));
+                            S::store(m, p, S::add(S::load(m, p), S::load(m, run.add(ow))));
+                        }
                     }
                 }
             }
