@@ -5,6 +5,8 @@
 //! the products whose inputs are tracked are computed. Weight gradients are summed per fixed chunk of images and
 //! the chunks added in order, so results do not depend on the thread count.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{Array1, Array4, ArrayD, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
@@ -253,15 +255,39 @@ fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     }
 }
 
-/// The sum of `v` in sixteen interleaved partial sums (a fixed order, so deterministic, and not bound by the
-/// latency of one dependent chain of additions).
-fn lane_sum(v: &[f32]) -> f32 {
+/// `g` where the fused ReLU's output `y` is positive and 0 elsewhere, written into `buf` (or `g` itself when
+/// there is no ReLU).
+fn relu_masked<'a>(g: &'a [f32], y: Option<&[f32]>, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    let Some(y) = y else { return g };
+    buf.clear();
+    buf.extend(g.iter().zip(y).map(|(&g, &y)| if y > 0.0 { g } else { 0.0 }));
+    buf
+}
+
+/// The sum of `v` (where the fused ReLU's output `y`, if given, is positive) in sixteen interleaved partial sums
+/// (a fixed order, so deterministic, and not bound by the latency of one dependent chain of additions).
+fn lane_sum(v: &[f32], y: Option<&[f32]>) -> f32 {
+    let pass = |v: f32, y: f32| if y > 0.0 { v } else { 0.0 };
     let mut acc = [0.0f32; 16];
     let chunks = v.chunks_exact(16);
-    let rest = chunks.remainder().iter().sum::<f32>();
-    for c in chunks {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a += x;
+    let rest: f32 = match y {
+        Some(y) => chunks.remainder().iter().zip(&y[v.len() / 16 * 16..]).map(|(&v, &y)| pass(v, y)).sum(),
+        None => chunks.remainder().iter().sum(),
+    };
+    match y {
+        Some(y) => {
+            for (c, m) in chunks.zip(y.chunks_exact(16)) {
+                for ((a, &x), &m) in acc.iter_mut().zip(c).zip(m) {
+                    *a += pass(x, m);
+                }
+            }
+        }
+        None => {
+            for c in chunks {
+                for (a, x) in acc.iter_mut().zip(c) {
+                    *a += x;
+                }
+            }
         }
     }
     acc.iter().sum::<f32>() + rest
@@ -275,61 +301,63 @@ fn mat_mut(s: &mut [f32], r: usize, c: usize) -> ArrayViewMut2<'_, f32> {
     ArrayViewMut2::from_shape((r, c), s).expect("slice length is r·c")
 }
 
-/// Forward for one image: `out[O, Ho·Wo]` from `img[C, H, W]`; returns whether the ReLU was applied too.
-///
-/// With the vector kernels and a column stride of 1 the convolution runs straight from the image (zero-padded
-/// into `pad` first when the geometry has padding), with the bias and ReLU applied as each register tile is
-/// stored; otherwise the image is unfolded into `col` for a product.
+/// The unpadded geometry the direct kernel sees: the image zero-padded by `padding` on each side.
+fn direct_unfold(g: &Geom) -> simd::Unfold {
+    let (ph, pw) = g.p.padding;
+    simd::Unfold { h: g.h + 2 * ph, w: g.w + 2 * pw, ph: 0, pw: 0, ..g.unfold() }
+}
+
+/// Whether the forward runs straight from the image ([`simd::conv_direct`]) rather than unfolding it.
+fn runs_direct(g: &Geom) -> bool {
+    g.p.stride.1 == 1 && !g.is_pointwise() && simd::conv_direct_fits(&direct_unfold(g))
+}
+
+/// Direct forward for one image (see [`runs_direct`]): `img` is zero-padded into `pad` when the geometry has
+/// padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when `relu`, the ReLU.
 #[allow(clippy::too_many_arguments)]
+fn forward_image_direct(
+    img: &[f32],
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    pad: &mut Vec<f32>,
+    out: &mut [MaybeUninit<f32>],
+    relu: bool,
+    par: bool,
+) {
+    let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+    let u = direct_unfold(g);
+    let (ph, pw) = g.p.padding;
+    let src = if (ph, pw) == (0, 0) {
+        img
+    } else {
+        pad.clear();
+        pad.resize(g.c * u.h * u.w, 0.0);
+        for (dst, plane) in pad.chunks_exact_mut(u.h * u.w).zip(img.chunks_exact(g.h * g.w)) {
+            for (drow, srow) in dst[ph * u.w..].chunks_exact_mut(u.w).zip(plane.chunks_exact(g.w)) {
+                drow[pw..pw + g.w].copy_from_slice(srow);
+            }
+        }
+        &pad[..]
+    };
+    for grp in 0..g.p.groups {
+        let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
+        let (wg, dst) = (&wt[grp * og * k..(grp + 1) * og * k], &mut out[grp * og * hw..(grp + 1) * og * hw]);
+        simd::conv_direct(&src[grp * g.cg() * u.h * u.w..], &u, wg, og, b, relu, dst, par);
+    }
+}
+
+/// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]` (`out` zeroed).
 fn forward_image(
     img: &[f32],
     wt: &[f32],
     bias: Option<&[f32]>,
     g: &Geom,
     col: &mut Vec<f32>,
-    pad: &mut Vec<f32>,
     out: &mut [f32],
-    relu: bool,
     par: bool,
-) -> bool {
+) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
-    if g.p.stride.1 == 1 && simd::accelerated() && !g.is_pointwise() {
-        let (ph, pw) = g.p.padding;
-        let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
-        let src = if (ph, pw) == (0, 0) {
-            img
-        } else {
-            pad.clear();
-            pad.resize(g.c * hp * wp, 0.0);
-            for (dst, plane) in pad.chunks_exact_mut(hp * wp).zip(img.chunks_exact(g.h * g.w)) {
-                for (drow, srow) in dst[ph * wp..].chunks_exact_mut(wp).zip(plane.chunks_exact(g.w)) {
-                    drow[pw..pw + g.w].copy_from_slice(srow);
-                }
-            }
-            &pad[..]
-        };
-        let u = simd::Unfold { h: hp, w: wp, ph: 0, pw: 0, ..g.unfold() };
-        let group = |grp: usize, out: &mut [f32]| {
-            let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
-            let dst = &mut out[grp * og * hw..(grp + 1) * og * hw];
-            simd::conv_direct(
-                &src[grp * g.cg() * hp * wp..],
-                &u,
-                &wt[grp * og * k..(grp + 1) * og * k],
-                og,
-                b,
-                relu,
-                dst,
-            )
-        };
-        // The kernel declines for a geometry (the same for every group), so the first group decides.
-        if group(0, out) {
-            for grp in 1..g.p.groups {
-                group(grp, out);
-            }
-            return true;
-        }
-    }
     // The bias is written first and the GEMM accumulates onto it (`b + Σ w·x`), saving a pass over the output.
     if let Some(b) = bias {
         for (plane, &bv) in out.chunks_mut(hw).zip(b) {
@@ -348,7 +376,6 @@ fn forward_image(
             product(wg, mat(col, k, hw), dst, bias.is_some(), par);
         }
     }
-    false
 }
 
 fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: bool) -> Result<Tensor> {
@@ -360,20 +387,39 @@ fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: boo
     let (xs, ws) = (xs.as_slice().expect("standard layout"), ws.as_slice().expect("standard layout"));
     let bias = bs.as_ref().map(|b| b.as_slice().expect("standard layout"));
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
-    let mut out = vec![0.0f32; n * out_len];
-    // The fused ReLU runs on each image's output while it is still in cache (or in registers).
-    let run = |col: &mut Vec<f32>, pad: &mut Vec<f32>, o: &mut [f32], img: &[f32], par: bool| {
-        if !forward_image(img, ws, bias, &g, col, pad, o, relu, par) && relu {
-            o.iter_mut().for_each(|v| *v = v.max(0.0));
+    let out = if runs_direct(&g) {
+        // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
+        let mut out = Vec::with_capacity(n * out_len);
+        let slots = &mut out.spare_capacity_mut()[..n * out_len];
+        if n == 1 {
+            forward_image_direct(xs, ws, bias, &g, &mut Vec::new(), slots, relu, true);
+        } else {
+            slots
+                .par_chunks_mut(out_len)
+                .zip(xs.par_chunks(in_len))
+                .for_each_init(Vec::new, |pad, (o, img)| forward_image_direct(img, ws, bias, &g, pad, o, relu, false));
         }
-    };
-    if n == 1 {
-        run(&mut Vec::new(), &mut Vec::new(), &mut out, xs, true);
+        // SAFETY: `forward_image_direct` wrote every element of every image's output.
+        unsafe { out.set_len(n * out_len) };
+        out
     } else {
-        out.par_chunks_mut(out_len)
-            .zip(xs.par_chunks(in_len))
-            .for_each_init(|| (Vec::new(), Vec::new()), |(col, pad), (o, img)| run(col, pad, o, img, false));
-    }
+        let mut out = vec![0.0f32; n * out_len];
+        // The fused ReLU runs on each image's output while it is still in cache.
+        let run = |col: &mut Vec<f32>, o: &mut [f32], img: &[f32], par: bool| {
+            forward_image(img, ws, bias, &g, col, o, par);
+            if relu {
+                o.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+        };
+        if n == 1 {
+            run(&mut Vec::new(), &mut out, xs, true);
+        } else {
+            out.par_chunks_mut(out_len)
+                .zip(xs.par_chunks(in_len))
+                .for_each_init(Vec::new, |col, (o, img)| run(col, o, img, false));
+        }
+        out
+    };
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu }))
 }
@@ -388,26 +434,10 @@ pub(crate) fn conv2d_backward(
     need: &[bool],
 ) -> Result<Vec<Option<ArrayD<f32>>>> {
     let g = geometry(x.shape(), w.shape(), None, *p)?;
-    // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward).
-    let masked;
-    let gout = match relu_out {
-        Some(y) => {
-            let ys = y.as_standard_layout();
-            let gs = gout.as_standard_layout();
-            let (ys, gs) = (ys.as_slice().expect("std"), gs.as_slice().expect("std"));
-            let mut m = vec![0.0f32; gs.len()];
-            m.par_chunks_mut(1 << 14).zip(gs.par_chunks(1 << 14)).zip(ys.par_chunks(1 << 14)).for_each(
-                |((m, g), y)| {
-                    for ((m, &g), &y) in m.iter_mut().zip(g).zip(y) {
-                        *m = if y > 0.0 { g } else { 0.0 };
-                    }
-                },
-            );
-            masked = ArrayD::from_shape_vec(gout.raw_dim(), m).expect("output-sized");
-            &masked
-        }
-        None => gout,
-    };
+    // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
+    // each image's output gradient as it is used, in cache.
+    let ys = relu_out.map(|y| y.as_standard_layout());
+    let ys = ys.as_ref().map(|y| y.as_slice().expect("std"));
     let n = x.shape()[0];
     let (need_x, need_w) = (need[0], need[1]);
     let need_b = has_bias && need.get(2).copied().unwrap_or(false);
@@ -422,9 +452,10 @@ pub(crate) fn conv2d_backward(
 
     let mut dx = if need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
     if need_x {
-        dx.par_chunks_mut(in_len).zip(gs.par_chunks(out_len)).for_each_init(
-            || vec![0.0f32; col_len],
-            |col, (dimg, gimg)| {
+        dx.par_chunks_mut(in_len).zip(gs.par_chunks(out_len)).enumerate().for_each_init(
+            || (vec![0.0f32; col_len], Vec::new()),
+            |(col, gm), (i, (dimg, gimg))| {
+                let gimg = relu_masked(gimg, ys.map(|y| &y[i * out_len..(i + 1) * out_len]), gm);
                 for grp in 0..g.p.groups {
                     let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
                     let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
@@ -449,11 +480,15 @@ pub(crate) fn conv2d_backward(
         let partials: Vec<Vec<f32>> = xs
             .par_chunks(chunk_in)
             .zip(gs.par_chunks(chunk_out))
-            .map(|(ximgs, gimgs)| {
+            .enumerate()
+            .map(|(chunk, (ximgs, gimgs))| {
                 let mut acc = vec![0.0f32; w_len];
                 let mut col = vec![0.0f32; col_len];
                 let mut gt = vec![0.0f32; if transposed { og * hw } else { 0 }];
-                for (img, gimg) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)) {
+                let mut gm = Vec::new();
+                for (j, (img, gimg)) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)).enumerate() {
+                    let at = (chunk * WGRAD_CHUNK + j) * out_len;
+                    let gimg = relu_masked(gimg, ys.map(|y| &y[at..at + out_len]), &mut gm);
                     for grp in 0..g.p.groups {
                         let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
                         let src = if g.is_pointwise() {
@@ -489,10 +524,11 @@ pub(crate) fn conv2d_backward(
 
     let db = need_b.then(|| {
         // Per output channel: the sum of its contiguous planes, image after image (a fixed order).
-        let sums: Vec<f32> = (0..g.o)
-            .into_par_iter()
-            .map(|o| gs.chunks_exact(out_len).map(|img| lane_sum(&img[o * hw..(o + 1) * hw])).sum())
-            .collect();
+        let plane = |img: usize, o: usize| {
+            let at = img * out_len + o * hw;
+            lane_sum(&gs[at..at + hw], ys.map(|y| &y[at..at + hw]))
+        };
+        let sums: Vec<f32> = (0..g.o).into_par_iter().map(|o| (0..n).map(|img| plane(img, o)).sum()).collect();
         Array1::from(sums).into_dyn()
     });
 
@@ -689,7 +725,8 @@ mod tests {
     /// `conv2d_relu` is `relu(conv2d(…))` bit for bit: values, and the gradients of input, weight and bias.
     #[test]
     fn fused_relu_equals_conv_then_relu() {
-        for (n, p) in [(3, Conv2dParams::default()), (1, Conv2dParams { padding: (1, 1), ..Default::default() })] {
+        let padded = Conv2dParams { padding: (1, 1), ..Default::default() };
+        for (n, p) in [(3, Conv2dParams::default()), (11, Conv2dParams::default()), (1, padded)] {
             let x = Tensor::uniform(&[n, 2, 9, 9], -1.0, 1.0, 1).variable();
             let w = Tensor::uniform(&[4, 2, 3, 3], -1.0, 1.0, 2).variable();
             let b = Tensor::uniform(&[4], -0.5, 0.5, 3).variable();

@@ -12,6 +12,8 @@
 //! `#[target_feature]` entry point. On other CPUs the functions return `false` and the caller uses the `gemm`
 //! crate or its scalar loops.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
@@ -215,14 +217,28 @@ struct Direct {
     relu: bool,
 }
 
+/// Whether [`conv_direct`] runs this geometry: the vector kernels are present, the geometry is unpadded (the
+/// caller pads) with a column stride of 1, and output rows fill the vectors well (at least 3/4 of the lanes; an
+/// 8-wide row on 16 lanes is better served by unfolding).
+pub(crate) fn conv_direct_fits(u: &Unfold) -> bool {
+    let lanes = match level() {
+        Level::Portable => return false,
+        Level::Avx2 => 8,
+        Level::Avx512 => 16,
+    };
+    let fits = u.h > (u.ho.max(1) - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo.max(1) - 1 + (u.kw - 1) * u.dw;
+    u.ph == 0 && u.pw == 0 && u.ho > 0 && u.wo > 0 && fits && 4 * u.wo >= 3 * u.wo.div_ceil(lanes) * lanes
+}
+
 /// A convolution of one image group computed straight from the image (implicit GEMM), without unfolding it:
-/// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` (plus the bias, then the ReLU when `relu`), where `col` is never
-/// written — each register tile loads its input runs from the image at the kernel taps' offsets. Needs an
-/// unpadded geometry (the caller pads) with a column stride of 1; vectors run along output rows.
+/// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` plus the bias, then the ReLU when `relu`, where `col` is never
+/// written — each register tile loads its input runs from the image at the kernel taps' offsets. The geometry
+/// must satisfy [`conv_direct_fits`]. Every element of `out` is written (it need not be initialised).
 ///
-/// Every output element is the same fused multiply-add chain as [`gemm_nn`] over the im2col matrix with the output
-/// prefilled by the bias, so both paths give identical bits. Returns `false` (nothing written) without the vector
-/// kernels, or when output rows are so short that vectors would run mostly empty.
+/// Each output element is the same fused multiply-add chain as [`gemm_nn`] over the im2col matrix with the
+/// output prefilled by the bias, so both paths give identical bits. With `parallel` (and enough work, outside a
+/// rayon task) the tiles of output channels are split across threads.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn conv_direct(
     img: &[f32],
     u: &Unfold,
@@ -230,27 +246,19 @@ pub(crate) fn conv_direct(
     og: usize,
     bias: Option<&[f32]>,
     relu: bool,
-    out: &mut [f32],
-) -> bool {
+    out: &mut [MaybeUninit<f32>],
+    parallel: bool,
+) {
+    assert!(conv_direct_fits(u), "conv_direct: geometry");
     let level = level();
-    if level == Level::Portable || u.ph != 0 || u.pw != 0 || u.wo == 0 || u.ho == 0 || og == 0 {
-        return false;
-    }
     let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
     let chunks = u.wo.div_ceil(lanes);
-    // Lane use below 3/4 (an 8-wide row on 16 lanes): the unfolded product fills its vectors better.
-    if 4 * u.wo < 3 * chunks * lanes {
-        return false;
-    }
     let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
-    let last_row = (u.ho - 1) * u.sh + (u.kh - 1) * u.dh;
-    let last_col = u.wo - 1 + (u.kw - 1) * u.dw;
     assert!(
-        wt.len() >= og * k
+        og > 0
+            && wt.len() >= og * k
             && out.len() >= og * hw
             && bias.is_none_or(|b| b.len() >= og)
-            && last_row < u.h
-            && last_col < u.w
             && img.len() >= u.cg * u.h * u.w,
         "conv_direct: sizes"
     );
@@ -270,15 +278,23 @@ pub(crate) fn conv_direct(
             vecs.push((oh * u.sh * u.w + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
         }
     }
+    // Output channels split evenly over the fewest tiles of at most BLOCK_M; each tile owns its output rows.
     let tiles = og.div_ceil(BLOCK_M);
     let (base, extra) = (og / tiles, og % tiles);
-    let mut i = 0;
+    let mut jobs = Vec::with_capacity(tiles);
+    let (mut i, mut rest) = (0, &mut out[..og * hw]);
     for tile in 0..tiles {
         let mr = base + usize::from(tile < extra);
+        let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * hw);
+        jobs.push((i, mr, rows));
+        (i, rest) = (i + mr, tail);
+    }
+    let run = |(i, mr, rows): (usize, usize, &mut [MaybeUninit<f32>])| {
         let mut bias_rows = [0.0f32; BLOCK_M];
         if let Some(b) = bias {
             bias_rows[..mr].copy_from_slice(&b[i..i + mr]);
         }
+        let dst = rows.as_mut_ptr().cast::<f32>();
         for group in vecs.chunks(max_vecs) {
             let mut t = Direct {
                 k,
@@ -286,29 +302,32 @@ pub(crate) fn conv_direct(
                 rsa: k,
                 koff: koff.as_ptr(),
                 src: [img.as_ptr(); 4],
-                dst: [out.as_mut_ptr(); 4],
+                dst: [dst; 4],
                 lanes: [0; 4],
                 rsc: hw,
                 bias: bias_rows,
                 relu,
             };
-            for (v, &(src, dst, n)) in group.iter().enumerate() {
-                // SAFETY (of the offsets): every tap of every lane stays inside the image (asserted bounds above),
-                // every output inside `out`.
+            for (v, &(src, out_at, n)) in group.iter().enumerate() {
+                // Every tap of every lane stays inside the image (`conv_direct_fits`), every store inside `rows`.
                 t.src[v] = img.as_ptr().wrapping_add(src);
-                t.dst[v] = out.as_mut_ptr().wrapping_add(i * hw + dst);
+                t.dst[v] = dst.wrapping_add(out_at);
                 t.lanes[v] = n;
             }
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the level's instructions are present; loads and stores stay inside `img` and `out`, masked
-            // lanes never touch memory.
+            // SAFETY: the level's instructions are present; loads stay inside `img` and stores inside `rows`
+            // (masked lanes never touch memory).
             unsafe {
                 x86::direct(level, &t, mr, group.len());
             }
         }
-        i += mr;
+    };
+    let nested = rayon::current_thread_index().is_some();
+    if parallel && !nested && tiles > 1 && og * hw * k >= PAR_WORK {
+        jobs.into_par_iter().for_each(run);
+    } else {
+        jobs.into_iter().for_each(run);
     }
-    true
 }
 
 #[cfg(target_arch = "x86_64")]
