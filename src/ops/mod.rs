@@ -77,6 +77,8 @@ pub(crate) enum Op {
         p: Conv2dParams,
         relu: bool,
     },
+    /// `index` holds the flat arg-max of every output, or is empty when the backward recomputes it from the
+    /// input and output (2×2 windows of stride 2 on the vector kernels).
     MaxPool2d {
         x: Tensor,
         index: Vec<u32>,
@@ -162,7 +164,7 @@ impl Op {
             Op::Conv2d { x, w, b, p, relu } => {
                 conv::conv2d_backward(x, w, b.is_some(), p, g, relu.then_some(out), need)
             }
-            Op::MaxPool2d { x, index } => Ok(vec![Some(pool::max_pool2d_backward(x.shape(), index, g))]),
+            Op::MaxPool2d { x, index } => Ok(vec![Some(pool::max_pool2d_backward(x, out, index, g))]),
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
         }
     }

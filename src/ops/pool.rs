@@ -4,7 +4,7 @@ use ndarray::{Array4, ArrayD};
 use rayon::prelude::*;
 
 use super::{record, Op};
-use crate::tensor::{grad_enabled, Tensor};
+use crate::tensor::{grad_enabled, Array, Tensor};
 use crate::{Error, Result};
 
 /// Window, stride and padding of a pooling op (PyTorch's meaning).
@@ -149,8 +149,10 @@ fn max_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
     let (n, c, h, w, ho, wo) = p.geometry("max_pool2d", x)?;
     let xs = x.value().as_standard_layout();
     let xs = xs.as_slice().expect("standard layout");
-    // The arg-max is only needed by the backward, which exists only when the op is recorded.
-    let tracked = grad_enabled() && x.is_tracked();
+    // The arg-max is only needed by the backward, which exists only when the op is recorded — and not even then
+    // for 2×2 windows of stride 2 on the vector kernels, whose backward finds it again from input and output.
+    let dense = dense_backward(&p, h, w, ho, wo);
+    let tracked = grad_enabled() && x.is_tracked() && !dense;
     let len = n * c * ho * wo;
     let mut out = vec![0.0f32; len];
     let mut index = vec![0u32; if tracked { len } else { 0 }];
@@ -171,19 +173,59 @@ fn max_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
     Ok(record(value, Op::MaxPool2d { x: x.clone(), index }))
 }
 
-pub(crate) fn max_pool2d_backward(shape: &[usize], index: &[u32], g: &ArrayD<f32>) -> ArrayD<f32> {
+/// Whether the backward of this max pooling recomputes the arg-max ([`super::simd::max_pool_2x2_backward`])
+/// instead of reading a stored index: 2×2 windows of stride 2 tiling the input from its corner, on the vector
+/// kernels.
+fn dense_backward(p: &Pool2dParams, h: usize, w: usize, ho: usize, wo: usize) -> bool {
+    let tiles = p.kernel == (2, 2) && p.stride == (2, 2) && p.padding == (0, 0) && (ho, wo) == (h / 2, w / 2);
+    tiles && super::simd::accelerated()
+}
+
+pub(crate) fn max_pool2d_backward(x: &Tensor, out: &Array, index: &[u32], g: &ArrayD<f32>) -> ArrayD<f32> {
+    let shape = x.shape();
     let (h, w) = (shape[2], shape[3]);
     let planes = shape[0] * shape[1];
-    let per = index.len() / planes.max(1);
+    let per = g.len() / planes.max(1);
     let gs = g.as_standard_layout();
     let gs = gs.as_slice().expect("standard layout");
-    let mut out = vec![0.0f32; shape.iter().product()];
-    out.par_chunks_mut(h * w).zip(gs.par_chunks(per)).zip(index.par_chunks(per)).for_each(|((o, gp), ip)| {
+    let scatter = |o: &mut [f32], gp: &[f32], ip: &[u32]| {
         for (&gv, &i) in gp.iter().zip(ip) {
             o[i as usize] += gv;
         }
-    });
-    ArrayD::from_shape_vec(shape, out).expect("input-sized")
+    };
+    if !index.is_empty() {
+        let mut dx = vec![0.0f32; shape.iter().product()];
+        dx.par_chunks_mut(h * w)
+            .zip(gs.par_chunks(per))
+            .zip(index.par_chunks(per))
+            .for_each(|((o, gp), ip)| scatter(o, gp, ip));
+        return ArrayD::from_shape_vec(shape, dx).expect("input-sized");
+    }
+    // 2×2 windows: every element of the gradient is written (no zero fill); a plane holding a NaN takes the scan.
+    let xs = x.value().as_standard_layout();
+    let xs = xs.as_slice().expect("standard layout");
+    let os = out.as_standard_layout();
+    let os = os.as_slice().expect("standard layout");
+    let len = planes * h * w;
+    let mut dx = Vec::with_capacity(len);
+    dx.spare_capacity_mut()[..len]
+        .par_chunks_mut(h * w)
+        .zip(xs.par_chunks(h * w))
+        .zip(os.par_chunks(per).zip(gs.par_chunks(per)))
+        .for_each(|((d, plane), (op, gp))| {
+            if !super::simd::max_pool_2x2_backward(plane, h, w, op, gp, d) {
+                let (mut o, mut idx) = (vec![0.0f32; per], vec![0u32; per]);
+                max_pool_plane(plane, &mut o, &mut idx, h, w, w / 2, &Pool2dParams::square(2));
+                let mut local = vec![0.0f32; h * w];
+                scatter(&mut local, gp, &idx);
+                for (slot, v) in d.iter_mut().zip(local) {
+                    slot.write(v);
+                }
+            }
+        });
+    // SAFETY: every plane was written in full, by the kernel or by the fill.
+    unsafe { dx.set_len(len) };
+    ArrayD::from_shape_vec(shape, dx).expect("input-sized")
 }
 
 fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
@@ -253,6 +295,35 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 2×2 backward that finds the arg-max again from input and output (dense, no stored index) sends each
+    /// gradient where the stored first-maximum index would: planes full of ties, odd sizes (an unpooled last row
+    /// and column get zero), rows wider than one vector, and a plane with a NaN (the scan's last-NaN rule).
+    #[test]
+    fn dense_2x2_backward_matches_the_index_scatter() {
+        for (seed, &(h, w)) in [(6usize, 8usize), (7, 9), (24, 24), (12, 12), (5, 41)].iter().enumerate() {
+            let n = 3 * h * w;
+            let mut vals: Vec<f32> = (0..n).map(|i| ((i * 7919 + seed) % 5) as f32 - 2.0).collect();
+            if seed == 1 {
+                vals[w + 3] = f32::NAN;
+            }
+            let x = Tensor::from_vec(vals.clone(), &[1, 3, h, w]).unwrap().variable();
+            let y = x.max_pool2d(Pool2dParams::square(2)).unwrap();
+            let (ho, wo) = (h / 2, w / 2);
+            let r = Tensor::uniform(&[1, 3, ho, wo], -1.0, 1.0, seed as u64);
+            let got = y.mul(&r).unwrap().sum_all().grad_wrt(&[&x]).unwrap()[0].to_vec();
+            let rs = r.to_vec();
+            let mut want = vec![0.0f32; n];
+            for c in 0..3 {
+                let (mut o, mut idx) = (vec![0.0; ho * wo], vec![0u32; ho * wo]);
+                max_pool_plane(&vals[c * h * w..(c + 1) * h * w], &mut o, &mut idx, h, w, wo, &Pool2dParams::square(2));
+                for (k, &i) in idx.iter().enumerate() {
+                    want[c * h * w + i as usize] += rs[c * ho * wo + k];
+                }
+            }
+            assert_eq!(got, want, "{h}x{w}");
+        }
+    }
 
     /// The unrolled 2×2 path gives the same values (NaN included) and arg-max (first maximum, last NaN) as the
     /// generic row-major scan.

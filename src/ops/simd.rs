@@ -362,6 +362,12 @@ mod x86 {
         unsafe fn load(m: Self::M, p: *const f32) -> Self::V;
         /// Stores the lanes in `m` (the others never touch memory).
         unsafe fn store(m: Self::M, p: *mut f32, v: Self::V);
+        /// Lanes not in `m`.
+        unsafe fn not(m: Self::M) -> Self::M;
+        /// `a` in the lanes of `m`, zero elsewhere.
+        unsafe fn keep(m: Self::M, a: Self::V) -> Self::V;
+        /// The inverse of [`Isa::deinterleave`]: `a0 b0 a1 b1 …` as two vectors.
+        unsafe fn interleave(a: Self::V, b: Self::V) -> (Self::V, Self::V);
         /// The even and the odd elements of the `2·LANES` elements `lo, hi`.
         unsafe fn deinterleave(lo: Self::V, hi: Self::V) -> (Self::V, Self::V);
         /// Lanes where `a == b` (ordered).
@@ -457,6 +463,20 @@ mod x86 {
         #[inline(always)]
         unsafe fn store(m: u16, p: *mut f32, v: __m512) {
             _mm512_mask_storeu_ps(p, m, v)
+        }
+        #[inline(always)]
+        unsafe fn not(m: u16) -> u16 {
+            !m
+        }
+        #[inline(always)]
+        unsafe fn keep(m: u16, a: __m512) -> __m512 {
+            _mm512_maskz_mov_ps(m, a)
+        }
+        #[inline(always)]
+        unsafe fn interleave(a: __m512, b: __m512) -> (__m512, __m512) {
+            let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            let hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+            (_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b))
         }
         #[inline(always)]
         unsafe fn deinterleave(lo: __m512, hi: __m512) -> (__m512, __m512) {
@@ -574,6 +594,19 @@ mod x86 {
             }
         }
         #[inline(always)]
+        unsafe fn not(m: Lanes8) -> Lanes8 {
+            Lanes8 { v: _mm256_xor_si256(m.v, _mm256_set1_epi32(-1)), bits: !m.bits }
+        }
+        #[inline(always)]
+        unsafe fn keep(m: Lanes8, a: __m256) -> __m256 {
+            _mm256_and_ps(_mm256_castsi256_ps(m.v), a)
+        }
+        #[inline(always)]
+        unsafe fn interleave(a: __m256, b: __m256) -> (__m256, __m256) {
+            let (lo, hi) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+            (_mm256_permute2f128_ps::<0x20>(lo, hi), _mm256_permute2f128_ps::<0x31>(lo, hi))
+        }
+        #[inline(always)]
         unsafe fn deinterleave(lo: __m256, hi: __m256) -> (__m256, __m256) {
             // Within each 128-bit half: lo's pair then hi's pair; then the 64-bit quarters put back in order.
             let even = _mm256_shuffle_ps::<0b10_00_10_00>(lo, hi);
@@ -639,6 +672,8 @@ mod x86 {
     entry_points! {
         fn im2col(img: &[f32], u: &Unfold, col: &mut [f32]) = im2col_body;
         fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool = pool_body;
+        fn max_pool_2x2_backward(plane: &[f32], h: usize, w: usize, out: &[f32], g: &[f32], dx: *mut f32) -> bool
+            = pool_backward_body;
     }
 
     /// The adjoint of im2col. With AVX-512 each image row gathers its taps' shifted runs under lane masks (free
@@ -961,18 +996,73 @@ mod x86 {
                     return false;
                 }
                 let m = S::max(S::max(a, b), S::max(c, d));
-                // Flat indices of the four window entries; the first entry equal to the maximum wins.
-                let base = S::add_i(S::splat_i((2 * i * w + 2 * j0) as i32), S::evens());
-                let mut at = S::add_i(S::add_i(base, below), one);
-                at = S::select_i(S::eq(c, m), S::add_i(base, below), at);
-                at = S::select_i(S::eq(b, m), S::add_i(base, one), at);
-                at = S::select_i(S::eq(a, m), base, at);
                 S::store(m_out, out.as_mut_ptr().add(i * wo + j0), m);
                 if !idx.is_empty() {
+                    // Flat indices of the four window entries; the first entry equal to the maximum wins.
+                    let base = S::add_i(S::splat_i((2 * i * w + 2 * j0) as i32), S::evens());
+                    let mut at = S::add_i(S::add_i(base, below), one);
+                    at = S::select_i(S::eq(c, m), S::add_i(base, below), at);
+                    at = S::select_i(S::eq(b, m), S::add_i(base, one), at);
+                    at = S::select_i(S::eq(a, m), base, at);
                     S::store_i(m_out, idx.as_mut_ptr().add(i * wo + j0), at);
                 }
                 j0 += l;
             }
+        }
+        true
+    }
+
+    #[inline(always)]
+    unsafe fn pool_backward_body<S: Isa>(
+        plane: &[f32],
+        h: usize,
+        w: usize,
+        out: &[f32],
+        g: &[f32],
+        dx: *mut f32,
+    ) -> bool {
+        let (l, ho, wo) = (S::LANES, h / 2, w / 2);
+        let p = plane.as_ptr();
+        for i in 0..ho {
+            let (top, bottom) = (p.add(2 * i * w), p.add((2 * i + 1) * w));
+            let (dtop, dbottom) = (dx.add(2 * i * w), dx.add((2 * i + 1) * w));
+            let mut j0 = 0;
+            while j0 < wo {
+                let n = (wo - j0).min(l) as isize;
+                let m_out = S::lanes(0, n);
+                let (m_lo, m_hi) = (S::lanes(0, 2 * n), S::lanes(0, 2 * n - l as isize));
+                let (t, b) = (top.add(2 * j0), bottom.add(2 * j0));
+                let (a, b_) = S::deinterleave(S::load(m_lo, t), S::load(m_hi, t.wrapping_add(l)));
+                let (c, d) = S::deinterleave(S::load(m_lo, b), S::load(m_hi, b.wrapping_add(l)));
+                let b = b_;
+                if !S::is_empty(S::and(S::or(S::unordered(a, b), S::unordered(c, d)), m_out)) {
+                    return false;
+                }
+                let (m, gv) =
+                    (S::load(m_out, out.as_ptr().add(i * wo + j0)), S::load(m_out, g.as_ptr().add(i * wo + j0)));
+                // The gradient goes to the first entry equal to the maximum (row-major), as the forward's arg-max.
+                let ea = S::eq(a, m);
+                let eb = S::and(S::eq(b, m), S::not(ea));
+                let seen = S::or(ea, eb);
+                let ec = S::and(S::eq(c, m), S::not(seen));
+                let ed = S::not(S::or(seen, ec));
+                let (lo, hi) = S::interleave(S::keep(ea, gv), S::keep(eb, gv));
+                S::store(m_lo, dtop.add(2 * j0), lo);
+                S::store(m_hi, dtop.add(2 * j0).wrapping_add(l), hi);
+                let (lo, hi) = S::interleave(S::keep(ec, gv), S::keep(ed, gv));
+                S::store(m_lo, dbottom.add(2 * j0), lo);
+                S::store(m_hi, dbottom.add(2 * j0).wrapping_add(l), hi);
+                j0 += l;
+            }
+            // An odd last column lies in no window.
+            for j in 2 * wo..w {
+                *dtop.add(j) = 0.0;
+                *dbottom.add(j) = 0.0;
+            }
+        }
+        // As does an odd last row.
+        for j in 2 * ho * w..h * w {
+            *dx.add(j) = 0.0;
         }
         true
     }
@@ -1046,6 +1136,33 @@ pub(crate) fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], i
     // SAFETY: the level's instructions are present and every access stays inside the slices checked above.
     unsafe {
         x86::max_pool_2x2(level, plane, h, w, out, idx)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The gradient of [`max_pool_2x2`] for one plane, written densely into every element of `dx[h×w]` (which need
+/// not be initialised): each window's output gradient `g` goes to its first entry equal to the pooled maximum
+/// `out` (row-major, the forward's arg-max), every other entry gets zero. Recomputing the arg-max here spares the
+/// forward the index and the backward a zero fill and a scalar scatter. Planes holding a NaN are left to the
+/// caller (`false`, `dx` partly written), as are CPUs without the vector kernels.
+pub(crate) fn max_pool_2x2_backward(
+    plane: &[f32],
+    h: usize,
+    w: usize,
+    out: &[f32],
+    g: &[f32],
+    dx: &mut [MaybeUninit<f32>],
+) -> bool {
+    let (ho, wo) = (h / 2, w / 2);
+    let level = level();
+    if level == Level::Portable || plane.len() < h * w || dx.len() < h * w || out.len() < ho * wo || g.len() < ho * wo {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the level's instructions are present and every access stays inside the slices checked above.
+    unsafe {
+        x86::max_pool_2x2_backward(level, plane, h, w, out, g, dx.as_mut_ptr().cast())
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
