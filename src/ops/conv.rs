@@ -246,11 +246,18 @@ fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32>, ac
     }
 }
 
-/// `dst[c, r] = src[r, c]` for a row-major `rows × cols` source: each output row gathers one source column.
-fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+/// `dst[c, r] = src[r, c]` for a row-major `rows × cols` source, masked by the fused ReLU's output `y` (same
+/// layout as `src`) when given: 8×8 blocks in vector registers where the kernels allow, else each output row
+/// gathers one source column.
+fn transpose(src: &[f32], y: Option<&[f32]>, rows: usize, cols: usize, dst: &mut [f32]) {
+    if simd::transpose(src, y, rows, cols, dst) {
+        return;
+    }
     for (c, out) in dst[..rows * cols].chunks_exact_mut(rows).enumerate() {
-        for (d, s) in out.iter_mut().zip(src[c..].iter().step_by(cols)) {
-            *d = *s;
+        for (r, d) in out.iter_mut().enumerate() {
+            let at = r * cols + c;
+            let pass = y.is_none_or(|y| y[at] > 0.0);
+            *d = if pass { src[at] } else { 0.0 };
         }
     }
 }
@@ -486,9 +493,11 @@ pub(crate) fn conv2d_backward(
                 let mut col = vec![0.0f32; col_len];
                 let mut gt = vec![0.0f32; if transposed { og * hw } else { 0 }];
                 let mut gm = Vec::new();
-                for (j, (img, gimg)) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)).enumerate() {
+                for (j, (img, graw)) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)).enumerate() {
                     let at = (chunk * WGRAD_CHUNK + j) * out_len;
-                    let gimg = relu_masked(gimg, ys.map(|y| &y[at..at + out_len]), &mut gm);
+                    let yimg = ys.map(|y| &y[at..at + out_len]);
+                    // The transposed path masks while it transposes; the `gemm` path needs the masked copy.
+                    let gimg = if transposed { graw } else { relu_masked(graw, yimg, &mut gm) };
                     for grp in 0..g.p.groups {
                         let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
                         let src = if g.is_pointwise() {
@@ -499,7 +508,8 @@ pub(crate) fn conv2d_backward(
                         };
                         let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
                         if transposed {
-                            transpose(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw, &mut gt);
+                            let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
+                            transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut gt);
                             product(mat(src, k, hw), mat(&gt, hw, og), mat_mut(dst, k, og), true, par_inside);
                         } else {
                             gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, par_inside);

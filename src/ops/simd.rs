@@ -695,6 +695,47 @@ mod x86 {
         }
     }
 
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose8(src: &[f32], y: Option<&[f32]>, rows: usize, cols: usize, dst: &mut [f32]) {
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        for r0 in (0..rows).step_by(8) {
+            for c0 in (0..cols).step_by(8) {
+                let mut r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(s.add((r0 + i) * cols + c0)));
+                if let Some(y) = y {
+                    for (i, v) in r.iter_mut().enumerate() {
+                        let yv = _mm256_loadu_ps(y.as_ptr().add((r0 + i) * cols + c0));
+                        *v = _mm256_and_ps(*v, _mm256_cmp_ps::<_CMP_GT_OQ>(yv, _mm256_setzero_ps()));
+                    }
+                }
+                let t: [__m256; 8] = std::array::from_fn(|i| {
+                    let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+                    if i % 2 == 0 {
+                        _mm256_unpacklo_ps(a, b)
+                    } else {
+                        _mm256_unpackhi_ps(a, b)
+                    }
+                });
+                // tt[4q + j]: pairs (t[4q], t[4q + 2]) and (t[4q + 1], t[4q + 3]), low and high halves of each lane.
+                let tt = [
+                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+                ];
+                for k in 0..4 {
+                    let lo = _mm256_permute2f128_ps::<0x20>(tt[k], tt[k + 4]);
+                    let hi = _mm256_permute2f128_ps::<0x31>(tt[k], tt[k + 4]);
+                    _mm256_storeu_ps(d.add((c0 + k) * rows + r0), lo);
+                    _mm256_storeu_ps(d.add((c0 + k + 4) * rows + r0), hi);
+                }
+            }
+        }
+    }
+
     /// `f::<r, v, flag>(t)` for the runtime `r` and `v` among the listed values.
     macro_rules! tile_match {
         ($f:ident, $fl:literal, $t:ident, $r:ident, $v:ident, [$($rr:literal)*], $vs:tt) => {
@@ -1168,6 +1209,28 @@ pub(crate) fn max_pool_2x2_backward(
     false
 }
 
+/// `dst[c, r] = src[r, c]` for a row-major `rows × cols` source, zero where `y` (same layout) is not positive when
+/// given, in 8×8 blocks transposed in registers (AVX2, which every AVX-512 CPU has). `false` (nothing written)
+/// without the vector kernels or when `rows` or `cols` is not a multiple of 8.
+pub(crate) fn transpose(src: &[f32], y: Option<&[f32]>, rows: usize, cols: usize, dst: &mut [f32]) -> bool {
+    let n = rows * cols;
+    if !accelerated()
+        || !rows.is_multiple_of(8)
+        || !cols.is_multiple_of(8)
+        || src.len() < n
+        || dst.len() < n
+        || y.is_some_and(|y| y.len() < n)
+    {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2 is present (both levels have it) and every block lies inside the slices checked above.
+    unsafe {
+        x86::transpose8(src, y, rows, cols, dst);
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1216,6 +1279,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The 8×8-block transpose, with and without the ReLU mask, against the index definition.
+    #[test]
+    fn transpose_matches_definition() {
+        let (rows, cols) = (16, 40);
+        let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let y: Vec<f32> = (0..rows * cols).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        for mask in [None, Some(&y[..])] {
+            let mut dst = vec![0.0; rows * cols];
+            if !transpose(&src, mask, rows, cols, &mut dst) {
+                return;
+            }
+            for r in 0..rows {
+                for c in 0..cols {
+                    let want = if mask.is_some() && (r * cols + c) % 3 == 0 { 0.0 } else { src[r * cols + c] };
+                    assert_eq!(dst[c * rows + r], want, "{r},{c}");
+                }
+            }
+        }
+        assert!(!transpose(&src, None, 12, 40, &mut vec![0.0; 480]), "12 rows are not a multiple of 8");
     }
 
     /// A row of the product is bit-identical whichever other rows are computed with it.
