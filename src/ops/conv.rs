@@ -319,6 +319,24 @@ fn runs_direct(g: &Geom) -> bool {
     g.p.stride.1 == 1 && !g.is_pointwise() && simd::conv_direct_fits(&direct_unfold(g))
 }
 
+/// `img` zero-padded by the geometry's padding into `pad` (or `img` itself when there is none): the image the
+/// direct kernels read, of the size [`direct_unfold`] gives.
+fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
+    let (ph, pw) = g.p.padding;
+    if (ph, pw) == (0, 0) {
+        return img;
+    }
+    let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
+    pad.clear();
+    pad.resize(g.c * hp * wp, 0.0);
+    for (dst, plane) in pad.chunks_exact_mut(hp * wp).zip(img.chunks_exact(g.h * g.w)) {
+        for (drow, srow) in dst[ph * wp..].chunks_exact_mut(wp).zip(plane.chunks_exact(g.w)) {
+            drow[pw..pw + g.w].copy_from_slice(srow);
+        }
+    }
+    pad
+}
+
 /// Direct forward for one image (see [`runs_direct`]): `img` is zero-padded into `pad` when the geometry has
 /// padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when `relu`, the ReLU.
 #[allow(clippy::too_many_arguments)]
@@ -334,19 +352,7 @@ fn forward_image_direct(
 ) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
     let u = direct_unfold(g);
-    let (ph, pw) = g.p.padding;
-    let src = if (ph, pw) == (0, 0) {
-        img
-    } else {
-        pad.clear();
-        pad.resize(g.c * u.h * u.w, 0.0);
-        for (dst, plane) in pad.chunks_exact_mut(u.h * u.w).zip(img.chunks_exact(g.h * g.w)) {
-            for (drow, srow) in dst[ph * u.w..].chunks_exact_mut(u.w).zip(plane.chunks_exact(g.w)) {
-                drow[pw..pw + g.w].copy_from_slice(srow);
-            }
-        }
-        &pad[..]
-    };
+    let src = padded(img, g, pad);
     for grp in 0..g.p.groups {
         let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
         let (wg, dst) = (&wt[grp * og * k..(grp + 1) * og * k], &mut out[grp * og * hw..(grp + 1) * og * hw]);
@@ -484,32 +490,45 @@ pub(crate) fn conv2d_backward(
         // With the vector kernels each group's gradient is accumulated transposed, dWᵀ[K, Og] += col · doutᵀ, so the product
         // runs on the register-tiled kernel (doutᵀ has contiguous rows); otherwise dW += dout · colᵀ on `gemm`.
         let transposed = simd::accelerated();
+        // And with a column stride of 1 the unfolded image is read straight from the image.
+        let implicit = transposed && g.p.stride.1 == 1 && !g.is_pointwise();
         let partials: Vec<Vec<f32>> = xs
             .par_chunks(chunk_in)
             .zip(gs.par_chunks(chunk_out))
             .enumerate()
             .map(|(chunk, (ximgs, gimgs))| {
                 let mut acc = vec![0.0f32; w_len];
-                let mut col = vec![0.0f32; col_len];
+                let mut col = vec![0.0f32; if implicit { 0 } else { col_len }];
                 let mut gt = vec![0.0f32; if transposed { og * hw } else { 0 }];
-                let mut gm = Vec::new();
+                let (mut gm, mut pad) = (Vec::new(), Vec::new());
                 for (j, (img, graw)) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)).enumerate() {
                     let at = (chunk * WGRAD_CHUNK + j) * out_len;
                     let yimg = ys.map(|y| &y[at..at + out_len]);
                     // The transposed path masks while it transposes; the `gemm` path needs the masked copy.
                     let gimg = if transposed { graw } else { relu_masked(graw, yimg, &mut gm) };
+                    let src_img = if implicit { padded(img, &g, &mut pad) } else { img };
                     for grp in 0..g.p.groups {
                         let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+                        let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
+                        if transposed {
+                            let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
+                            transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut gt);
+                        }
+                        if implicit {
+                            // The unfolded image is read in place, never written out.
+                            let u = direct_unfold(&g);
+                            let plane = &src_img[grp * g.cg() * u.h * u.w..];
+                            let done = simd::conv_weight_grad(plane, &u, &gt, og, dst);
+                            debug_assert!(done, "the kernels are present when `implicit`");
+                            continue;
+                        }
                         let src = if g.is_pointwise() {
                             &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw]
                         } else {
                             im2col(img, &g, grp * g.cg(), &mut col);
                             &col[..]
                         };
-                        let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
                         if transposed {
-                            let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
-                            transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut gt);
                             product(mat(src, k, hw), mat(&gt, hw, og), mat_mut(dst, k, og), true, par_inside);
                         } else {
                             gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, par_inside);
@@ -672,6 +691,48 @@ mod tests {
             assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "case {seed}");
             let fused = x.conv2d_relu(&wt, Some(&b), p).unwrap().to_vec();
             assert!(fused.iter().zip(&want).all(|(a, b)| a.to_bits() == b.max(0.0).to_bits()), "case {seed} relu");
+        }
+    }
+
+    /// The weight gradient read straight from the image gives the same bits as unfolding it and running the
+    /// product (`dWᵀ += col · doutᵀ`), on the geometries of the forward test. (Without the vector kernels there
+    /// is no implicit path: the adjoint test covers the `gemm` one.)
+    #[test]
+    fn implicit_weight_gradient_equals_unfolded_product() {
+        if !simd::accelerated() {
+            return;
+        }
+        let cases = [
+            (3, 1, 28, 28, 16, 5, 5, Conv2dParams::default()),
+            (3, 16, 12, 12, 32, 5, 5, Conv2dParams::default()),
+            (2, 3, 13, 30, 7, 3, 3, Conv2dParams { padding: (1, 1), ..Default::default() }),
+            (1, 4, 11, 21, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
+        ];
+        for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+            let seed = seed as u64;
+            let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
+            let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 10 + seed);
+            let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+            let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+            let gout = Tensor::uniform(&[n, o, g.ho, g.wo], -1.0, 1.0, 20 + seed).to_array();
+            let got = conv2d_backward(&x, &wt, false, &p, &gout, None, &[false, true]).unwrap()[1].clone().unwrap();
+            let (xs, gs) = (x.to_vec(), gout.iter().copied().collect::<Vec<f32>>());
+            let mut acc = vec![0.0f32; o * k];
+            let (mut col, mut gt) = (vec![0.0f32; k * hw], vec![0.0f32; og * hw]);
+            for (img, gimg) in xs.chunks(c * h * w).zip(gs.chunks(o * hw)) {
+                for grp in 0..p.groups {
+                    im2col(img, &g, grp * g.cg(), &mut col);
+                    transpose(&gimg[grp * og * hw..(grp + 1) * og * hw], None, og, hw, &mut gt);
+                    let dst = mat_mut(&mut acc[grp * og * k..(grp + 1) * og * k], k, og);
+                    product(mat(&col, k, hw), mat(&gt, hw, og), dst, true, false);
+                }
+            }
+            let mut want: Vec<f32> = Vec::with_capacity(o * k);
+            for grp in acc.chunks(og * k) {
+                want.extend(mat(grp, k, og).t().iter());
+            }
+            let got: Vec<f32> = got.iter().copied().collect();
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "case {seed}");
         }
     }
 

@@ -330,9 +330,89 @@ pub(crate) fn conv_direct(
     }
 }
 
+/// One register tile of a convolution's weight gradient read straight from the image: `R ≤ 6` kernel taps (rows
+/// of `dWᵀ`; tap `r` reads the image at `a[r] + aoff[p]` for output position `p`) by `V` vectors of output
+/// channels, accumulated over the `k` output positions into `c`.
+#[allow(dead_code)]
+struct Gather {
+    k: usize,
+    a: [*const f32; BLOCK_M],
+    aoff: *const isize,
+    b: *const f32,
+    rsb: isize,
+    c: *mut f32,
+    rsc: isize,
+    tail: usize,
+}
+
+/// `dWᵀ[K, Og] += col[K, Ho·Wo] · doutᵀ[Ho·Wo, Og]` for one image group, with `col` (the im2col matrix) read
+/// straight from the image instead of written out: each register tile broadcasts its taps' inputs at the output
+/// positions' offsets. `gt` is `doutᵀ` (rows of `og` contiguous), `acc` is `dWᵀ` (rows of `og` contiguous). The
+/// geometry must be unpadded (the caller pads) with a column stride of 1. Every element is the same fused
+/// multiply-add chain over the positions, in order, as [`gemm_nn`] on the unfolded image, so the bits agree.
+/// `false` (nothing written) without the vector kernels.
+pub(crate) fn conv_weight_grad(img: &[f32], u: &Unfold, gt: &[f32], og: usize, acc: &mut [f32]) -> bool {
+    let level = level();
+    if level == Level::Portable || u.ph != 0 || u.pw != 0 || og == 0 || u.ho == 0 || u.wo == 0 {
+        return false;
+    }
+    let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
+    let inside = u.h > (u.ho - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo - 1 + (u.kw - 1) * u.dw;
+    assert!(
+        inside && img.len() >= u.cg * u.h * u.w && gt.len() >= hw * og && acc.len() >= k * og,
+        "conv_weight_grad: sizes"
+    );
+    let mut aoff = Vec::with_capacity(hw);
+    for oh in 0..u.ho {
+        for ow in 0..u.wo {
+            aoff.push((oh * u.sh * u.w + ow) as isize);
+        }
+    }
+    let mut koff = Vec::with_capacity(k);
+    for c in 0..u.cg {
+        for ki in 0..u.kh {
+            for kj in 0..u.kw {
+                koff.push(c * u.h * u.w + ki * u.dh * u.w + kj * u.dw);
+            }
+        }
+    }
+    let (lanes, block_n) = if level == Level::Avx512 { (16, 64) } else { (8, 16) };
+    let tiles = k.div_ceil(BLOCK_M);
+    let (base, extra) = (k / tiles, k % tiles);
+    for j in (0..og).step_by(block_n) {
+        let nb = (og - j).min(block_n);
+        let nv = nb.div_ceil(lanes);
+        let mut i = 0;
+        for tile in 0..tiles {
+            let mr = base + usize::from(tile < extra);
+            let mut t = Gather {
+                k: hw,
+                a: [img.as_ptr(); BLOCK_M],
+                aoff: aoff.as_ptr(),
+                b: gt[j..].as_ptr(),
+                rsb: og as isize,
+                c: acc[i * og + j..].as_mut_ptr(),
+                rsc: og as isize,
+                tail: nb - (nv - 1) * lanes,
+            };
+            for (r, a) in t.a.iter_mut().enumerate().take(mr) {
+                *a = img[koff[i + r]..].as_ptr();
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the level's instructions are present; every tap at every position lies inside the image
+            // (asserted), every row of `gt` and `acc` touched inside them (masked lanes never touch memory).
+            unsafe {
+                x86::gather(level, &t, mr, nv);
+            }
+            i += mr;
+        }
+    }
+    true
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Direct, Level, Tile, Unfold};
+    use super::{Direct, Gather, Level, Tile, Unfold};
     use std::arch::x86_64::*;
 
     /// The vector operations the kernels are written in, for one instruction set. Every method is inlined into
@@ -775,6 +855,50 @@ mod x86 {
         tile_dispatch!(tile_body, Tile, level, t, r, v, tail)
     }
 
+    /// Runs the weight-gradient tile kernel specialised for `r` rows and `v` vectors (with a partial last vector
+    /// or not).
+    pub(super) unsafe fn gather(level: Level, t: &Gather, r: usize, v: usize) {
+        let tail = t.tail < if level == Level::Avx512 { 16 } else { 8 };
+        tile_dispatch!(gather_body, Gather, level, t, r, v, tail)
+    }
+
+    /// `R` taps × `V` vectors of `dWᵀ`, accumulated over the output positions in order.
+    #[inline(always)]
+    unsafe fn gather_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Gather) {
+        let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
+        let mut acc = [[S::zero(); V]; R];
+        for (r, row) in acc.iter_mut().enumerate() {
+            for (v, a) in row.iter_mut().enumerate() {
+                *a = ld::<S, V, TAIL>(last, t.c.offset(r as isize * t.rsc).add(S::LANES * v), v);
+            }
+        }
+        let mut bp = t.b;
+        for p in 0..t.k {
+            let o = *t.aoff.add(p);
+            let mut bv = [S::zero(); V];
+            for (v, b) in bv.iter_mut().enumerate() {
+                *b = ld::<S, V, TAIL>(last, bp.add(S::LANES * v), v);
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = S::splat(*t.a[r].offset(o));
+                for (a, &b) in row.iter_mut().zip(&bv) {
+                    *a = S::fmadd(av, b, *a);
+                }
+            }
+            bp = bp.offset(t.rsb);
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &a) in row.iter().enumerate() {
+                let p = t.c.offset(r as isize * t.rsc).add(S::LANES * v);
+                if TAIL && v + 1 == V {
+                    S::store(last, p, a)
+                } else {
+                    S::storeu(p, a)
+                }
+            }
+        }
+    }
+
     /// Runs the direct-convolution tile kernel specialised for `r` rows and `v` vectors (masked or not).
     pub(super) unsafe fn direct(level: Level, t: &Direct, r: usize, v: usize) {
         let full = if level == Level::Avx512 { 16 } else { 8 };
@@ -819,21 +943,22 @@ mod x86 {
         }
     }
 
+    /// Vector `v` of a tile row: the last one masked to `last` with `TAIL`, the others plain moves (a function, not
+    /// a closure: it must inline into the entry point for the intrinsics to).
+    #[inline(always)]
+    unsafe fn ld<S: Isa, const V: usize, const TAIL: bool>(last: S::M, p: *const f32, v: usize) -> S::V {
+        if TAIL && v + 1 == V {
+            S::load(last, p)
+        } else {
+            S::loadu(p)
+        }
+    }
+
     /// `R` rows × `V` vectors of `c`, one fused multiply-add chain per element over the whole reduction; with
     /// `TAIL` the last vector holds only `t.tail` columns.
     #[inline(always)]
     unsafe fn tile_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Tile) {
         let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
-        // The last vector is masked with `TAIL`, the others are plain moves (no closure: it must inline into the
-        // entry point for the intrinsics to).
-        #[inline(always)]
-        unsafe fn ld<S: Isa, const V: usize, const TAIL: bool>(last: S::M, p: *const f32, v: usize) -> S::V {
-            if TAIL && v + 1 == V {
-                S::load(last, p)
-            } else {
-                S::loadu(p)
-            }
-        }
         let mut acc = [[S::zero(); V]; R];
         if t.accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
