@@ -43,7 +43,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let weights = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors");
     let attack_rows = bench::attacks(&weights, &probe)?;
-    println!("\nattacks on the fixture cnn (SPEC §6 settings; torchattacks measured on this machine):");
+    println!(
+        "\nattacks on the fixture cnn (SPEC §6 settings; torchattacks as SPEC §6 measured it, on its AVX-512 machine):"
+    );
     println!(
         "{:<7} {:>6} {:>9} {:>10} {:>8} {:>8} {:>8} {:>12} {:>8}",
         "attack", "images", "seconds", "images/s", "robust", "success", "mean L2", "torchattacks", "speedup"
