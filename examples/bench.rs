@@ -8,6 +8,7 @@ mod bench;
 
 use armoury::data;
 use armoury::nn::ReferenceModel;
+use armoury::Classifier;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -63,6 +64,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.reference_seconds,
             r.reference_seconds / r.seconds
         );
+    }
+    // The imported ONNX export of the fixture cnn against the native model (same kernels; the interpreter runs
+    // Conv and Relu as separate nodes where the native `Sequential` fuses them).
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let onnx = armoury::onnx::OnnxModel::load(fixtures.join("cnn.onnx"))?.classifier((0.0, 1.0))?;
+    let native = armoury::ModuleClassifier::new(ReferenceModel::Cnn.build(0), &[1, 28, 28], 10, (0.0, 1.0))?;
+    let (x, y) = probe.batch(0..256)?;
+    println!(
+        "
+onnx import vs native cnn, batch 256:"
+    );
+    for (what, onnx_ms, native_ms) in [
+        (
+            "forward",
+            bench::median_ms(15, || onnx.logits(&x).map(drop))?,
+            bench::median_ms(15, || native.logits(&x).map(drop))?,
+        ),
+        (
+            "forward_input_grad",
+            bench::median_ms(15, || onnx.loss_gradient(&x, &y).map(drop))?,
+            bench::median_ms(15, || native.loss_gradient(&x, &y).map(drop))?,
+        ),
+    ] {
+        println!("  {what:<20} onnx {onnx_ms:.3} ms, native {native_ms:.3} ms, ratio {:.2}", onnx_ms / native_ms);
     }
     let json: Vec<String> = rows.iter().map(bench::Row::json).collect();
     let attack_json: Vec<String> = attack_rows.iter().map(bench::AttackRow::json).collect();

@@ -8,7 +8,6 @@ mod ops_nn;
 mod ops_shape;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use armoury::io::{load_module, save_module, SafetensorsFile};
 use armoury::onnx::OnnxModel;
@@ -292,48 +291,4 @@ fn wrong_input_rank_or_shape_is_an_error() {
     let err = model.forward_t(&Tensor::zeros(&[2, 1, 28, 27]), false).expect_err("wrong width");
     assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
     assert!(matches!(clf.logits(&Tensor::zeros(&[1, 28, 28])), Err(Error::RankMismatch { .. })));
-}
-
-fn ms(f: &mut dyn FnMut()) -> f64 {
-    let t = Instant::now();
-    f();
-    t.elapsed().as_secs_f64() * 1e3
-}
-
-/// The ratio of the fastest of `runs` runs of `a` to the fastest of `b`, run alternately (a busy machine slows
-/// both alike; the minimum is the run least disturbed).
-fn min_ratio(runs: usize, a: &mut dyn FnMut(), b: &mut dyn FnMut()) -> f64 {
-    a();
-    b();
-    let (mut ta, mut tb) = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..runs {
-        ta = ta.min(ms(a));
-        tb = tb.min(ms(b));
-    }
-    ta / tb
-}
-
-/// The imported `cnn` runs forward, and forward + input gradient, within 10% of the native `cnn` (the same
-/// kernels; the interpreter adds a slot look-up per node). Batch 256; up to three rounds of alternating runs.
-#[test]
-fn imported_cnn_is_as_fast_as_native() {
-    let (_, clf) = imported("cnn.onnx");
-    let nat = ModuleClassifier::new(native("cnn"), &[1, 28, 28], 10, (0.0, 1.0)).expect("native");
-    let x = Tensor::uniform(&[256, 1, 28, 28], 0.0, 1.0, 1);
-    let y: Vec<usize> = (0..256).map(|i| i % 10).collect();
-    let mut best = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..3 {
-        let fwd = min_ratio(9, &mut || drop(clf.logits(&x).expect("forward")), &mut || {
-            drop(nat.logits(&x).expect("forward"))
-        });
-        let grad = min_ratio(9, &mut || drop(clf.loss_gradient(&x, &y).expect("gradient")), &mut || {
-            drop(nat.loss_gradient(&x, &y).expect("gradient"))
-        });
-        best = (best.0.min(fwd), best.1.min(grad));
-        if best.0 <= 1.1 && best.1 <= 1.1 {
-            break;
-        }
-    }
-    assert!(best.0 <= 1.1, "forward: imported/native time ratio {:.3}", best.0);
-    assert!(best.1 <= 1.1, "forward + gradient: imported/native time ratio {:.3}", best.1);
 }
