@@ -492,6 +492,7 @@ pub(crate) fn conv2d_backward(
         let transposed = simd::accelerated();
         // And with a column stride of 1 the unfolded image is read straight from the image.
         let implicit = transposed && g.p.stride.1 == 1 && !g.is_pointwise();
+        let u = direct_unfold(&g);
         let partials: Vec<Vec<f32>> = xs
             .par_chunks(chunk_in)
             .zip(gs.par_chunks(chunk_out))
@@ -508,7 +509,6 @@ pub(crate) fn conv2d_backward(
                     let gimg = if transposed { graw } else { relu_masked(graw, yimg, &mut gm) };
                     let src_img = if implicit { padded(img, &g, &mut pad) } else { img };
                     for grp in 0..g.p.groups {
-                        let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
                         let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
                         if transposed {
                             let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
@@ -516,7 +516,6 @@ pub(crate) fn conv2d_backward(
                         }
                         if implicit {
                             // The unfolded image is read in place, never written out.
-                            let u = direct_unfold(&g);
                             let plane = &src_img[grp * g.cg() * u.h * u.w..];
                             let done = simd::conv_weight_grad(plane, &u, &gt, og, dst);
                             debug_assert!(done, "the kernels are present when `implicit`");
@@ -531,6 +530,7 @@ pub(crate) fn conv2d_backward(
                         if transposed {
                             product(mat(src, k, hw), mat(&gt, hw, og), mat_mut(dst, k, og), true, par_inside);
                         } else {
+                            let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
                             gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, par_inside);
                         }
                     }
