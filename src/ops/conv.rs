@@ -360,6 +360,39 @@ fn forward_image_direct(
     }
 }
 
+/// Input gradient of one image on the direct kernels (see [`runs_direct`]): `dimg[C, H, W]` (zeroed) from the
+/// masked output gradient `gimg[O, Ho·Wo]` with each group's plan, through a zero-padded scratch image `pad` when
+/// the geometry has padding.
+fn input_grad_image_direct(
+    gimg: &[f32],
+    plans: &[simd::InputGrad],
+    g: &Geom,
+    pad: &mut Vec<f32>,
+    dimg: &mut [f32],
+    par: bool,
+) {
+    let (og, hw) = (g.og(), g.hw_out());
+    let u = direct_unfold(g);
+    let (ph, pw) = g.p.padding;
+    let padded = (ph, pw) != (0, 0);
+    if padded {
+        pad.clear();
+        pad.resize(g.c * u.h * u.w, 0.0);
+    }
+    let target: &mut [f32] = if padded { pad } else { dimg };
+    for (grp, plan) in plans.iter().enumerate() {
+        let planes = &mut target[grp * g.cg() * u.h * u.w..(grp + 1) * g.cg() * u.h * u.w];
+        plan.run(&gimg[grp * og * hw..(grp + 1) * og * hw], planes, par);
+    }
+    if padded {
+        for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(u.h * u.w)) {
+            for (drow, srow) in plane.chunks_exact_mut(g.w).zip(src[ph * u.w..].chunks_exact(u.w)) {
+                drow.copy_from_slice(&srow[pw..pw + g.w]);
+            }
+        }
+    }
+}
+
 /// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]` (`out` zeroed).
 fn forward_image(
     img: &[f32],
@@ -465,23 +498,45 @@ pub(crate) fn conv2d_backward(
 
     let mut dx = if need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
     if need_x {
-        dx.par_chunks_mut(in_len).zip(gs.par_chunks(out_len)).enumerate().for_each_init(
-            || (vec![0.0f32; col_len], Vec::new()),
-            |(col, gm), (i, (dimg, gimg))| {
-                let gimg = relu_masked(gimg, ys.map(|y| &y[i * out_len..(i + 1) * out_len]), gm);
-                for grp in 0..g.p.groups {
-                    let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
-                    let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
-                    if g.is_pointwise() {
-                        let dst = &mut dimg[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-                        product(wg.t(), gg, mat_mut(dst, k, hw), false, par_inside);
-                    } else {
-                        product(wg.t(), gg, mat_mut(col, k, hw), false, par_inside);
-                        col2im(col, &g, grp * g.cg(), dimg);
-                    }
+        // Where the forward runs direct, so does this: each register tile of Wᵀ·dout is added straight into the
+        // (padded) image gradient, with no unfolded gradient matrix and no col2im pass.
+        let direct = runs_direct(&g);
+        let u = direct_unfold(&g);
+        let mut wt_t = vec![0.0f32; if direct { w_len } else { 0 }];
+        for (wg, packed) in ws.chunks_exact(og * k).zip(wt_t.chunks_exact_mut(og * k)) {
+            simd::pack_input_grad(wg, og, k, packed);
+        }
+        let plans: Vec<simd::InputGrad> =
+            wt_t.chunks_exact(og * k).filter_map(|wg| simd::InputGrad::new(&u, og, wg)).collect();
+        let direct = direct && plans.len() == g.p.groups;
+        let one = |(col, gm, pad): &mut (Vec<f32>, Vec<f32>, Vec<f32>), i: usize, dimg: &mut [f32], graw: &[f32]| {
+            let gimg = relu_masked(graw, ys.map(|y| &y[i * out_len..(i + 1) * out_len]), gm);
+            if direct {
+                input_grad_image_direct(gimg, &plans, &g, pad, dimg, par_inside);
+                return;
+            }
+            col.resize(col_len, 0.0);
+            for grp in 0..g.p.groups {
+                let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
+                let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+                if g.is_pointwise() {
+                    let dst = &mut dimg[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
+                    product(wg.t(), gg, mat_mut(dst, k, hw), false, par_inside);
+                } else {
+                    product(wg.t(), gg, mat_mut(col, k, hw), false, par_inside);
+                    col2im(col, &g, grp * g.cg(), dimg);
                 }
-            },
-        );
+            }
+        };
+        if n == 1 {
+            // Outside rayon's pool, so the kernels may split the one image across threads.
+            one(&mut Default::default(), 0, &mut dx, gs);
+        } else {
+            dx.par_chunks_mut(in_len)
+                .zip(gs.par_chunks(out_len))
+                .enumerate()
+                .for_each_init(Default::default, |bufs, (i, (dimg, gimg))| one(bufs, i, dimg, gimg));
+        }
     }
 
     let dw = need_w.then(|| {
@@ -790,6 +845,31 @@ mod tests {
             assert!(dx.iter().zip(&want_dx).all(|(&a, &b)| close(a, b)), "case {seed}: input gradient");
             assert!(dw.iter().zip(&want_dw).all(|(&a, &b)| close(a, b)), "case {seed}: weight gradient");
             assert!(db.iter().zip(&want_db).all(|(&a, &b)| close(a, b)), "case {seed}: bias gradient");
+        }
+    }
+
+    /// The input gradient of an image is the same bits whether the image is alone (its pieces of input channels
+    /// split across threads) or one of a batch (each image on one thread): the direct kernel's order of additions
+    /// into the image gradient depends on the geometry only. Large enough for the split (two and three pieces,
+    /// one padded), and the one-channel case.
+    #[test]
+    fn input_gradient_does_not_depend_on_the_batch_or_threads() {
+        let padded = Conv2dParams { padding: (2, 1), ..Default::default() };
+        for (c, hw, o, p) in
+            [(16, 40, 32, Conv2dParams::default()), (1, 120, 16, Conv2dParams::default()), (30, 20, 8, padded)]
+        {
+            let x = Tensor::uniform(&[3, c, hw, hw], -1.0, 1.0, 1);
+            let wt = Tensor::uniform(&[o, c, 5, 5], -1.0, 1.0, 2);
+            let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+            let gout = Tensor::uniform(&[3, o, g.ho, g.wo], -1.0, 1.0, 3).to_array();
+            let batch = conv2d_backward(&x, &wt, false, &p, &gout, None, &[true, false]).unwrap()[0].clone().unwrap();
+            for i in 0..3 {
+                let xi = Tensor::new(x.value().slice(ndarray::s![i..i + 1, .., .., ..]).to_owned().into_dyn());
+                let gi = gout.slice(ndarray::s![i..i + 1, .., .., ..]).to_owned().into_dyn();
+                let one = conv2d_backward(&xi, &wt, false, &p, &gi, None, &[true, false]).unwrap()[0].clone().unwrap();
+                let want = batch.slice(ndarray::s![i..i + 1, .., .., ..]);
+                assert!(one.iter().zip(want.iter()).all(|(a, b)| a.to_bits() == b.to_bits()), "c {c}, image {i}");
+            }
         }
     }
 

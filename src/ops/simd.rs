@@ -410,9 +410,181 @@ pub(crate) fn conv_weight_grad(img: &[f32], u: &Unfold, gt: &[f32], og: usize, a
     true
 }
 
+/// A vector of output positions of a convolution: where it starts in one channel of the output gradient (`src`) and
+/// in the (unpadded) image (`dst`), and how many of its lanes are positions.
+#[derive(Clone, Copy)]
+struct Pos {
+    src: usize,
+    dst: usize,
+    lanes: usize,
+}
+
+/// One register tile of a convolution's input gradient added straight into the image gradient (the adjoint of
+/// [`Direct`]): `R ≤ 6` rows of `Wᵀ` (row `r` at `a[r]`, its `k` output channels contiguous) by groups of `V`
+/// vectors of output positions (`groups` of them at `pos`; vector `v` reads the output gradient at
+/// `gout + pos.src + p·rsb` for output channel `p`), each result added into the image gradient at
+/// `dx + pos.dst + roff[r]`.
+#[allow(dead_code)]
+struct Scatter {
+    k: usize,
+    a: [*const f32; BLOCK_M],
+    roff: [isize; BLOCK_M],
+    gout: *const f32,
+    rsb: usize,
+    dx: *mut f32,
+    pos: *const Pos,
+    groups: usize,
+}
+
+/// `Wᵀ` of one group's weights `W[Og, K]` as [`InputGrad`] reads it: row `r` (the `r`-th row of the unfolded
+/// matrix, a kernel tap of one input channel) holds its `og` weights contiguously.
+pub(crate) fn pack_input_grad(wg: &[f32], og: usize, k: usize, out: &mut [f32]) {
+    for (o, wrow) in wg[..og * k].chunks_exact(k).enumerate() {
+        for (r, &v) in wrow.iter().enumerate() {
+            out[r * og + o] = v;
+        }
+    }
+}
+
+/// The rows of `Wᵀ` one register tile of [`InputGrad`] covers: their indices and tap offsets in the image.
+#[derive(Clone, Copy)]
+struct TileRows {
+    mr: usize,
+    rows: [usize; BLOCK_M],
+    roff: [isize; BLOCK_M],
+}
+
+/// Input channels per independent piece of [`InputGrad`]: a fixed number, so the order of additions into the
+/// image gradient does not depend on how pieces are shared among threads.
+const INPUT_GRAD_CHANNELS: usize = 12;
+
+/// The input gradient of one convolution group, computed without the unfolded matrix: the product
+/// `dcol = Wᵀ·dout` is formed a register tile at a time and each tile is added straight into the image gradient
+/// at its rows' kernel taps — what [`col2im`] does with the whole product, with nothing written in between. Built
+/// once per backward (tiles and position vectors), then [`InputGrad::run`] per image.
+///
+/// Input channels are taken in fixed pieces; within a piece the rows are ordered by kernel column, kernel row, then
+/// channel, so the rows of one tile add into different planes or rows, never into partly overlapping runs. Each
+/// element of the image gradient takes its contributions in an order set by the geometry alone, so the result is
+/// the same whether the pieces run on one thread or several.
+pub(crate) struct InputGrad<'a> {
+    u: Unfold,
+    og: usize,
+    wt_t: &'a [f32],
+    level: Level,
+    max_vecs: usize,
+    pos: Vec<Pos>,
+    masked: bool,
+    /// Per piece: its channel count and its tiles.
+    pieces: Vec<(usize, Vec<TileRows>)>,
+}
+
+impl<'a> InputGrad<'a> {
+    /// The plan for geometry `u` (unpadded — the caller pads — and satisfying [`conv_direct_fits`]) with `og`
+    /// output channels and `Wᵀ` packed by [`pack_input_grad`]; `None` without the vector kernels or when the
+    /// geometry does not fit.
+    pub(crate) fn new(u: &Unfold, og: usize, wt_t: &'a [f32]) -> Option<InputGrad<'a>> {
+        let level = level();
+        let k = u.cg * u.kh * u.kw;
+        if level == Level::Portable || !conv_direct_fits(u) || og == 0 || wt_t.len() < k * og {
+            return None;
+        }
+        let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
+        let mut pos = Vec::with_capacity(u.ho * u.wo.div_ceil(lanes));
+        for oh in 0..u.ho {
+            for ow in (0..u.wo).step_by(lanes) {
+                pos.push(Pos { src: oh * u.wo + ow, dst: oh * u.sh * u.w + ow, lanes: (u.wo - ow).min(lanes) });
+            }
+        }
+        let masked = pos.iter().any(|p| p.lanes < lanes);
+        let plane = u.h * u.w;
+        let mut pieces = Vec::new();
+        for c0 in (0..u.cg).step_by(INPUT_GRAD_CHANNELS) {
+            let cn = (u.cg - c0).min(INPUT_GRAD_CHANNELS);
+            let mut rows = Vec::with_capacity(u.kh * u.kw * cn);
+            for kj in 0..u.kw {
+                for ki in 0..u.kh {
+                    for c in 0..cn {
+                        let r = ((c0 + c) * u.kh + ki) * u.kw + kj;
+                        rows.push((r, (c * plane + ki * u.dh * u.w + kj * u.dw) as isize));
+                    }
+                }
+            }
+            // Rows split evenly over the fewest tiles of at most BLOCK_M.
+            let tiles = rows.len().div_ceil(BLOCK_M);
+            let (base, extra) = (rows.len() / tiles, rows.len() % tiles);
+            let mut list = Vec::with_capacity(tiles);
+            let mut i = 0;
+            for tile in 0..tiles {
+                let mr = base + usize::from(tile < extra);
+                let mut t = TileRows { mr, rows: [0; BLOCK_M], roff: [0; BLOCK_M] };
+                for (r, &(row, off)) in rows[i..i + mr].iter().enumerate() {
+                    (t.rows[r], t.roff[r]) = (row, off);
+                }
+                list.push(t);
+                i += mr;
+            }
+            pieces.push((cn, list));
+        }
+        Some(InputGrad { u: *u, og, wt_t, level, max_vecs, pos, masked, pieces })
+    }
+
+    /// `dx[Cg, H, W] +=` the input gradient of one image group from its output gradient `gout[Og, Ho·Wo]`. With
+    /// `parallel` (and enough work, outside a rayon task) the pieces of input channels run on several threads.
+    pub(crate) fn run(&self, gout: &[f32], dx: &mut [f32], parallel: bool) {
+        let (u, og) = (&self.u, self.og);
+        let (hw, plane) = (u.ho * u.wo, u.h * u.w);
+        assert!(gout.len() >= og * hw && dx.len() >= u.cg * plane, "InputGrad::run: sizes");
+        let full = self.pos.len() / self.max_vecs * self.max_vecs;
+        let run = |(cn, tiles): &(usize, Vec<TileRows>), dst: &mut [f32]| {
+            debug_assert!(dst.len() == cn * plane);
+            for tr in tiles {
+                let mut t = Scatter {
+                    k: og,
+                    a: [self.wt_t.as_ptr(); BLOCK_M],
+                    roff: tr.roff,
+                    gout: gout.as_ptr(),
+                    rsb: hw,
+                    dx: dst.as_mut_ptr(),
+                    pos: self.pos.as_ptr(),
+                    groups: full / self.max_vecs,
+                };
+                for (a, &row) in t.a.iter_mut().zip(&tr.rows[..tr.mr]) {
+                    *a = self.wt_t[row * og..].as_ptr();
+                }
+                // SAFETY: the level's instructions are present; loads stay inside `gout` and `wt_t`, and every tap
+                // of every position vector lands inside the piece's planes (`conv_direct_fits`); masked lanes never
+                // touch memory.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    if t.groups > 0 {
+                        x86::scatter(self.level, &t, tr.mr, self.max_vecs, self.masked);
+                    }
+                    if full < self.pos.len() {
+                        t.pos = self.pos[full..].as_ptr();
+                        t.groups = 1;
+                        x86::scatter(self.level, &t, tr.mr, self.pos.len() - full, self.masked);
+                    }
+                }
+            }
+        };
+        let dx = &mut dx[..u.cg * plane];
+        let work = og * hw * u.cg * u.kh * u.kw;
+        let nested = rayon::current_thread_index().is_some();
+        if parallel && !nested && self.pieces.len() > 1 && work >= PAR_WORK {
+            let parts: Vec<&mut [f32]> = dx.chunks_mut(INPUT_GRAD_CHANNELS * plane).collect();
+            self.pieces.par_iter().zip(parts).for_each(|(piece, d)| run(piece, d));
+        } else {
+            for (piece, d) in self.pieces.iter().zip(dx.chunks_mut(INPUT_GRAD_CHANNELS * plane)) {
+                run(piece, d);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Direct, Gather, Level, Tile, Unfold};
+    use super::{Direct, Gather, Level, Scatter, Tile, Unfold};
     use std::arch::x86_64::*;
 
     /// The vector operations the kernels are written in, for one instruction set. Every method is inlined into
@@ -780,21 +952,23 @@ mod x86 {
         let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
         for r0 in (0..rows).step_by(8) {
             for c0 in (0..cols).step_by(8) {
-                let mut r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(s.add((r0 + i) * cols + c0)));
+                // Plain loops, not `array::from_fn`: its closure would not inline the intrinsics.
+                let mut r = [_mm256_setzero_ps(); 8];
+                for (i, v) in r.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(s.add((r0 + i) * cols + c0));
+                }
                 if let Some(y) = y {
                     for (i, v) in r.iter_mut().enumerate() {
                         let yv = _mm256_loadu_ps(y.as_ptr().add((r0 + i) * cols + c0));
                         *v = _mm256_and_ps(*v, _mm256_cmp_ps::<_CMP_GT_OQ>(yv, _mm256_setzero_ps()));
                     }
                 }
-                let t: [__m256; 8] = std::array::from_fn(|i| {
-                    let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
-                    if i % 2 == 0 {
-                        _mm256_unpacklo_ps(a, b)
-                    } else {
-                        _mm256_unpackhi_ps(a, b)
-                    }
-                });
+                let mut t = [_mm256_setzero_ps(); 8];
+                for (q, pair) in t.chunks_exact_mut(2).enumerate() {
+                    let (a, b) = (r[2 * q], r[2 * q + 1]);
+                    pair[0] = _mm256_unpacklo_ps(a, b);
+                    pair[1] = _mm256_unpackhi_ps(a, b);
+                }
                 // tt[4q + j]: pairs (t[4q], t[4q + 2]) and (t[4q + 1], t[4q + 3]), low and high halves of each lane.
                 let tt = [
                     _mm256_shuffle_ps::<0x44>(t[0], t[2]),
@@ -911,7 +1085,13 @@ mod x86 {
     /// multiply-add chain over `k` in order, started from the bias — the same chain as the im2col product.
     #[inline(always)]
     unsafe fn direct_body<S: Isa, const R: usize, const V: usize, const MASKED: bool>(t: &Direct) {
-        let masks: [S::M; V] = std::array::from_fn(|v| S::lanes(0, t.lanes[v] as isize));
+        // A plain loop, not `array::from_fn`: its closure would not inline into the entry point.
+        let mut masks = [S::lanes(0, S::LANES as isize); V];
+        if MASKED {
+            for (m, &n) in masks.iter_mut().zip(&t.lanes) {
+                *m = S::lanes(0, n as isize);
+            }
+        }
         let mut acc = [[S::zero(); V]; R];
         for (r, row) in acc.iter_mut().enumerate() {
             *row = [S::splat(t.bias[r]); V];
@@ -938,6 +1118,54 @@ mod x86 {
                     S::store(masks[v], p, a)
                 } else {
                     S::storeu(p, a)
+                }
+            }
+        }
+    }
+
+    /// Runs the input-gradient tile kernel specialised for `r` rows and `v` vectors a group (masked or not).
+    pub(super) unsafe fn scatter(level: Level, t: &Scatter, r: usize, v: usize, masked: bool) {
+        tile_dispatch!(scatter_body, Scatter, level, t, r, v, masked)
+    }
+
+    /// For each group of `V` position vectors in turn: `R` rows of `Wᵀ` × the group's vectors of `Wᵀ·dout` (one
+    /// fused multiply-add chain per element over the output channels, in order), each added into the image
+    /// gradient at its row's tap offset, row by row.
+    #[inline(always)]
+    unsafe fn scatter_body<S: Isa, const R: usize, const V: usize, const MASKED: bool>(t: &Scatter) {
+        for g in 0..t.groups {
+            let pos = std::slice::from_raw_parts(t.pos.add(g * V), V);
+            // Plain loops, not `array::from_fn`: its closure would not inline into the entry point.
+            let mut masks = [S::lanes(0, S::LANES as isize); V];
+            let mut src = [t.gout; V];
+            for v in 0..V {
+                if MASKED {
+                    masks[v] = S::lanes(0, pos[v].lanes as isize);
+                }
+                src[v] = t.gout.add(pos[v].src);
+            }
+            let mut acc = [[S::zero(); V]; R];
+            for p in 0..t.k {
+                let mut bv = [S::zero(); V];
+                for (v, b) in bv.iter_mut().enumerate() {
+                    let q = src[v].add(p * t.rsb);
+                    *b = if MASKED { S::load(masks[v], q) } else { S::loadu(q) };
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let av = S::splat(*t.a[r].add(p));
+                    for (a, &b) in row.iter_mut().zip(&bv) {
+                        *a = S::fmadd(av, b, *a);
+                    }
+                }
+            }
+            for (r, row) in acc.iter().enumerate() {
+                for (v, (&a, &m)) in row.iter().zip(&masks).enumerate() {
+                    let q = t.dx.add(pos[v].dst).offset(t.roff[r]);
+                    if MASKED {
+                        S::store(m, q, S::add(S::load(m, q), a))
+                    } else {
+                        S::storeu(q, S::add(S::loadu(q), a))
+                    }
                 }
             }
         }
