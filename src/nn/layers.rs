@@ -110,6 +110,11 @@ impl Module for Conv2d {
         Some(x.conv2d_relu(&self.weight.tensor(), b.as_ref(), self.params))
     }
 
+    fn forward_relu_max_pool2(&self, x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
+        let b = self.bias.as_ref().map(Param::tensor);
+        Some(x.conv2d_relu_max_pool2(&self.weight.tensor(), b.as_ref(), self.params))
+    }
+
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
         f(&format!("{prefix}weight"), &self.weight);
         if let Some(b) = &self.bias {
@@ -124,6 +129,9 @@ pub struct MaxPool2d(pub Pool2dParams);
 impl Module for MaxPool2d {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         x.max_pool2d(self.0)
+    }
+    fn max_pool(&self) -> Option<Pool2dParams> {
+        Some(self.0)
     }
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
 }

@@ -118,6 +118,18 @@ pub trait Module: Send + Sync {
     fn is_relu(&self) -> bool {
         false
     }
+
+    /// `max_pool2d(relu(self.forward_t(x, train)), 2×2, stride 2)` computed as one fused op, when the module has
+    /// one (`Conv2d` does); containers use it for a module followed by a `ReLU` and a [`MaxPool2d`] of
+    /// [`Pool2dParams::square(2)`](crate::ops::Pool2dParams::square).
+    fn forward_relu_max_pool2(&self, _x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
+        None
+    }
+
+    /// The window of this module if it is a max pooling (lets a container fuse it into the modules before).
+    fn max_pool(&self) -> Option<crate::ops::Pool2dParams> {
+        None
+    }
 }
 
 /// Conveniences over [`Module::visit`].
@@ -177,6 +189,12 @@ impl<M: Module + ?Sized> Module for Arc<M> {
     fn is_relu(&self) -> bool {
         (**self).is_relu()
     }
+    fn forward_relu_max_pool2(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
+        (**self).forward_relu_max_pool2(x, train)
+    }
+    fn max_pool(&self) -> Option<crate::ops::Pool2dParams> {
+        (**self).max_pool()
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {
@@ -203,6 +221,12 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn is_relu(&self) -> bool {
         (**self).is_relu()
+    }
+    fn forward_relu_max_pool2(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
+        (**self).forward_relu_max_pool2(x, train)
+    }
+    fn max_pool(&self) -> Option<crate::ops::Pool2dParams> {
+        (**self).max_pool()
     }
 }
 
@@ -243,14 +267,23 @@ impl Sequential {
 }
 
 impl Module for Sequential {
-    /// Runs the children in order; a child followed by a `ReLU` runs as one fused op when it has one (the same
-    /// values and gradients; [`Sequential::forward_collect`] keeps every intermediate separate).
+    /// Runs the children in order; a child followed by a `ReLU` (and a 2×2 max pooling of stride 2) runs as one
+    /// fused op when it has one (the same values and gradients; [`Sequential::forward_collect`] keeps every
+    /// intermediate separate).
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let mut h = x.clone();
         let mut i = 0;
         while i < self.children.len() {
             let m = &self.children[i].1;
             let next_is_relu = self.children.get(i + 1).is_some_and(|(_, r)| r.is_relu());
+            let then_pool = self.children.get(i + 2).and_then(|(_, p)| p.max_pool());
+            if next_is_relu && then_pool == Some(crate::ops::Pool2dParams::square(2)) {
+                if let Some(fused) = m.forward_relu_max_pool2(&h, train) {
+                    h = fused?;
+                    i += 3;
+                    continue;
+                }
+            }
             if next_is_relu {
                 if let Some(fused) = m.forward_relu(&h, train) {
                     h = fused?;

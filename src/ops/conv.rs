@@ -1,9 +1,12 @@
-//! 2-D convolution (cross-correlation, as PyTorch) as im2col + GEMM, batch-parallel, with its backward.
+//! 2-D convolution (cross-correlation, as PyTorch), batch-parallel, with its backward; optionally fused with the
+//! ReLU after it, or with the ReLU and a 2×2 max pooling.
 //!
-//! Forward, per image and group: `out[Og, HoWo] = W[Og, K] · col[K, HoWo]` with `K = Cg·kh·kw`.
-//! Backward: `dcol = Wᵀ · dout` scattered back by col2im for ∂L/∂x, and `dW = Σₙ dout · colᵀ` for ∂L/∂W — only
-//! the products whose inputs are tracked are computed. Weight gradients are summed per fixed chunk of images and
-//! the chunks added in order, so results do not depend on the thread count.
+//! Forward, per image and group: `out[Og, HoWo] = W[Og, K] · col[K, HoWo]` with `K = Cg·kh·kw`, where `col` is the
+//! unfolded image — read in place by the direct kernels when the column stride is 1, else written by im2col.
+//! Backward: `dcol = Wᵀ · dout` scattered back into the image for ∂L/∂x (tile by tile on the direct kernels, else
+//! by col2im), and `dW = Σₙ dout · colᵀ` for ∂L/∂W — only the gradients whose inputs are tracked are computed.
+//! Weight and bias gradients are summed per fixed chunk of images and the chunks added in order, so results do
+//! not depend on the thread count.
 
 use std::mem::MaybeUninit;
 
@@ -11,9 +14,10 @@ use ndarray::{Array1, Array4, ArrayD, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
 use super::matmul::gemm;
+use super::pool::{self, Pool2dParams};
 use super::simd;
 use super::{record, Op};
-use crate::tensor::Tensor;
+use crate::tensor::{grad_enabled, Tensor};
 use crate::{Error, Result};
 
 /// Stride, zero padding, dilation and groups of a convolution (PyTorch's meaning).
@@ -424,14 +428,34 @@ fn forward_image(
     }
 }
 
+/// The values of a convolution's input, weight and bias, contiguous (copied only when not in standard layout).
+struct Operands<'a> {
+    x: ndarray::CowArray<'a, f32, ndarray::IxDyn>,
+    w: ndarray::CowArray<'a, f32, ndarray::IxDyn>,
+    b: Option<ndarray::CowArray<'a, f32, ndarray::IxDyn>>,
+}
+
+impl<'a> Operands<'a> {
+    fn new(x: &'a Tensor, w: &'a Tensor, b: Option<&'a Tensor>) -> Self {
+        let std = |t: &'a Tensor| t.value().as_standard_layout();
+        Operands { x: std(x), w: std(w), b: b.map(std) }
+    }
+
+    fn slices(&self) -> (&[f32], &[f32], Option<&[f32]>) {
+        let flat = "standard layout";
+        (
+            self.x.as_slice().expect(flat),
+            self.w.as_slice().expect(flat),
+            self.b.as_ref().map(|b| b.as_slice().expect(flat)),
+        )
+    }
+}
+
 fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: bool) -> Result<Tensor> {
     let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
     let n = x.shape()[0];
-    let xs = x.value().as_standard_layout();
-    let ws = w.value().as_standard_layout();
-    let bs = b.map(|b| b.value().as_standard_layout().to_owned());
-    let (xs, ws) = (xs.as_slice().expect("standard layout"), ws.as_slice().expect("standard layout"));
-    let bias = bs.as_ref().map(|b| b.as_slice().expect("standard layout"));
+    let ops = Operands::new(x, w, b);
+    let (xs, ws, bias) = ops.slices();
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
     let out = if runs_direct(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
@@ -467,9 +491,119 @@ fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: boo
         out
     };
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
-    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu }))
+    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu, pool: None }))
 }
 
+/// `max_pool2d(relu(conv2d(x)), 2×2, stride 2)` as one op: each image's convolution output stays in a
+/// per-thread buffer, in cache, and only the pooled output is written — with each window's arg-max when the op is
+/// recorded, for the backward. The same values and gradients as the three ops.
+fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams) -> Result<Tensor> {
+    let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
+    let window = Pool2dParams::square(2);
+    if g.ho < 2 || g.wo < 2 {
+        // No whole window: the separate ops report the pooling's error.
+        return conv2d(x, w, b, p, true)?.max_pool2d(window);
+    }
+    let n = x.shape()[0];
+    let ops = Operands::new(x, w, b);
+    let (xs, ws, bias) = ops.slices();
+    let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
+    let (ph, pw) = (g.ho / 2, g.wo / 2);
+    let pooled_len = g.o * ph * pw;
+    let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
+    let direct = runs_direct(&g);
+    let one = |(conv, scratch): &mut (Vec<f32>, Vec<f32>), img: &[f32], o: &mut [f32], idx: &mut [u32], par: bool| {
+        if direct {
+            conv.clear();
+            conv.reserve(out_len);
+            forward_image_direct(img, ws, bias, &g, scratch, &mut conv.spare_capacity_mut()[..out_len], true, par);
+            // SAFETY: `forward_image_direct` wrote every element.
+            unsafe { conv.set_len(out_len) };
+        } else {
+            conv.resize(out_len, 0.0);
+            forward_image(img, ws, bias, &g, scratch, conv, par);
+            conv.iter_mut().for_each(|v| *v = v.max(0.0));
+        }
+        for_each_pooling_plane(&g, conv, |h, plane, range| {
+            let idx = if idx.is_empty() { &mut [][..] } else { &mut idx[range.clone()] };
+            pool::max_pool_plane(plane, &mut o[range], idx, h, g.wo, pw, &window);
+        });
+    };
+    let mut out = vec![0.0f32; n * pooled_len];
+    let mut argmax = vec![0u32; if tracked { n * pooled_len } else { 0 }];
+    if n == 1 {
+        one(&mut Default::default(), xs, &mut out, &mut argmax, true);
+    } else if tracked {
+        out.par_chunks_mut(pooled_len)
+            .zip(argmax.par_chunks_mut(pooled_len))
+            .zip(xs.par_chunks(in_len))
+            .for_each_init(Default::default, |bufs, ((o, idx), img)| one(bufs, img, o, idx, false));
+    } else {
+        out.par_chunks_mut(pooled_len)
+            .zip(xs.par_chunks(in_len))
+            .for_each_init(Default::default, |bufs, (o, img)| one(bufs, img, o, &mut [], false));
+    }
+    let value = Array4::from_shape_vec((n, g.o, ph, pw), out).expect("sized above").into_dyn();
+    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu: true, pool: Some(argmax) };
+    Ok(record(value, op))
+}
+
+/// The output gradient a convolution's backward consumes, one image at a time, before the fused ReLU (and
+/// pooling) is undone.
+pub(crate) enum OutGrad<'a> {
+    /// `[N, O, Ho, Wo]`, masked where the fused ReLU's output `relu` (same layout), if any, is not positive.
+    Dense { g: &'a [f32], relu: Option<&'a [f32]> },
+    /// Through a fused ReLU and 2×2 max pooling: the pooled gradient and output `[N, O, Ho/2, Wo/2]` and each
+    /// window's flat arg-max in its `Ho × Wo` plane. The gradient goes to the arg-max where the pooled output is
+    /// positive — what the pooling's backward followed by the ReLU's gives.
+    Pooled { g: &'a [f32], out: &'a [f32], argmax: &'a [u32] },
+}
+
+impl OutGrad<'_> {
+    /// Image `i`'s gradient `[O, Ho·Wo]` and the ReLU mask still to apply to it (`None`: none, or applied),
+    /// expanded into `buf` when pooled.
+    fn image<'s>(&'s self, geo: &Geom, i: usize, buf: &'s mut Vec<f32>) -> (&'s [f32], Option<&'s [f32]>) {
+        let len = geo.o * geo.hw_out();
+        match *self {
+            OutGrad::Dense { g, relu } => (&g[i * len..(i + 1) * len], relu.map(|y| &y[i * len..(i + 1) * len])),
+            OutGrad::Pooled { g, out, argmax } => {
+                let pooled = geo.o * (geo.ho / 2) * (geo.wo / 2);
+                let at = i * pooled;
+                let (g, out, argmax) = (&g[at..at + pooled], &out[at..at + pooled], &argmax[at..at + pooled]);
+                buf.resize(len, 0.0);
+                for_each_pooling_plane(geo, buf, |h, plane, range| {
+                    let (g, out, argmax) = (&g[range.clone()], &out[range.clone()], &argmax[range]);
+                    if !simd::relu_max_pool_2x2_expand(h, geo.wo, out, g, argmax, plane) {
+                        plane.fill(0.0);
+                        for ((&gv, &y), &j) in g.iter().zip(out).zip(argmax) {
+                            if y > 0.0 {
+                                plane[j as usize] = gv;
+                            }
+                        }
+                    }
+                });
+                (buf, None)
+            }
+        }
+    }
+}
+
+/// Calls `f(h, plane, range)` for the planes of one image's convolution output `[O, Ho, Wo]` that 2×2 pooling
+/// treats as one (`h` rows of `Wo`; `range`: their pooled outputs within the image's): the whole image as one
+/// tall plane when `Ho` is even (no window straddles two channels), else each channel. The fused op's arg-max is
+/// flat within these planes.
+fn for_each_pooling_plane<T>(geo: &Geom, img: &mut [T], mut f: impl FnMut(usize, &mut [T], std::ops::Range<usize>)) {
+    let (hw, pp) = (geo.hw_out(), (geo.ho / 2) * (geo.wo / 2));
+    if geo.ho.is_multiple_of(2) {
+        f(geo.o * geo.ho, &mut img[..geo.o * hw], 0..geo.o * pp);
+    } else {
+        for (c, plane) in img[..geo.o * hw].chunks_exact_mut(hw).enumerate() {
+            f(geo.ho, plane, c * pp..(c + 1) * pp);
+        }
+    }
+}
+
+/// The backward of a convolution (with the fused ReLU when `relu_out` is its output).
 pub(crate) fn conv2d_backward(
     x: &Tensor,
     w: &Tensor,
@@ -479,143 +613,167 @@ pub(crate) fn conv2d_backward(
     relu_out: Option<&crate::tensor::Array>,
     need: &[bool],
 ) -> Result<Vec<Option<ArrayD<f32>>>> {
-    let g = geometry(x.shape(), w.shape(), None, *p)?;
     // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
     // each image's output gradient as it is used, in cache.
     let ys = relu_out.map(|y| y.as_standard_layout());
-    let ys = ys.as_ref().map(|y| y.as_slice().expect("std"));
+    let gs = gout.as_standard_layout();
+    let relu = ys.as_ref().map(|y| y.as_slice().expect("std"));
+    backward(x, w, has_bias, p, &OutGrad::Dense { g: gs.as_slice().expect("std"), relu }, need)
+}
+
+/// The backward of [`Tensor::conv2d_relu_max_pool2`], from the pooled output `out`, its gradient and the
+/// windows' arg-max.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv2d_pool_backward(
+    x: &Tensor,
+    w: &Tensor,
+    has_bias: bool,
+    p: &Conv2dParams,
+    gout: &ArrayD<f32>,
+    out: &crate::tensor::Array,
+    argmax: &[u32],
+    need: &[bool],
+) -> Result<Vec<Option<ArrayD<f32>>>> {
+    let (gs, os) = (gout.as_standard_layout(), out.as_standard_layout());
+    let (g, out) = (gs.as_slice().expect("std"), os.as_slice().expect("std"));
+    backward(x, w, has_bias, p, &OutGrad::Pooled { g, out, argmax }, need)
+}
+
+fn backward(
+    x: &Tensor,
+    w: &Tensor,
+    has_bias: bool,
+    p: &Conv2dParams,
+    src: &OutGrad,
+    need: &[bool],
+) -> Result<Vec<Option<ArrayD<f32>>>> {
+    let g = geometry(x.shape(), w.shape(), None, *p)?;
     let n = x.shape()[0];
     let (need_x, need_w) = (need[0], need[1]);
     let need_b = has_bias && need.get(2).copied().unwrap_or(false);
     let xs = x.value().as_standard_layout();
     let ws = w.value().as_standard_layout();
-    let gs = gout.as_standard_layout();
-    let (xs, ws, gs) = (xs.as_slice().expect("std"), ws.as_slice().expect("std"), gs.as_slice().expect("std"));
+    let (xs, ws) = (xs.as_slice().expect("std"), ws.as_slice().expect("std"));
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
-    let (in_len, out_len, w_len) = (g.c * g.h * g.w, g.o * hw, g.o * k);
+    let (in_len, w_len) = (g.c * g.h * g.w, g.o * k);
     let col_len = k * hw;
     let par_inside = n == 1;
+    let u = direct_unfold(&g);
 
-    let mut dx = if need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
-    if need_x {
-        // Where the forward runs direct, so does this: each register tile of Wᵀ·dout is added straight into the
-        // (padded) image gradient, with no unfolded gradient matrix and no col2im pass.
-        let direct = runs_direct(&g);
-        let u = direct_unfold(&g);
-        let mut wt_t = vec![0.0f32; if direct { w_len } else { 0 }];
-        for (wg, packed) in ws.chunks_exact(og * k).zip(wt_t.chunks_exact_mut(og * k)) {
-            simd::pack_input_grad(wg, og, k, packed);
-        }
-        let plans: Vec<simd::InputGrad> =
-            wt_t.chunks_exact(og * k).filter_map(|wg| simd::InputGrad::new(&u, og, wg)).collect();
-        let direct = direct && plans.len() == g.p.groups;
-        let one = |(col, gm, pad): &mut (Vec<f32>, Vec<f32>, Vec<f32>), i: usize, dimg: &mut [f32], graw: &[f32]| {
-            let gimg = relu_masked(graw, ys.map(|y| &y[i * out_len..(i + 1) * out_len]), gm);
-            if direct {
-                input_grad_image_direct(gimg, &plans, &g, pad, dimg, par_inside);
-                return;
-            }
-            col.resize(col_len, 0.0);
-            for grp in 0..g.p.groups {
-                let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
-                let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
-                if g.is_pointwise() {
-                    let dst = &mut dimg[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-                    product(wg.t(), gg, mat_mut(dst, k, hw), false, par_inside);
-                } else {
-                    product(wg.t(), gg, mat_mut(col, k, hw), false, par_inside);
-                    col2im(col, &g, grp * g.cg(), dimg);
-                }
-            }
-        };
-        if n == 1 {
-            // Outside rayon's pool, so the kernels may split the one image across threads.
-            one(&mut Default::default(), 0, &mut dx, gs);
-        } else {
-            dx.par_chunks_mut(in_len)
-                .zip(gs.par_chunks(out_len))
-                .enumerate()
-                .for_each_init(Default::default, |bufs, (i, (dimg, gimg))| one(bufs, i, dimg, gimg));
-        }
+    // Input gradient: where the forward runs direct, so does this — each register tile of Wᵀ·dout is added
+    // straight into the (padded) image gradient, with no unfolded gradient matrix and no col2im pass.
+    let direct = need_x && runs_direct(&g);
+    let mut wt_t = vec![0.0f32; if direct { w_len } else { 0 }];
+    for (wg, packed) in ws.chunks_exact(og * k).zip(wt_t.chunks_exact_mut(og * k)) {
+        simd::pack_input_grad(wg, og, k, packed);
     }
+    let plans: Vec<simd::InputGrad> =
+        wt_t.chunks_exact(og * k).filter_map(|wg| simd::InputGrad::new(&u, og, wg)).collect();
+    let direct = direct && plans.len() == g.p.groups;
+    // Weight gradient: with the vector kernels each group's is accumulated transposed, dWᵀ[K, Og] += col · doutᵀ,
+    // so the product runs on the register-tiled kernel (doutᵀ has contiguous rows); otherwise dW += dout · colᵀ on
+    // `gemm`. And with a column stride of 1 the unfolded image is read straight from the image.
+    let transposed = simd::accelerated();
+    let implicit = transposed && g.p.stride.1 == 1 && !g.is_pointwise();
 
-    let dw = need_w.then(|| {
-        let chunk_in = WGRAD_CHUNK * in_len;
-        let chunk_out = WGRAD_CHUNK * out_len;
-        // With the vector kernels each group's gradient is accumulated transposed, dWᵀ[K, Og] += col · doutᵀ, so the product
-        // runs on the register-tiled kernel (doutᵀ has contiguous rows); otherwise dW += dout · colᵀ on `gemm`.
-        let transposed = simd::accelerated();
-        // And with a column stride of 1 the unfolded image is read straight from the image.
-        let implicit = transposed && g.p.stride.1 == 1 && !g.is_pointwise();
-        let u = direct_unfold(&g);
-        let partials: Vec<Vec<f32>> = xs
-            .par_chunks(chunk_in)
-            .zip(gs.par_chunks(chunk_out))
-            .enumerate()
-            .map(|(chunk, (ximgs, gimgs))| {
-                let mut acc = vec![0.0f32; w_len];
-                let mut col = vec![0.0f32; if implicit { 0 } else { col_len }];
-                let mut gt = vec![0.0f32; if transposed { og * hw } else { 0 }];
-                let (mut gm, mut pad) = (Vec::new(), Vec::new());
-                for (j, (img, graw)) in ximgs.chunks(in_len).zip(gimgs.chunks(out_len)).enumerate() {
-                    let at = (chunk * WGRAD_CHUNK + j) * out_len;
-                    let yimg = ys.map(|y| &y[at..at + out_len]);
-                    // The transposed path masks while it transposes; the `gemm` path needs the masked copy.
-                    let gimg = if transposed { graw } else { relu_masked(graw, yimg, &mut gm) };
-                    let src_img = if implicit { padded(img, &g, &mut pad) } else { img };
+    // Images go in fixed chunks (when weight or bias gradients are summed, so their partial sums, added chunk
+    // after chunk, do not depend on the thread count), and each image's output gradient is masked (or expanded
+    // from the pooling) once, in cache, for all three gradients.
+    let chunk = if need_w || need_b { WGRAD_CHUNK } else { 1 };
+    let run = |ci: usize, mut dx: Option<&mut [f32]>| -> (Vec<f32>, Vec<f32>) {
+        let mut acc = vec![0.0f32; if need_w { w_len } else { 0 }];
+        let mut bacc = vec![0.0f32; if need_b { g.o } else { 0 }];
+        let mut col = vec![0.0f32; if need_x && !direct || need_w && !implicit { col_len } else { 0 }];
+        let mut gt = vec![0.0f32; if need_w && transposed { og * hw } else { 0 }];
+        let (mut gm, mut pad, mut eb) = (Vec::new(), Vec::new(), Vec::new());
+        for i in ci * chunk..((ci + 1) * chunk).min(n) {
+            let (graw, yimg) = src.image(&g, i, &mut eb);
+            if let Some(dx) = dx.as_deref_mut() {
+                let dimg = &mut dx[(i - ci * chunk) * in_len..][..in_len];
+                let gimg = relu_masked(graw, yimg, &mut gm);
+                if direct {
+                    input_grad_image_direct(gimg, &plans, &g, &mut pad, dimg, par_inside);
+                } else {
                     for grp in 0..g.p.groups {
-                        let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
-                        if transposed {
-                            let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
-                            transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut gt);
-                        }
-                        if implicit {
-                            // The unfolded image is read in place, never written out.
-                            let plane = &src_img[grp * g.cg() * u.h * u.w..];
-                            let done = simd::conv_weight_grad(plane, &u, &gt, og, dst);
-                            debug_assert!(done, "the kernels are present when `implicit`");
-                            continue;
-                        }
-                        let src = if g.is_pointwise() {
-                            &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw]
+                        let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
+                        let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+                        if g.is_pointwise() {
+                            let dst = &mut dimg[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
+                            product(wg.t(), gg, mat_mut(dst, k, hw), false, par_inside);
                         } else {
-                            im2col(img, &g, grp * g.cg(), &mut col);
-                            &col[..]
-                        };
-                        if transposed {
-                            product(mat(src, k, hw), mat(&gt, hw, og), mat_mut(dst, k, og), true, par_inside);
-                        } else {
-                            let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
-                            gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, par_inside);
+                            product(wg.t(), gg, mat_mut(&mut col, k, hw), false, par_inside);
+                            col2im(&col, &g, grp * g.cg(), dimg);
                         }
                     }
                 }
-                if transposed {
-                    for grp in acc.chunks_mut(og * k) {
-                        let t = mat(grp, k, og).t().to_owned();
-                        grp.copy_from_slice(t.as_standard_layout().as_slice().expect("standard layout"));
+            }
+            if need_w {
+                let img = &xs[i * in_len..(i + 1) * in_len];
+                // The transposed path masks while it transposes; the `gemm` path needs the masked copy.
+                let gimg = if transposed { graw } else { relu_masked(graw, yimg, &mut gm) };
+                let src_img = if implicit { padded(img, &g, &mut pad) } else { img };
+                for grp in 0..g.p.groups {
+                    let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
+                    if transposed {
+                        let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
+                        transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut gt);
+                    }
+                    if implicit {
+                        // The unfolded image is read in place, never written out.
+                        let plane = &src_img[grp * g.cg() * u.h * u.w..];
+                        let done = simd::conv_weight_grad(plane, &u, &gt, og, dst);
+                        debug_assert!(done, "the kernels are present when `implicit`");
+                        continue;
+                    }
+                    let src = if g.is_pointwise() {
+                        &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw]
+                    } else {
+                        im2col(img, &g, grp * g.cg(), &mut col);
+                        &col[..]
+                    };
+                    if transposed {
+                        product(mat(src, k, hw), mat(&gt, hw, og), mat_mut(dst, k, og), true, par_inside);
+                    } else {
+                        let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+                        gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, par_inside);
                     }
                 }
-                acc
-            })
-            .collect();
-        let mut total = vec![0.0f32; w_len];
-        for part in &partials {
+            }
+            if need_b {
+                // Per output channel, the sum of its plane (masked), image after image.
+                for (o, b) in bacc.iter_mut().enumerate() {
+                    *b += lane_sum(&graw[o * hw..(o + 1) * hw], yimg.map(|y| &y[o * hw..(o + 1) * hw]));
+                }
+            }
+        }
+        if need_w && transposed {
+            for grp in acc.chunks_mut(og * k) {
+                let t = mat(grp, k, og).t().to_owned();
+                grp.copy_from_slice(t.as_standard_layout().as_slice().expect("standard layout"));
+            }
+        }
+        (acc, bacc)
+    };
+    let mut dx = if need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
+    let parts: Vec<(Vec<f32>, Vec<f32>)> = if n == 1 {
+        // Outside rayon's pool, so the kernels may split the one image across threads.
+        vec![run(0, need_x.then_some(&mut dx[..]))]
+    } else if need_x {
+        dx.par_chunks_mut(chunk * in_len).enumerate().map(|(ci, d)| run(ci, Some(d))).collect()
+    } else {
+        (0..n.div_ceil(chunk)).into_par_iter().map(|ci| run(ci, None)).collect()
+    };
+    let (dws, dbs): (Vec<Vec<f32>>, Vec<Vec<f32>>) = parts.into_iter().unzip();
+    // Chunk after chunk, a fixed order.
+    let sum = |parts: &[Vec<f32>], len: usize| {
+        let mut total = vec![0.0f32; len];
+        for part in parts {
             total.iter_mut().zip(part).for_each(|(t, v)| *t += v);
         }
-        ArrayD::from_shape_vec(w.shape(), total).expect("weight-sized")
-    });
-
-    let db = need_b.then(|| {
-        // Per output channel: the sum of its contiguous planes, image after image (a fixed order).
-        let plane = |img: usize, o: usize| {
-            let at = img * out_len + o * hw;
-            lane_sum(&gs[at..at + hw], ys.map(|y| &y[at..at + hw]))
-        };
-        let sums: Vec<f32> = (0..g.o).into_par_iter().map(|o| (0..n).map(|img| plane(img, o)).sum()).collect();
-        Array1::from(sums).into_dyn()
-    });
-
+        total
+    };
+    let dw = need_w.then(|| ArrayD::from_shape_vec(w.shape(), sum(&dws, w_len)).expect("weight-sized"));
+    let db = need_b.then(|| Array1::from(sum(&dbs, g.o)).into_dyn());
     let dx = need_x.then(|| ArrayD::from_shape_vec(x.shape(), dx).expect("input-sized"));
     let mut out = vec![dx, dw];
     if has_bias {
@@ -635,6 +793,17 @@ impl Tensor {
     /// `relu(conv2d(…))` as one op: the same values and gradients, one pass over the output fewer each way.
     pub fn conv2d_relu(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
         conv2d(self, weight, bias, params, true)
+    }
+
+    /// `max_pool2d(relu(conv2d(…)), 2×2 windows, stride 2)` as one op: the same values and gradients, with the
+    /// convolution's output kept in cache instead of written out and read back each way.
+    pub fn conv2d_relu_max_pool2(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        params: Conv2dParams,
+    ) -> Result<Tensor> {
+        conv2d_relu_max_pool2(self, weight, bias, params)
     }
 }
 
@@ -891,6 +1060,48 @@ mod tests {
                 assert_eq!(a.to_array(), b.to_array());
             }
         }
+    }
+
+    /// `conv2d_relu_max_pool2` is `max_pool2d(relu(conv2d(…)), 2×2)` bit for bit: values (recorded or not), and
+    /// the gradients of input, weight and bias. Odd output sizes (an unpooled last row and column), padding,
+    /// groups, one image (the split inside the image) and many, the cnn's two layers, and a NaN input (the ReLU
+    /// maps it to 0 in both).
+    #[test]
+    fn fused_pool_equals_conv_relu_then_pool() {
+        let padded = Conv2dParams { padding: (1, 1), ..Default::default() };
+        let grouped = Conv2dParams { padding: (1, 2), groups: 2, ..Default::default() };
+        let cases = [
+            (3, 2, 9, 9, 4, 3, Conv2dParams::default()),
+            (1, 2, 9, 10, 4, 3, padded),
+            (2, 4, 11, 9, 6, 3, grouped),
+            (5, 1, 28, 28, 16, 5, Conv2dParams::default()),
+            (5, 16, 12, 12, 32, 5, Conv2dParams::default()),
+        ];
+        let pool = Pool2dParams::square(2);
+        for (seed, &(n, c, h, w, o, k, p)) in cases.iter().enumerate() {
+            let seed = seed as u64;
+            let mut xv = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed).to_array();
+            xv[[0, 0, 1, 1]] = f32::NAN;
+            let x = Tensor::new(xv).variable();
+            let wt = Tensor::uniform(&[o, c / p.groups, k, k], -1.0, 1.0, 10 + seed).variable();
+            let b = Tensor::uniform(&[o], -0.5, 0.5, 20 + seed).variable();
+            let fused = x.conv2d_relu_max_pool2(&wt, Some(&b), p).unwrap();
+            let plain = x.conv2d(&wt, Some(&b), p).unwrap().relu().max_pool2d(pool).unwrap();
+            let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fused), bits(&plain), "case {seed}: values");
+            let untracked = crate::no_grad(|| x.conv2d_relu_max_pool2(&wt, Some(&b), p).unwrap());
+            assert_eq!(bits(&untracked), bits(&plain), "case {seed}: values, not recorded");
+            let r = Tensor::uniform(plain.shape(), -1.0, 1.0, 30 + seed);
+            let gf = fused.mul(&r).unwrap().sum_all().grad_wrt(&[&x, &wt, &b]).unwrap();
+            let gp = plain.mul(&r).unwrap().sum_all().grad_wrt(&[&x, &wt, &b]).unwrap();
+            for (i, (a, b)) in gf.iter().zip(&gp).enumerate() {
+                assert_eq!(bits(a), bits(b), "case {seed}: gradient {i}");
+            }
+        }
+        // No whole window: the pooling's error, as from the separate ops.
+        let x = Tensor::zeros(&[1, 1, 5, 5]);
+        let w = Tensor::zeros(&[1, 1, 5, 5]);
+        assert!(x.conv2d_relu_max_pool2(&w, None, Conv2dParams::default()).is_err());
     }
 
     #[test]

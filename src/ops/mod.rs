@@ -69,13 +69,15 @@ pub(crate) enum Op {
         a: Tensor,
         b: Tensor,
     },
-    /// `relu`: the output is max(conv, 0) (fused; the backward masks by output > 0 first).
+    /// `relu`: the output is max(conv, 0) (fused; the backward masks by output > 0 first). `pool`: the output is
+    /// that, max-pooled over 2×2 windows of stride 2 (fused), with each window's flat arg-max in its plane.
     Conv2d {
         x: Tensor,
         w: Tensor,
         b: Option<Tensor>,
         p: Conv2dParams,
         relu: bool,
+        pool: Option<Vec<u32>>,
     },
     /// `index` holds the flat arg-max of every output, or is empty when the backward recomputes it from the
     /// input and output (2×2 windows of stride 2 on the vector kernels).
@@ -106,6 +108,7 @@ impl Op {
             Op::IndexSelect { .. } => "index_select",
             Op::Gather { .. } => "gather",
             Op::Where { .. } => "where",
+            Op::Conv2d { pool: Some(_), .. } => "conv2d_relu_max_pool2",
             Op::Conv2d { relu: false, .. } => "conv2d",
             Op::Conv2d { relu: true, .. } => "conv2d_relu",
             Op::MaxPool2d { .. } => "max_pool2d",
@@ -161,8 +164,11 @@ impl Op {
             }
             Op::Gather { x, index } => Ok(vec![Some(index::gather_backward(x.shape(), index, g))]),
             Op::Where { mask, a, b } => Ok(index::where_backward(mask, a, b, g, need)),
-            Op::Conv2d { x, w, b, p, relu } => {
+            Op::Conv2d { x, w, b, p, relu, pool: None } => {
                 conv::conv2d_backward(x, w, b.is_some(), p, g, relu.then_some(out), need)
+            }
+            Op::Conv2d { x, w, b, p, pool: Some(argmax), .. } => {
+                conv::conv2d_pool_backward(x, w, b.is_some(), p, g, out, argmax, need)
             }
             Op::MaxPool2d { x, index } => Ok(vec![Some(pool::max_pool2d_backward(x, out, index, g))]),
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),

@@ -84,7 +84,15 @@ fn window_max(plane: &[f32], w: usize, (r0, r1): (usize, usize), (c0, c1): (usiz
 }
 
 /// Max pooling of one plane into `o` (and the arg-max into `idx` when it is not empty).
-fn max_pool_plane(plane: &[f32], o: &mut [f32], idx: &mut [u32], h: usize, w: usize, wo: usize, p: &Pool2dParams) {
+pub(crate) fn max_pool_plane(
+    plane: &[f32],
+    o: &mut [f32],
+    idx: &mut [u32],
+    h: usize,
+    w: usize,
+    wo: usize,
+    p: &Pool2dParams,
+) {
     let ho = o.len() / wo;
     let ((kh, kw), (sh, sw)) = (p.kernel, p.stride);
     let inside = p.padding == (0, 0) && (ho - 1) * sh + kh <= h && (wo - 1) * sw + kw <= w;

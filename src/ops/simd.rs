@@ -633,6 +633,12 @@ mod x86 {
         /// `yes` in the lanes of `m`, `no` elsewhere.
         unsafe fn select_i(m: Self::M, yes: Self::I, no: Self::I) -> Self::I;
         unsafe fn store_i(m: Self::M, p: *mut u32, v: Self::I);
+        /// Loads the lanes in `m` (the others are zero and never touch memory).
+        unsafe fn load_i(m: Self::M, p: *const u32) -> Self::I;
+        /// Lanes where `a == b`.
+        unsafe fn eq_i(a: Self::I, b: Self::I) -> Self::M;
+        /// Lanes where `a > b` (ordered).
+        unsafe fn gt(a: Self::V, b: Self::V) -> Self::M;
     }
 
     /// AVX-512F: 16 lanes, lane masks in a `u16`.
@@ -763,6 +769,18 @@ mod x86 {
         #[inline(always)]
         unsafe fn store_i(m: u16, p: *mut u32, v: __m512i) {
             _mm512_mask_storeu_epi32(p.cast(), m, v)
+        }
+        #[inline(always)]
+        unsafe fn load_i(m: u16, p: *const u32) -> __m512i {
+            _mm512_maskz_loadu_epi32(m, p.cast())
+        }
+        #[inline(always)]
+        unsafe fn eq_i(a: __m512i, b: __m512i) -> u16 {
+            _mm512_cmpeq_epi32_mask(a, b)
+        }
+        #[inline(always)]
+        unsafe fn gt(a: __m512, b: __m512) -> u16 {
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b)
         }
     }
 
@@ -900,6 +918,22 @@ mod x86 {
                 _ => _mm256_maskstore_epi32(p.cast(), m.v, v),
             }
         }
+        #[inline(always)]
+        unsafe fn load_i(m: Lanes8, p: *const u32) -> __m256i {
+            match m.bits {
+                0xFF => _mm256_loadu_si256(p.cast()),
+                0 => _mm256_setzero_si256(),
+                _ => _mm256_maskload_epi32(p.cast(), m.v),
+            }
+        }
+        #[inline(always)]
+        unsafe fn eq_i(a: __m256i, b: __m256i) -> Lanes8 {
+            Self::from_vector(_mm256_cmpeq_epi32(a, b))
+        }
+        #[inline(always)]
+        unsafe fn gt(a: __m256, b: __m256) -> Lanes8 {
+            Self::from_vector(_mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(a, b)))
+        }
     }
 
     /// Entry points: each kernel compiled once per instruction set, with that set's features enabled.
@@ -926,6 +960,8 @@ mod x86 {
         fn max_pool_2x2(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool = pool_body;
         fn max_pool_2x2_backward(plane: &[f32], h: usize, w: usize, out: &[f32], g: &[f32], dx: *mut f32) -> bool
             = pool_backward_body;
+        fn relu_max_pool_2x2_expand(h: usize, w: usize, out: &[f32], g: &[f32], idx: &[u32], dx: &mut [f32])
+            = pool_expand_body;
     }
 
     /// The adjoint of im2col. With AVX-512 each image row gathers its taps' shifted runs under lane masks (free
@@ -1440,25 +1476,68 @@ mod x86 {
                 let seen = S::or(ea, eb);
                 let ec = S::and(S::eq(c, m), S::not(seen));
                 let ed = S::not(S::or(seen, ec));
-                let (lo, hi) = S::interleave(S::keep(ea, gv), S::keep(eb, gv));
-                S::store(m_lo, dtop.add(2 * j0), lo);
-                S::store(m_hi, dtop.add(2 * j0).wrapping_add(l), hi);
-                let (lo, hi) = S::interleave(S::keep(ec, gv), S::keep(ed, gv));
-                S::store(m_lo, dbottom.add(2 * j0), lo);
-                S::store(m_hi, dbottom.add(2 * j0).wrapping_add(l), hi);
+                store_windows::<S>(dtop.add(2 * j0), dbottom.add(2 * j0), (m_lo, m_hi), [ea, eb, ec, ed], gv);
                 j0 += l;
             }
-            // An odd last column lies in no window.
-            for j in 2 * wo..w {
-                *dtop.add(j) = 0.0;
-                *dbottom.add(j) = 0.0;
+        }
+        zero_outside_windows(dx, h, w);
+        true
+    }
+
+    /// The gradients `gv` of `LANES` 2×2 windows written into their entries: window lane `i`'s top pair at
+    /// `top[2i..2i+2]`, bottom pair at `bottom[2i..2i+2]`, each entry `gv` where its lane set `e` (top left, top
+    /// right, bottom left, bottom right) holds the lane, else zero; `m` are the lanes of the two halves to store.
+    #[inline(always)]
+    unsafe fn store_windows<S: Isa>(top: *mut f32, bottom: *mut f32, m: (S::M, S::M), e: [S::M; 4], gv: S::V) {
+        let l = S::LANES;
+        let (lo, hi) = S::interleave(S::keep(e[0], gv), S::keep(e[1], gv));
+        S::store(m.0, top, lo);
+        S::store(m.1, top.wrapping_add(l), hi);
+        let (lo, hi) = S::interleave(S::keep(e[2], gv), S::keep(e[3], gv));
+        S::store(m.0, bottom, lo);
+        S::store(m.1, bottom.wrapping_add(l), hi);
+    }
+
+    /// Zeroes the entries of an `h×w` plane that lie in no 2×2 window: an odd last column and an odd last row.
+    #[inline(always)]
+    unsafe fn zero_outside_windows(dx: *mut f32, h: usize, w: usize) {
+        if w % 2 == 1 {
+            for i in 0..h / 2 * 2 {
+                *dx.add(i * w + w - 1) = 0.0;
             }
         }
-        // As does an odd last row.
-        for j in 2 * ho * w..h * w {
+        for j in h / 2 * 2 * w..h * w {
             *dx.add(j) = 0.0;
         }
-        true
+    }
+
+    #[inline(always)]
+    unsafe fn pool_expand_body<S: Isa>(h: usize, w: usize, out: &[f32], g: &[f32], idx: &[u32], dx: &mut [f32]) {
+        let (l, ho, wo) = (S::LANES, h / 2, w / 2);
+        let (one, below) = (S::splat_i(1), S::splat_i(w as i32));
+        let dx = dx.as_mut_ptr();
+        for i in 0..ho {
+            let (dtop, dbottom) = (dx.add(2 * i * w), dx.add((2 * i + 1) * w));
+            let mut j0 = 0;
+            while j0 < wo {
+                let n = (wo - j0).min(l) as isize;
+                let m_out = S::lanes(0, n);
+                let (m_lo, m_hi) = (S::lanes(0, 2 * n), S::lanes(0, 2 * n - l as isize));
+                let at = i * wo + j0;
+                let (y, gv) = (S::load(m_out, out.as_ptr().add(at)), S::load(m_out, g.as_ptr().add(at)));
+                let arg = S::load_i(m_out, idx.as_ptr().add(at));
+                // The window entry the arg-max names, where the pooled output (the ReLU's) is positive.
+                let pos = S::gt(y, S::zero());
+                let base = S::add_i(S::splat_i((2 * i * w + 2 * j0) as i32), S::evens());
+                let ea = S::and(S::eq_i(arg, base), pos);
+                let eb = S::and(S::eq_i(arg, S::add_i(base, one)), pos);
+                let ec = S::and(S::eq_i(arg, S::add_i(base, below)), pos);
+                let ed = S::and(S::eq_i(arg, S::add_i(S::add_i(base, below), one)), pos);
+                store_windows::<S>(dtop.add(2 * j0), dbottom.add(2 * j0), (m_lo, m_hi), [ea, eb, ec, ed], gv);
+                j0 += l;
+            }
+        }
+        zero_outside_windows(dx, h, w);
     }
 }
 
@@ -1560,6 +1639,32 @@ pub(crate) fn max_pool_2x2_backward(
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// The gradient of a ReLU followed by 2×2 max pooling of stride 2, for one `h×w` plane: every entry of `dx` is
+/// written — the pooled gradient `g` at its window's arg-max `idx` (flat in the plane) where the pooled output
+/// `out` is positive, zero elsewhere (and in an odd last row or column). `false` (nothing written) without the
+/// vector kernels.
+pub(crate) fn relu_max_pool_2x2_expand(
+    h: usize,
+    w: usize,
+    out: &[f32],
+    g: &[f32],
+    idx: &[u32],
+    dx: &mut [f32],
+) -> bool {
+    let (ho, wo) = (h / 2, w / 2);
+    let level = level();
+    let sizes = dx.len() >= h * w && out.len() >= ho * wo && g.len() >= ho * wo && idx.len() >= ho * wo;
+    if level == Level::Portable || !sizes || h * w >= 1 << 31 {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the level's instructions are present and every access stays inside the slices checked above.
+    unsafe {
+        x86::relu_max_pool_2x2_expand(level, h, w, out, g, idx, dx);
+    }
+    true
 }
 
 /// `dst[c, r] = src[r, c]` for a row-major `rows × cols` source, zero where `y` (same layout) is not positive when
