@@ -341,14 +341,15 @@ fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
     pad
 }
 
-/// Direct forward for one image (see [`runs_direct`]): `img` is zero-padded into `pad` when the geometry has
-/// padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when `relu`, the ReLU.
+/// Direct forward for one image (see [`runs_direct`]) with the geometry's `plan`: `img` is zero-padded into `pad`
+/// when the geometry has padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when `relu`, the ReLU.
 #[allow(clippy::too_many_arguments)]
 fn forward_image_direct(
     img: &[f32],
     wt: &[f32],
     bias: Option<&[f32]>,
     g: &Geom,
+    plan: &simd::DirectConv,
     pad: &mut Vec<f32>,
     out: &mut [MaybeUninit<f32>],
     relu: bool,
@@ -360,7 +361,7 @@ fn forward_image_direct(
     for grp in 0..g.p.groups {
         let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
         let (wg, dst) = (&wt[grp * og * k..(grp + 1) * og * k], &mut out[grp * og * hw..(grp + 1) * og * hw]);
-        simd::conv_direct(&src[grp * g.cg() * u.h * u.w..], &u, wg, og, b, relu, dst, par);
+        plan.run(&src[grp * g.cg() * u.h * u.w..], wg, og, b, relu, dst, par);
     }
 }
 
@@ -459,15 +460,19 @@ fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: boo
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
     let out = if runs_direct(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
+        let plan = simd::DirectConv::new(&direct_unfold(&g));
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];
+        let run = |pad: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], par: bool| {
+            forward_image_direct(img, ws, bias, &g, &plan, pad, o, relu, par)
+        };
         if n == 1 {
-            forward_image_direct(xs, ws, bias, &g, &mut Vec::new(), slots, relu, true);
+            run(&mut Vec::new(), slots, xs, true);
         } else {
             slots
                 .par_chunks_mut(out_len)
                 .zip(xs.par_chunks(in_len))
-                .for_each_init(Vec::new, |pad, (o, img)| forward_image_direct(img, ws, bias, &g, pad, o, relu, false));
+                .for_each_init(Vec::new, |pad, (o, img)| run(pad, o, img, false));
         }
         // SAFETY: `forward_image_direct` wrote every element of every image's output.
         unsafe { out.set_len(n * out_len) };
@@ -511,12 +516,13 @@ fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dPa
     let (ph, pw) = (g.ho / 2, g.wo / 2);
     let pooled_len = g.o * ph * pw;
     let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
-    let direct = runs_direct(&g);
+    let plan = runs_direct(&g).then(|| simd::DirectConv::new(&direct_unfold(&g)));
     let one = |(conv, scratch): &mut (Vec<f32>, Vec<f32>), img: &[f32], o: &mut [f32], idx: &mut [u32], par: bool| {
-        if direct {
+        if let Some(plan) = &plan {
             conv.clear();
             conv.reserve(out_len);
-            forward_image_direct(img, ws, bias, &g, scratch, &mut conv.spare_capacity_mut()[..out_len], true, par);
+            let slots = &mut conv.spare_capacity_mut()[..out_len];
+            forward_image_direct(img, ws, bias, &g, plan, scratch, slots, true, par);
             // SAFETY: `forward_image_direct` wrote every element.
             unsafe { conv.set_len(out_len) };
         } else {
@@ -674,7 +680,9 @@ fn backward(
     // so the product runs on the register-tiled kernel (doutᵀ has contiguous rows); otherwise dW += dout · colᵀ on
     // `gemm`. And with a column stride of 1 the unfolded image is read straight from the image.
     let transposed = simd::accelerated();
-    let implicit = transposed && g.p.stride.1 == 1 && !g.is_pointwise();
+    let implicit = need_w && transposed && g.p.stride.1 == 1 && !g.is_pointwise();
+    let wgrad = if implicit { simd::WeightGrad::new(&u) } else { None };
+    let implicit = wgrad.is_some();
 
     // Images go in fixed chunks (when weight or bias gradients are summed, so their partial sums, added chunk
     // after chunk, do not depend on the thread count), and each image's output gradient is masked (or expanded
@@ -718,11 +726,9 @@ fn backward(
                         let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
                         transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut gt);
                     }
-                    if implicit {
+                    if let Some(plan) = &wgrad {
                         // The unfolded image is read in place, never written out.
-                        let plane = &src_img[grp * g.cg() * u.h * u.w..];
-                        let done = simd::conv_weight_grad(plane, &u, &gt, og, dst);
-                        debug_assert!(done, "the kernels are present when `implicit`");
+                        plan.run(&src_img[grp * g.cg() * u.h * u.w..], &gt, og, dst);
                         continue;
                     }
                     let src = if g.is_pointwise() {

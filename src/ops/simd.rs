@@ -217,7 +217,7 @@ struct Direct {
     relu: bool,
 }
 
-/// Whether [`conv_direct`] runs this geometry: the vector kernels are present, the geometry is unpadded (the
+/// Whether [`DirectConv`] runs this geometry: the vector kernels are present, the geometry is unpadded (the
 /// caller pads) with a column stride of 1, and output rows fill the vectors well (at least 3/4 of the lanes; an
 /// 8-wide row on 16 lanes is better served by unfolding).
 pub(crate) fn conv_direct_fits(u: &Unfold) -> bool {
@@ -232,101 +232,120 @@ pub(crate) fn conv_direct_fits(u: &Unfold) -> bool {
 
 /// A convolution of one image group computed straight from the image (implicit GEMM), without unfolding it:
 /// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` plus the bias, then the ReLU when `relu`, where `col` is never
-/// written — each register tile loads its input runs from the image at the kernel taps' offsets. The geometry
-/// must satisfy [`conv_direct_fits`]. Every element of `out` is written (it need not be initialised).
+/// written — each register tile loads its input runs from the image at the kernel taps' offsets. Built once per
+/// op for a geometry satisfying [`conv_direct_fits`] (the taps' offsets and the vectors of output positions),
+/// then [`DirectConv::run`] per image group.
 ///
 /// Each output element is the same fused multiply-add chain as [`gemm_nn`] over the im2col matrix with the
-/// output prefilled by the bias, so both paths give identical bits. With `parallel` (and enough work, outside a
-/// rayon task) the tiles of output channels are split across threads.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn conv_direct(
-    img: &[f32],
-    u: &Unfold,
-    wt: &[f32],
-    og: usize,
-    bias: Option<&[f32]>,
-    relu: bool,
-    out: &mut [MaybeUninit<f32>],
-    parallel: bool,
-) {
-    assert!(conv_direct_fits(u), "conv_direct: geometry");
-    let level = level();
-    let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
-    let chunks = u.wo.div_ceil(lanes);
-    let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
-    assert!(
-        og > 0
-            && wt.len() >= og * k
-            && out.len() >= og * hw
-            && bias.is_none_or(|b| b.len() >= og)
-            && img.len() >= u.cg * u.h * u.w,
-        "conv_direct: sizes"
-    );
-    let mut koff = Vec::with_capacity(k);
-    for c in 0..u.cg {
-        for ki in 0..u.kh {
-            for kj in 0..u.kw {
-                koff.push((c * u.h * u.w + ki * u.dh * u.w + kj * u.dw) as isize);
+/// output prefilled by the bias, so both paths give identical bits.
+pub(crate) struct DirectConv {
+    u: Unfold,
+    level: Level,
+    max_vecs: usize,
+    /// Image offset of each row of the virtual im2col matrix (channel, kernel row, kernel column).
+    koff: Vec<isize>,
+    /// (input offset, output offset, lanes) of every vector of output positions, row by row.
+    vecs: Vec<(usize, usize, usize)>,
+}
+
+impl DirectConv {
+    /// The plan for `u`, which must satisfy [`conv_direct_fits`].
+    pub(crate) fn new(u: &Unfold) -> DirectConv {
+        assert!(conv_direct_fits(u), "conv_direct: geometry");
+        let level = level();
+        let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
+        let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
+        for c in 0..u.cg {
+            for ki in 0..u.kh {
+                for kj in 0..u.kw {
+                    koff.push((c * u.h * u.w + ki * u.dh * u.w + kj * u.dw) as isize);
+                }
             }
         }
-    }
-    // (input offset, output offset, lanes) of every vector of output positions, row by row.
-    let mut vecs = Vec::with_capacity(u.ho * chunks);
-    for oh in 0..u.ho {
-        for ch in 0..chunks {
-            let ow = ch * lanes;
-            vecs.push((oh * u.sh * u.w + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
-        }
-    }
-    // Output channels split evenly over the fewest tiles of at most BLOCK_M; each tile owns its output rows.
-    let tiles = og.div_ceil(BLOCK_M);
-    let (base, extra) = (og / tiles, og % tiles);
-    let mut jobs = Vec::with_capacity(tiles);
-    let (mut i, mut rest) = (0, &mut out[..og * hw]);
-    for tile in 0..tiles {
-        let mr = base + usize::from(tile < extra);
-        let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * hw);
-        jobs.push((i, mr, rows));
-        (i, rest) = (i + mr, tail);
-    }
-    let run = |(i, mr, rows): (usize, usize, &mut [MaybeUninit<f32>])| {
-        let mut bias_rows = [0.0f32; BLOCK_M];
-        if let Some(b) = bias {
-            bias_rows[..mr].copy_from_slice(&b[i..i + mr]);
-        }
-        let dst = rows.as_mut_ptr().cast::<f32>();
-        for group in vecs.chunks(max_vecs) {
-            let mut t = Direct {
-                k,
-                a: wt[i * k..].as_ptr(),
-                rsa: k,
-                koff: koff.as_ptr(),
-                src: [img.as_ptr(); 4],
-                dst: [dst; 4],
-                lanes: [0; 4],
-                rsc: hw,
-                bias: bias_rows,
-                relu,
-            };
-            for (v, &(src, out_at, n)) in group.iter().enumerate() {
-                // Every tap of every lane stays inside the image (`conv_direct_fits`), every store inside `rows`.
-                t.src[v] = img.as_ptr().wrapping_add(src);
-                t.dst[v] = dst.wrapping_add(out_at);
-                t.lanes[v] = n;
-            }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the level's instructions are present; loads stay inside `img` and stores inside `rows`
-            // (masked lanes never touch memory).
-            unsafe {
-                x86::direct(level, &t, mr, group.len());
+        let mut vecs = Vec::with_capacity(u.ho * u.wo.div_ceil(lanes));
+        for oh in 0..u.ho {
+            for ow in (0..u.wo).step_by(lanes) {
+                vecs.push((oh * u.sh * u.w + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
             }
         }
-    };
-    let nested = rayon::current_thread_index().is_some();
-    if parallel && !nested && tiles > 1 && og * hw * k >= PAR_WORK {
-        jobs.into_par_iter().for_each(run);
-    } else {
-        jobs.into_iter().for_each(run);
+        DirectConv { u: *u, level, max_vecs, koff, vecs }
+    }
+
+    /// `out[Og, Ho·Wo]` (every element written; it need not be initialised) from one image group `img` and its
+    /// weights `wt[Og, K]`. With `parallel` (and enough work, outside a rayon task) the tiles of output channels
+    /// are split across threads.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(
+        &self,
+        img: &[f32],
+        wt: &[f32],
+        og: usize,
+        bias: Option<&[f32]>,
+        relu: bool,
+        out: &mut [MaybeUninit<f32>],
+        parallel: bool,
+    ) {
+        let u = &self.u;
+        let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
+        assert!(
+            og > 0
+                && wt.len() >= og * k
+                && out.len() >= og * hw
+                && bias.is_none_or(|b| b.len() >= og)
+                && img.len() >= u.cg * u.h * u.w,
+            "conv_direct: sizes"
+        );
+        // Output channels split evenly over the fewest tiles of at most BLOCK_M; each tile owns its output rows.
+        let tiles = og.div_ceil(BLOCK_M);
+        let (base, extra) = (og / tiles, og % tiles);
+        let mut jobs = Vec::with_capacity(tiles);
+        let (mut i, mut rest) = (0, &mut out[..og * hw]);
+        for tile in 0..tiles {
+            let mr = base + usize::from(tile < extra);
+            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * hw);
+            jobs.push((i, mr, rows));
+            (i, rest) = (i + mr, tail);
+        }
+        let run = |(i, mr, rows): (usize, usize, &mut [MaybeUninit<f32>])| {
+            let mut bias_rows = [0.0f32; BLOCK_M];
+            if let Some(b) = bias {
+                bias_rows[..mr].copy_from_slice(&b[i..i + mr]);
+            }
+            let dst = rows.as_mut_ptr().cast::<f32>();
+            for group in self.vecs.chunks(self.max_vecs) {
+                let mut t = Direct {
+                    k,
+                    a: wt[i * k..].as_ptr(),
+                    rsa: k,
+                    koff: self.koff.as_ptr(),
+                    src: [img.as_ptr(); 4],
+                    dst: [dst; 4],
+                    lanes: [0; 4],
+                    rsc: hw,
+                    bias: bias_rows,
+                    relu,
+                };
+                for (v, &(src, out_at, n)) in group.iter().enumerate() {
+                    // Every tap of every lane stays inside the image (`conv_direct_fits`), every store inside
+                    // `rows`.
+                    t.src[v] = img.as_ptr().wrapping_add(src);
+                    t.dst[v] = dst.wrapping_add(out_at);
+                    t.lanes[v] = n;
+                }
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the level's instructions are present; loads stay inside `img` and stores inside `rows`
+                // (masked lanes never touch memory).
+                unsafe {
+                    x86::direct(self.level, &t, mr, group.len());
+                }
+            }
+        };
+        let nested = rayon::current_thread_index().is_some();
+        if parallel && !nested && tiles > 1 && og * hw * k >= PAR_WORK {
+            jobs.into_par_iter().for_each(run);
+        } else {
+            jobs.into_iter().for_each(run);
+        }
     }
 }
 
@@ -347,67 +366,86 @@ struct Gather {
 
 /// `dWᵀ[K, Og] += col[K, Ho·Wo] · doutᵀ[Ho·Wo, Og]` for one image group, with `col` (the im2col matrix) read
 /// straight from the image instead of written out: each register tile broadcasts its taps' inputs at the output
-/// positions' offsets. `gt` is `doutᵀ` (rows of `og` contiguous), `acc` is `dWᵀ` (rows of `og` contiguous). The
+/// positions' offsets. Built once per backward (the offsets), then [`WeightGrad::run`] per image group. The
 /// geometry must be unpadded (the caller pads) with a column stride of 1. Every element is the same fused
 /// multiply-add chain over the positions, in order, as [`gemm_nn`] on the unfolded image, so the bits agree.
-/// `false` (nothing written) without the vector kernels.
-pub(crate) fn conv_weight_grad(img: &[f32], u: &Unfold, gt: &[f32], og: usize, acc: &mut [f32]) -> bool {
-    let level = level();
-    if level == Level::Portable || u.ph != 0 || u.pw != 0 || og == 0 || u.ho == 0 || u.wo == 0 {
-        return false;
-    }
-    let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
-    let inside = u.h > (u.ho - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo - 1 + (u.kw - 1) * u.dw;
-    assert!(
-        inside && img.len() >= u.cg * u.h * u.w && gt.len() >= hw * og && acc.len() >= k * og,
-        "conv_weight_grad: sizes"
-    );
-    let mut aoff = Vec::with_capacity(hw);
-    for oh in 0..u.ho {
-        for ow in 0..u.wo {
-            aoff.push((oh * u.sh * u.w + ow) as isize);
+pub(crate) struct WeightGrad {
+    u: Unfold,
+    level: Level,
+    /// Image offset of each output position.
+    aoff: Vec<isize>,
+    /// Image offset of each row of the virtual im2col matrix (channel, kernel row, kernel column).
+    koff: Vec<usize>,
+}
+
+impl WeightGrad {
+    /// The plan for `u`; `None` without the vector kernels or for a geometry they do not take.
+    pub(crate) fn new(u: &Unfold) -> Option<WeightGrad> {
+        let level = level();
+        if level == Level::Portable || u.ph != 0 || u.pw != 0 || u.ho == 0 || u.wo == 0 {
+            return None;
         }
+        let inside = u.h > (u.ho - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo - 1 + (u.kw - 1) * u.dw;
+        assert!(inside, "conv_weight_grad: geometry");
+        let mut aoff = Vec::with_capacity(u.ho * u.wo);
+        for oh in 0..u.ho {
+            for ow in 0..u.wo {
+                aoff.push((oh * u.sh * u.w + ow) as isize);
+            }
+        }
+        let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
+        for c in 0..u.cg {
+            for ki in 0..u.kh {
+                for kj in 0..u.kw {
+                    koff.push(c * u.h * u.w + ki * u.dh * u.w + kj * u.dw);
+                }
+            }
+        }
+        Some(WeightGrad { u: *u, level, aoff, koff })
     }
-    let mut koff = Vec::with_capacity(k);
-    for c in 0..u.cg {
-        for ki in 0..u.kh {
-            for kj in 0..u.kw {
-                koff.push(c * u.h * u.w + ki * u.dh * u.w + kj * u.dw);
+
+    /// `acc += ` one image group's `dWᵀ` from the image group `img` and `gt = doutᵀ` (rows of `og` contiguous;
+    /// `acc` likewise).
+    pub(crate) fn run(&self, img: &[f32], gt: &[f32], og: usize, acc: &mut [f32]) {
+        let u = &self.u;
+        let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
+        assert!(
+            og > 0 && img.len() >= u.cg * u.h * u.w && gt.len() >= hw * og && acc.len() >= k * og,
+            "conv_weight_grad: sizes"
+        );
+        let (lanes, block_n) = if self.level == Level::Avx512 { (16, 64) } else { (8, 16) };
+        let tiles = k.div_ceil(BLOCK_M);
+        let (base, extra) = (k / tiles, k % tiles);
+        for j in (0..og).step_by(block_n) {
+            let nb = (og - j).min(block_n);
+            let nv = nb.div_ceil(lanes);
+            let mut i = 0;
+            for tile in 0..tiles {
+                let mr = base + usize::from(tile < extra);
+                let mut t = Gather {
+                    k: hw,
+                    a: [img.as_ptr(); BLOCK_M],
+                    aoff: self.aoff.as_ptr(),
+                    b: gt[j..].as_ptr(),
+                    rsb: og as isize,
+                    c: acc[i * og + j..].as_mut_ptr(),
+                    rsc: og as isize,
+                    tail: nb - (nv - 1) * lanes,
+                };
+                for (r, a) in t.a.iter_mut().enumerate().take(mr) {
+                    *a = img[self.koff[i + r]..].as_ptr();
+                }
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the level's instructions are present; every tap at every position lies inside the image
+                // (checked by `new`), every row of `gt` and `acc` touched inside them (masked lanes never touch
+                // memory).
+                unsafe {
+                    x86::gather(self.level, &t, mr, nv);
+                }
+                i += mr;
             }
         }
     }
-    let (lanes, block_n) = if level == Level::Avx512 { (16, 64) } else { (8, 16) };
-    let tiles = k.div_ceil(BLOCK_M);
-    let (base, extra) = (k / tiles, k % tiles);
-    for j in (0..og).step_by(block_n) {
-        let nb = (og - j).min(block_n);
-        let nv = nb.div_ceil(lanes);
-        let mut i = 0;
-        for tile in 0..tiles {
-            let mr = base + usize::from(tile < extra);
-            let mut t = Gather {
-                k: hw,
-                a: [img.as_ptr(); BLOCK_M],
-                aoff: aoff.as_ptr(),
-                b: gt[j..].as_ptr(),
-                rsb: og as isize,
-                c: acc[i * og + j..].as_mut_ptr(),
-                rsc: og as isize,
-                tail: nb - (nv - 1) * lanes,
-            };
-            for (r, a) in t.a.iter_mut().enumerate().take(mr) {
-                *a = img[koff[i + r]..].as_ptr();
-            }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the level's instructions are present; every tap at every position lies inside the image
-            // (asserted), every row of `gt` and `acc` touched inside them (masked lanes never touch memory).
-            unsafe {
-                x86::gather(level, &t, mr, nv);
-            }
-            i += mr;
-        }
-    }
-    true
 }
 
 /// A vector of output positions of a convolution: where it starts in one channel of the output gradient (`src`) and
