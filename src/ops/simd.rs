@@ -1446,6 +1446,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn pool_body<S: Isa>(plane: &[f32], h: usize, w: usize, out: &mut [f32], idx: &mut [u32]) -> bool {
         let (l, ho, wo) = (S::LANES, h / 2, w / 2);
+        let all = S::lanes(0, l as isize);
         let p = plane.as_ptr();
         let (below, one) = (S::splat_i(w as i32), S::splat_i(1));
         for i in 0..ho {
@@ -1454,8 +1455,14 @@ mod x86 {
             while j0 < wo {
                 let n = (wo - j0).min(l) as isize;
                 let m_out = S::lanes(0, n);
-                // 2n input columns from 2·j0, in two masked halves of one vector each.
-                let (m_lo, m_hi) = (S::lanes(0, 2 * n), S::lanes(0, 2 * n - l as isize));
+                // 2n input columns from 2·j0, in two masked halves of one vector each — or whole vectors where
+                // they stay inside the plane (the extra lanes read the next row and are not used), and whole-vector
+                // stores where they stay inside the output (the extra lanes land on outputs of later rows, written
+                // again when those come: rows go in address order). Masked moves are slow on some CPUs.
+                let inside = (2 * i + 1) * w + 2 * j0 + 2 * l <= h * w;
+                let (m_lo, m_hi) =
+                    if inside { (all, all) } else { (S::lanes(0, 2 * n), S::lanes(0, 2 * n - l as isize)) };
+                let m_store = if i * wo + j0 + l <= ho * wo { all } else { m_out };
                 let (t, b) = (top.add(2 * j0), bottom.add(2 * j0));
                 let (a, b_) = S::deinterleave(S::load(m_lo, t), S::load(m_hi, t.wrapping_add(l)));
                 let (c, d) = S::deinterleave(S::load(m_lo, b), S::load(m_hi, b.wrapping_add(l)));
@@ -1464,7 +1471,7 @@ mod x86 {
                     return false;
                 }
                 let m = S::max(S::max(a, b), S::max(c, d));
-                S::store(m_out, out.as_mut_ptr().add(i * wo + j0), m);
+                S::store(m_store, out.as_mut_ptr().add(i * wo + j0), m);
                 if !idx.is_empty() {
                     // Flat indices of the four window entries; the first entry equal to the maximum wins.
                     let base = S::add_i(S::splat_i((2 * i * w + 2 * j0) as i32), S::evens());
@@ -1472,7 +1479,7 @@ mod x86 {
                     at = S::select_i(S::eq(c, m), S::add_i(base, below), at);
                     at = S::select_i(S::eq(b, m), S::add_i(base, one), at);
                     at = S::select_i(S::eq(a, m), base, at);
-                    S::store_i(m_out, idx.as_mut_ptr().add(i * wo + j0), at);
+                    S::store_i(m_store, idx.as_mut_ptr().add(i * wo + j0), at);
                 }
                 j0 += l;
             }
@@ -1562,8 +1569,10 @@ mod x86 {
                 let m_out = S::lanes(0, n);
                 let (m_lo, m_hi) = (S::lanes(0, 2 * n), S::lanes(0, 2 * n - l as isize));
                 let at = i * wo + j0;
-                let (y, gv) = (S::load(m_out, out.as_ptr().add(at)), S::load(m_out, g.as_ptr().add(at)));
-                let arg = S::load_i(m_out, idx.as_ptr().add(at));
+                // Whole-vector loads where they stay inside the pooled plane (the extra lanes are not used).
+                let m_in = if at + l <= ho * wo { S::lanes(0, l as isize) } else { m_out };
+                let (y, gv) = (S::load(m_in, out.as_ptr().add(at)), S::load(m_in, g.as_ptr().add(at)));
+                let arg = S::load_i(m_in, idx.as_ptr().add(at));
                 // The window entry the arg-max names, where the pooled output (the ReLU's) is positive.
                 let pos = S::gt(y, S::zero());
                 let base = S::add_i(S::splat_i((2 * i * w + 2 * j0) as i32), S::evens());
