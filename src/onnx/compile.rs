@@ -54,6 +54,29 @@ impl Window {
     }
 }
 
+/// What a Conv step computes after the convolution itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fused {
+    Nothing,
+    /// A Relu.
+    Relu,
+    /// A Relu, then MaxPool over 2×2 windows of stride 2 (no padding, floor).
+    ReluMaxPool2,
+}
+
+impl Window {
+    /// Whether this pooling window is exactly 2×2 with stride 2, no padding and floor rounding (what
+    /// [`crate::Tensor::conv2d_relu_max_pool2`] pools).
+    pub(crate) fn is_max_pool2(&self) -> bool {
+        self.kernel == Some([2, 2])
+            && self.strides == [2, 2]
+            && self.pads == [0; 4]
+            && self.dilations == [1, 1]
+            && matches!(self.auto_pad, AutoPad::NotSet | AutoPad::Valid)
+            && !self.ceil_mode
+    }
+}
+
 /// A binary elementwise operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bin {
@@ -96,9 +119,12 @@ pub(crate) enum Kind {
         log: bool,
         legacy: bool,
     },
+    /// Conv, with the Relu (and 2×2 max pooling) after it fused in by [`fuse`] where nothing else reads the
+    /// intermediate values.
     Conv {
         window: Window,
         group: usize,
+        then: Fused,
     },
     Gemm {
         alpha: f32,
@@ -290,7 +316,7 @@ pub(crate) fn compile(node: &NodeProto, info: &NodeInfo) -> Result<Kind> {
             if group < 1 {
                 return Err(info.malformed(format!("group = {group}")));
             }
-            Ok(Kind::Conv { window: window(info, &a, false)?, group: group as usize })
+            Ok(Kind::Conv { window: window(info, &a, false)?, group: group as usize, then: Fused::Nothing })
         }
         "Gemm" => Ok(Kind::Gemm {
             alpha: a.float("alpha", 1.0)?,

@@ -122,7 +122,7 @@ pub(crate) fn exec(kind: &Kind, info: &NodeInfo, ins: &[Option<&Value>]) -> Resu
         Kind::Softmax { axis: a, log, legacy } => {
             one(Value::F(layers::softmax(info, &tensor(info, ins, 0)?, *a, *log, *legacy)?))
         }
-        Kind::Conv { window, group } => {
+        Kind::Conv { window, group, then } => {
             let b = match ins.get(2).copied().flatten() {
                 Some(v) => Some(v.to_tensor()?),
                 None => None,
@@ -134,6 +134,7 @@ pub(crate) fn exec(kind: &Kind, info: &NodeInfo, ins: &[Option<&Value>]) -> Resu
                 b.as_ref(),
                 window,
                 *group,
+                *then,
             )?))
         }
         Kind::Gemm { alpha, beta, trans_a, trans_b } => {

@@ -2,7 +2,7 @@
 //! Gemm, NumPy-style MatMul, BatchNormalization, Softmax, Slice and Pad.
 
 use super::attrs::NodeInfo;
-use super::compile::{PadMode, Window};
+use super::compile::{Fused, PadMode, Window};
 use super::exec::axis;
 use super::ints;
 use super::value::Value;
@@ -39,6 +39,7 @@ pub(crate) fn conv(
     b: Option<&Tensor>,
     win: &Window,
     group: usize,
+    then: Fused,
 ) -> Result<Tensor> {
     let (_, _, h, wd) = dims4(info, x)?;
     if w.rank() != 4 {
@@ -65,7 +66,11 @@ pub(crate) fn conv(
         dilation: (win.dilations[0], win.dilations[1]),
         groups: group,
     };
-    x.conv2d(w, b, p)
+    match then {
+        Fused::Nothing => x.conv2d(w, b, p),
+        Fused::Relu => x.conv2d_relu(w, b, p),
+        Fused::ReluMaxPool2 => x.conv2d_relu_max_pool2(w, b, p),
+    }
 }
 
 fn pool_params(win: &Window, padding: (usize, usize), count_include_pad: bool) -> Result<Pool2dParams> {

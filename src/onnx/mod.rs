@@ -2,8 +2,9 @@
 //! then attack, evaluate, defend or fine-tune it like a native model.
 //!
 //! [`OnnxModel::load`] reads the protobuf file (no `protoc` involved: the messages are in [`proto`]), checks every
-//! node against the operators Armoury implements, folds constant shape arithmetic, and returns a [`Module`] whose
-//! forward pass runs Armoury's own differentiable ops. Float initialisers become [`Param`]s named as in the file —
+//! node against the operators Armoury implements, folds constant shape arithmetic, fuses Conv → Relu (→ 2×2
+//! MaxPool) into one op as the native layers run them, and returns a [`Module`] whose forward pass runs Armoury's
+//! own differentiable ops. Float initialisers become [`Param`]s named as in the file —
 //! a PyTorch export keeps its `state_dict` names (`conv1.weight`, …), so safetensors files load and save unchanged;
 //! BatchNormalization running statistics are buffers; integer initialisers are constants.
 //!
@@ -45,12 +46,13 @@ use std::sync::Arc;
 use prost::Message;
 
 use self::attrs::NodeInfo;
-use self::compile::{compile, input_role, InputRole, Kind};
+use self::compile::{compile, input_role, Fused, InputRole, Kind};
 use self::proto::{DimensionValue, ModelProto, ValueInfoProto};
 use self::value::{decode_tensor, Value};
 pub use self::value::{float_tensor, int_tensor};
 use crate::classifier::ModuleClassifier;
 use crate::nn::{Module, Param};
+use crate::ops::UnaryKind;
 use crate::tensor::{no_grad, Tensor};
 use crate::{Error, Result};
 
@@ -263,6 +265,40 @@ fn malformed(msg: impl Into<String>) -> Error {
     Error::bad_file(PathBuf::from("<onnx model>"), msg)
 }
 
+/// Folds a Relu, and a 2×2 max pooling after it, into the Conv step before them where the intermediate values are
+/// read by nothing else and are not the graph's output: one op with the same values and gradients
+/// ([`Tensor::conv2d_relu_max_pool2`]), as the native layers run.
+fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
+    let mut readers: HashMap<usize, usize> = HashMap::new();
+    for s in steps.iter() {
+        for &slot in s.inputs.iter().flatten() {
+            *readers.entry(slot).or_default() += 1;
+        }
+    }
+    let sole_input = |slot: usize, next: &Step| {
+        slot != output_slot && readers.get(&slot) == Some(&1) && next.inputs.first() == Some(&Some(slot))
+    };
+    let mut out = Vec::with_capacity(steps.len());
+    let mut rest = std::mem::take(steps).into_iter().peekable();
+    while let Some(mut step) = rest.next() {
+        if let Kind::Conv { then, .. } = &mut step.kind {
+            if let Some(relu) =
+                rest.next_if(|n| matches!(n.kind, Kind::Unary(UnaryKind::Relu)) && sole_input(step.outputs[0], n))
+            {
+                (*then, step.outputs) = (Fused::Relu, relu.outputs);
+                let pool = |n: &Step| {
+                    matches!(&n.kind, Kind::MaxPool(w) if w.is_max_pool2()) && sole_input(step.outputs[0], n)
+                };
+                if let Some(pool) = rest.next_if(pool) {
+                    (*then, step.outputs) = (Fused::ReluMaxPool2, pool.outputs);
+                }
+            }
+        }
+        out.push(step);
+    }
+    *steps = out;
+}
+
 /// Decodes the graph: initialisers into parameters and constants, nodes into steps, constants folded.
 fn build(model: &ModelProto) -> Result<Graph> {
     let opset = model
@@ -366,6 +402,8 @@ fn build(model: &ModelProto) -> Result<Graph> {
     if output_slot != input_slot && consts.contains_key(&output_slot) {
         return Err(malformed("the output does not depend on the input"));
     }
+
+    fuse(&mut steps, output_slot);
 
     // Free every slot after its last reader; load only the constants and parameters that some step reads.
     let mut last: HashMap<usize, usize> = HashMap::new();

@@ -1,6 +1,7 @@
 //! Generated graphs for the image operators: Conv, MaxPool, AveragePool, the global pools and
 //! BatchNormalization, each against a direct loop and with a finite-difference gradient check.
 
+use armoury::nn::Module;
 use armoury::onnx::proto::AttributeProto;
 use armoury::{ModuleExt, Tensor};
 use ndarray::{Array4, ArrayD, IxDyn};
@@ -219,4 +220,56 @@ fn batch_normalization_inference() {
         .output("y", &[]);
     let err = armoury::onnx::OnnxModel::from_bytes(&g.bytes()).expect_err("training_mode is unsupported");
     assert!(err.to_string().contains("training_mode"), "{err}");
+}
+
+/// Conv → Relu → MaxPool 2×2/2 runs as one step (the fused op), giving the separate ops' values and gradients
+/// exactly (the native ops are checked against finite differences in `gradcheck`); a Relu whose input another
+/// node also reads, a pooling that is not 2×2/2, or an intermediate that is the graph's output stay separate.
+#[test]
+fn conv_relu_and_pooling_fuse_only_where_nothing_else_reads_them() {
+    let x = spaced(&[2, 2, 7, 6], 30);
+    let w = spaced(&[3, 2, 3, 3], 31);
+    let b = [0.05f32, -0.1, 0.2];
+    let conv = || node("Conv", &["x", "w", "b"], &["c"], "conv", vec![attr_ints("kernel_shape", &[3, 3])]);
+    let pool = |k: i64| {
+        node("MaxPool", &["r"], &["y"], "pool", vec![attr_ints("kernel_shape", &[k, k]), attr_ints("strides", &[2, 2])])
+    };
+    let base = || Graph::new(13, &[-1, 2, 7, 6]).init("w", &[3, 2, 3, 3], &w.to_vec()).init("b", &[3], &b);
+    let bt = Tensor::from_slice(&b, &[3]).expect("bias");
+    let conv_relu = x.conv2d(&w, Some(&bt), Default::default()).expect("conv").relu();
+    let want = conv_relu.max_pool2d(armoury::ops::Pool2dParams::square(2)).expect("pool").to_array();
+
+    let fused = base().node(conv()).node(node("Relu", &["c"], &["r"], "relu", vec![])).node(pool(2)).output("y", &[]);
+    assert_eq!(fused.model().num_nodes(), 1, "Conv, Relu and MaxPool run as one step");
+    let got = fused.model().forward_t(&x, false).expect("forward").to_array();
+    assert_eq!(got, want, "the fused step gives the separate ops' values exactly");
+    // And their gradients (the fused op's own finite-difference check is in `gradcheck`).
+    let m = fused.model();
+    let (xv, params) = (x.variable(), m.parameters());
+    let (wv, bv) = (params[0].tensor(), params[1].tensor());
+    let r = Tensor::uniform(want.shape(), -1.0, 1.0, 32);
+    let fused_grads = m.forward_t(&xv, false).unwrap().mul(&r).unwrap().sum_all().grad_wrt(&[&xv, &wv, &bv]).unwrap();
+    let plain = xv.conv2d(&wv, Some(&bv), Default::default()).unwrap().relu();
+    let plain = plain.max_pool2d(armoury::ops::Pool2dParams::square(2)).unwrap();
+    let plain_grads = plain.mul(&r).unwrap().sum_all().grad_wrt(&[&xv, &wv, &bv]).unwrap();
+    for (a, b) in fused_grads.iter().zip(&plain_grads) {
+        assert_eq!(a.to_array(), b.to_array());
+    }
+
+    // A 3×3 pooling: only the Relu fuses.
+    let g = base().node(conv()).node(node("Relu", &["c"], &["r"], "relu", vec![])).node(pool(3)).output("y", &[]);
+    assert_eq!(g.model().num_nodes(), 2, "Conv+Relu, then the pooling");
+    // The convolution's output is read twice (Relu and Add): nothing fuses.
+    let g = base()
+        .node(conv())
+        .node(node("Relu", &["c"], &["r"], "relu", vec![]))
+        .node(node("Add", &["r", "c"], &["y"], "add", vec![]))
+        .output("y", &[]);
+    assert_eq!(g.model().num_nodes(), 3);
+    let want = &conv_relu.to_array() + &x.conv2d(&w, Some(&bt), Default::default()).expect("conv").to_array();
+    assert_eq!(g.model().forward_t(&x, false).expect("forward").to_array(), want);
+    // The Relu's output is the graph's output: the pooling after it cannot take it.
+    let g = base().node(conv()).node(node("Relu", &["c"], &["r"], "relu", vec![])).output("r", &[]);
+    assert_eq!(g.model().num_nodes(), 1, "Conv+Relu");
+    assert_eq!(g.model().forward_t(&x, false).expect("forward").to_array(), conv_relu.to_array());
 }
