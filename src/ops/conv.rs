@@ -115,6 +115,9 @@ fn geometry(x: &[usize], w: &[usize], b: Option<&[usize]>, p: Conv2dParams) -> R
     {
         return Err(Error::invalid(op, format!("stride, dilation, kernel and groups must be positive: {p:?}")));
     }
+    if c == 0 || o == 0 {
+        return Err(Error::invalid(op, format!("{c} input and {o} output channels: both must be positive")));
+    }
     if c % p.groups != 0 || o % p.groups != 0 || cg * p.groups != c {
         return Err(Error::ShapeMismatch { op, expected: vec![o, c / p.groups.max(1), kh, kw], got: w.to_vec() });
     }
@@ -1108,6 +1111,24 @@ mod tests {
         let x = Tensor::zeros(&[1, 1, 5, 5]);
         let w = Tensor::zeros(&[1, 1, 5, 5]);
         assert!(x.conv2d_relu_max_pool2(&w, None, Conv2dParams::default()).is_err());
+    }
+
+    /// No input or no output channels is an error, not a panic; an empty batch is an empty output.
+    #[test]
+    fn zero_channels_are_an_error_and_an_empty_batch_is_empty() {
+        let p = Conv2dParams::default();
+        let (x, w) = (Tensor::zeros(&[2, 0, 5, 5]), Tensor::zeros(&[3, 0, 3, 3]));
+        assert!(matches!(x.conv2d(&w, None, p), Err(Error::InvalidArgument { .. })));
+        let (x, w) = (Tensor::zeros(&[2, 1, 5, 5]), Tensor::zeros(&[0, 1, 3, 3]));
+        assert!(matches!(x.conv2d_relu_max_pool2(&w, None, p), Err(Error::InvalidArgument { .. })));
+        let x = Tensor::zeros(&[0, 1, 6, 6]).variable();
+        let w = Tensor::uniform(&[2, 1, 3, 3], -1.0, 1.0, 1).variable();
+        for y in [x.conv2d(&w, None, p).unwrap(), x.conv2d_relu_max_pool2(&w, None, p).unwrap()] {
+            assert_eq!(y.shape()[0], 0);
+            let g = y.sum_all().grad_wrt(&[&x, &w]).unwrap();
+            assert_eq!(g[0].shape(), &[0, 1, 6, 6]);
+            assert!(g[1].to_vec().iter().all(|&v| v == 0.0));
+        }
     }
 
     #[test]
