@@ -345,7 +345,8 @@ fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
 }
 
 /// Direct forward for one image (see [`runs_direct`]) with the geometry's `plan`: `img` is zero-padded into `pad`
-/// when the geometry has padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when `relu`, the ReLU.
+/// when the geometry has padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when
+/// `relu`, the ReLU.
 #[allow(clippy::too_many_arguments)]
 fn forward_image_direct(
     img: &[f32],
@@ -398,6 +399,33 @@ fn input_grad_image_direct(
                 drow.copy_from_slice(&srow[pw..pw + g.w]);
             }
         }
+    }
+}
+
+/// [`Tensor::conv2d_relu_max_pool2`] of one image on the direct kernels, pooled in registers: `out[O, Ho/2, Wo/2]`
+/// and, unless `idx` is empty, the windows' arg-max as [`for_each_pooling_plane`] numbers them.
+#[allow(clippy::too_many_arguments)]
+fn pooled_image_direct(
+    img: &[f32],
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    plan: &simd::DirectConv,
+    pad: &mut Vec<f32>,
+    (out, idx): (&mut [f32], &mut [u32]),
+    par: bool,
+) {
+    let (og, k, hw, pp) = (g.og(), g.k(), g.hw_out(), (g.ho / 2) * (g.wo / 2));
+    let u = direct_unfold(g);
+    let src = padded(img, g, pad);
+    let tall = g.ho.is_multiple_of(2);
+    for grp in 0..g.p.groups {
+        let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
+        let wg = &wt[grp * og * k..(grp + 1) * og * k];
+        let dst = &mut out[grp * og * pp..(grp + 1) * og * pp];
+        let ids = if idx.is_empty() { &mut [][..] } else { &mut idx[grp * og * pp..(grp + 1) * og * pp] };
+        let offset = if tall { (grp * og * hw) as u32 } else { 0 };
+        plan.run_pooled(&src[grp * g.cg() * u.h * u.w..], wg, og, b, dst, ids, (tall, offset), par);
     }
 }
 
@@ -502,9 +530,10 @@ fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: boo
     Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu, pool: None }))
 }
 
-/// `max_pool2d(relu(conv2d(x)), 2×2, stride 2)` as one op: each image's convolution output stays in a
-/// per-thread buffer, in cache, and only the pooled output is written — with each window's arg-max when the op is
-/// recorded, for the backward. The same values and gradients as the three ops.
+/// `max_pool2d(relu(conv2d(x)), 2×2, stride 2)` as one op: on the direct kernels each register tile is pooled as
+/// it is stored, elsewhere each image's convolution output stays in a per-thread buffer, in cache; only the pooled
+/// output is written — with each window's arg-max when the op is recorded, for the backward. The same values and
+/// gradients as the three ops.
 fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams) -> Result<Tensor> {
     let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
     let window = Pool2dParams::square(2);
@@ -522,17 +551,14 @@ fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dPa
     let plan = runs_direct(&g).then(|| simd::DirectConv::new(&direct_unfold(&g)));
     let one = |(conv, scratch): &mut (Vec<f32>, Vec<f32>), img: &[f32], o: &mut [f32], idx: &mut [u32], par: bool| {
         if let Some(plan) = &plan {
-            conv.clear();
-            conv.reserve(out_len);
-            let slots = &mut conv.spare_capacity_mut()[..out_len];
-            forward_image_direct(img, ws, bias, &g, plan, scratch, slots, true, par);
-            // SAFETY: `forward_image_direct` wrote every element.
-            unsafe { conv.set_len(out_len) };
-        } else {
-            conv.resize(out_len, 0.0);
-            forward_image(img, ws, bias, &g, scratch, conv, par);
-            conv.iter_mut().for_each(|v| *v = v.max(0.0));
+            // Pooled in registers as the tiles are stored: the convolution's output is never written.
+            pooled_image_direct(img, ws, bias, &g, plan, scratch, (o, idx), par);
+            return;
         }
+        // Otherwise the image's convolution goes to a buffer, in cache, and is pooled from there.
+        conv.resize(out_len, 0.0);
+        forward_image(img, ws, bias, &g, scratch, conv, par);
+        conv.iter_mut().for_each(|v| *v = v.max(0.0));
         for_each_pooling_plane(&g, conv, |h, plane, range| {
             let idx = if idx.is_empty() { &mut [][..] } else { &mut idx[range.clone()] };
             pool::max_pool_plane(plane, &mut o[range], idx, h, g.wo, pw, &window);
@@ -1074,7 +1100,8 @@ mod tests {
     /// `conv2d_relu_max_pool2` is `max_pool2d(relu(conv2d(…)), 2×2)` bit for bit: values (recorded or not), and
     /// the gradients of input, weight and bias. Odd output sizes (an unpooled last row and column), padding,
     /// groups, one image (the split inside the image) and many, the cnn's two layers, and a NaN input (the ReLU
-    /// maps it to 0 in both).
+    /// maps it to 0 in both); on the direct kernels' pooled store (rows that fill the vectors) and on the
+    /// buffered path.
     #[test]
     fn fused_pool_equals_conv_relu_then_pool() {
         let padded = Conv2dParams { padding: (1, 1), ..Default::default() };
@@ -1085,6 +1112,9 @@ mod tests {
             (2, 4, 11, 9, 6, 3, grouped),
             (5, 1, 28, 28, 16, 5, Conv2dParams::default()),
             (5, 16, 12, 12, 32, 5, Conv2dParams::default()),
+            (2, 4, 10, 14, 6, 3, Conv2dParams { padding: (1, 1), groups: 2, ..Default::default() }),
+            (1, 16, 30, 30, 32, 5, Conv2dParams::default()),
+            (2, 3, 11, 17, 5, 3, Conv2dParams::default()),
         ];
         let pool = Pool2dParams::square(2);
         for (seed, &(n, c, h, w, o, k, p)) in cases.iter().enumerate() {

@@ -215,6 +215,17 @@ struct Direct {
     rsc: usize,
     bias: [f32; BLOCK_M],
     relu: bool,
+    /// With 2×2 max pooling in the store (after the ReLU): vectors `2p` and `2p + 1` are two adjacent output rows
+    /// of one column run, and instead of `dst` their windows' maxima go to `pooled[p]` (row `r` at `r·rsp`), their
+    /// flat arg-max (`idx_base[p] + r·rsi` plus the window entry's offset: 0, 1, `w`, `w + 1`) to `idx[p]` unless
+    /// it is null.
+    pool: bool,
+    pooled: [*mut f32; 2],
+    idx: [*mut u32; 2],
+    idx_base: [u32; 2],
+    rsp: usize,
+    rsi: u32,
+    w: u32,
 }
 
 /// Whether [`DirectConv`] runs this geometry: the vector kernels are present, the geometry is unpadded (the
@@ -246,6 +257,9 @@ pub(crate) struct DirectConv {
     koff: Vec<isize>,
     /// (input offset, output offset, lanes) of every vector of output positions, row by row.
     vecs: Vec<(usize, usize, usize)>,
+    /// For [`DirectConv::run_pooled`]: the vectors of each pair of output rows `2i, 2i + 1` (input offsets of both,
+    /// lanes, the pooled output's offset in a channel, the window's flat offset in a channel's `Ho × Wo` plane).
+    pairs: Vec<(usize, usize, usize, usize, usize)>,
 }
 
 impl DirectConv {
@@ -268,7 +282,112 @@ impl DirectConv {
                 vecs.push((oh * u.sh * u.w + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
             }
         }
-        DirectConv { u: *u, level, max_vecs, koff, vecs }
+        let mut pairs = Vec::new();
+        for oh in (0..u.ho / 2 * 2).step_by(2) {
+            for ow in (0..u.wo / 2 * 2).step_by(lanes) {
+                let n = (u.wo - ow).min(lanes);
+                let (top, pooled) = (oh * u.sh * u.w + ow, oh / 2 * (u.wo / 2) + ow / 2);
+                pairs.push((top, top + u.sh * u.w, n, pooled, oh * u.wo + ow));
+            }
+        }
+        DirectConv { u: *u, level, max_vecs, koff, vecs, pairs }
+    }
+
+    /// `max_pool2d(relu(conv), 2×2, stride 2)` of one image group straight from the registers: `pooled[Og, Ho/2,
+    /// Wo/2]` and, unless `idx` is empty, each window's first arg-max, flat in the channel's `Ho × Wo` plane — or,
+    /// with `tall`, in the image's output taken as one `O·Ho × Wo` plane, this group's channels starting at
+    /// `idx_offset`. The same values and indices as
+    /// [`DirectConv::run`] with the ReLU followed by [`max_pool_2x2`]; the convolution's output is never stored.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_pooled(
+        &self,
+        img: &[f32],
+        wt: &[f32],
+        og: usize,
+        bias: Option<&[f32]>,
+        pooled: &mut [f32],
+        idx: &mut [u32],
+        (tall, idx_offset): (bool, u32),
+        parallel: bool,
+    ) {
+        let u = &self.u;
+        let (k, hw, pp) = (u.cg * u.kh * u.kw, u.ho * u.wo, (u.ho / 2) * (u.wo / 2));
+        let with_idx = !idx.is_empty();
+        assert!(
+            og > 0
+                && wt.len() >= og * k
+                && pooled.len() >= og * pp
+                && (!with_idx || idx.len() >= og * pp)
+                && bias.is_none_or(|b| b.len() >= og)
+                && img.len() >= u.cg * u.h * u.w
+                && hw * og < 1 << 31,
+            "conv_direct pooled: sizes"
+        );
+        let rsi = if tall { hw as u32 } else { 0 };
+        let tiles = og.div_ceil(BLOCK_M);
+        let (base, extra) = (og / tiles, og % tiles);
+        let mut jobs = Vec::with_capacity(tiles);
+        let (mut i, mut rest, mut rest_idx) =
+            (0, &mut pooled[..og * pp], &mut idx[..if with_idx { og * pp } else { 0 }]);
+        for tile in 0..tiles {
+            let mr = base + usize::from(tile < extra);
+            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * pp);
+            let (irows, itail) = std::mem::take(&mut rest_idx).split_at_mut(if with_idx { mr * pp } else { 0 });
+            jobs.push((i, mr, rows, irows));
+            (i, rest, rest_idx) = (i + mr, tail, itail);
+        }
+        let run = |(i, mr, rows, irows): (usize, usize, &mut [f32], &mut [u32])| {
+            let mut bias_rows = [0.0f32; BLOCK_M];
+            if let Some(b) = bias {
+                bias_rows[..mr].copy_from_slice(&b[i..i + mr]);
+            }
+            let (dst, idst) = (rows.as_mut_ptr(), irows.as_mut_ptr());
+            for group in self.pairs.chunks(self.max_vecs / 2) {
+                let mut t = Direct {
+                    k,
+                    a: wt[i * k..].as_ptr(),
+                    rsa: k,
+                    koff: self.koff.as_ptr(),
+                    src: [img.as_ptr(); 4],
+                    dst: [std::ptr::null_mut(); 4],
+                    lanes: [0; 4],
+                    rsc: 0,
+                    bias: bias_rows,
+                    relu: true,
+                    pool: true,
+                    pooled: [std::ptr::null_mut(); 2],
+                    idx: [std::ptr::null_mut(); 2],
+                    idx_base: [0; 2],
+                    rsp: pp,
+                    rsi,
+                    w: u.wo as u32,
+                };
+                for (p, &(top, bottom, n, at, flat)) in group.iter().enumerate() {
+                    // Every tap of every lane stays inside the image (`conv_direct_fits`); each pair's windows
+                    // stay inside its rows' pooled outputs.
+                    t.src[2 * p] = img.as_ptr().wrapping_add(top);
+                    t.src[2 * p + 1] = img.as_ptr().wrapping_add(bottom);
+                    (t.lanes[2 * p], t.lanes[2 * p + 1]) = (n, n);
+                    t.pooled[p] = dst.wrapping_add(at);
+                    if with_idx {
+                        t.idx[p] = idst.wrapping_add(at);
+                    }
+                    t.idx_base[p] = idx_offset + (i as u32) * rsi + flat as u32;
+                }
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the level's instructions are present; loads stay inside `img`, stores inside the tile's
+                // pooled rows and indices (masked lanes never touch memory).
+                unsafe {
+                    x86::direct(self.level, &t, mr, 2 * group.len());
+                }
+            }
+        };
+        let nested = rayon::current_thread_index().is_some();
+        if parallel && !nested && tiles > 1 && og * hw * k >= PAR_WORK {
+            jobs.into_par_iter().for_each(run);
+        } else {
+            jobs.into_iter().for_each(run);
+        }
     }
 
     /// `out[Og, Ho·Wo]` (every element written; it need not be initialised) from one image group `img` and its
@@ -324,6 +443,13 @@ impl DirectConv {
                     rsc: hw,
                     bias: bias_rows,
                     relu,
+                    pool: false,
+                    pooled: [std::ptr::null_mut(); 2],
+                    idx: [std::ptr::null_mut(); 2],
+                    idx_base: [0; 2],
+                    rsp: 0,
+                    rsi: 0,
+                    w: 0,
                 };
                 for (v, &(src, out_at, n)) in group.iter().enumerate() {
                     // Every tap of every lane stays inside the image (`conv_direct_fits`), every store inside
@@ -677,6 +803,13 @@ mod x86 {
         unsafe fn eq_i(a: Self::I, b: Self::I) -> Self::M;
         /// Lanes where `a > b` (ordered).
         unsafe fn gt(a: Self::V, b: Self::V) -> Self::M;
+        /// The upper and lower halves of `a` exchanged.
+        unsafe fn swap_halves(a: Self::V) -> Self::V;
+        unsafe fn swap_halves_i(a: Self::I) -> Self::I;
+        unsafe fn min_i(a: Self::I, b: Self::I) -> Self::I;
+        /// Stores the lower half of `a` (`LANES / 2` elements, unmasked).
+        unsafe fn store_half(p: *mut f32, a: Self::V);
+        unsafe fn store_half_i(p: *mut u32, a: Self::I);
     }
 
     /// AVX-512F: 16 lanes, lane masks in a `u16`.
@@ -819,6 +952,26 @@ mod x86 {
         #[inline(always)]
         unsafe fn gt(a: __m512, b: __m512) -> u16 {
             _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn swap_halves(a: __m512) -> __m512 {
+            _mm512_shuffle_f32x4::<0b01_00_11_10>(a, a)
+        }
+        #[inline(always)]
+        unsafe fn swap_halves_i(a: __m512i) -> __m512i {
+            _mm512_shuffle_i32x4::<0b01_00_11_10>(a, a)
+        }
+        #[inline(always)]
+        unsafe fn min_i(a: __m512i, b: __m512i) -> __m512i {
+            _mm512_min_epi32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn store_half(p: *mut f32, a: __m512) {
+            _mm256_storeu_ps(p, _mm512_castps512_ps256(a))
+        }
+        #[inline(always)]
+        unsafe fn store_half_i(p: *mut u32, a: __m512i) {
+            _mm256_storeu_si256(p.cast(), _mm512_castsi512_si256(a))
         }
     }
 
@@ -971,6 +1124,26 @@ mod x86 {
         #[inline(always)]
         unsafe fn gt(a: __m256, b: __m256) -> Lanes8 {
             Self::from_vector(_mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(a, b)))
+        }
+        #[inline(always)]
+        unsafe fn swap_halves(a: __m256) -> __m256 {
+            _mm256_permute2f128_ps::<1>(a, a)
+        }
+        #[inline(always)]
+        unsafe fn swap_halves_i(a: __m256i) -> __m256i {
+            _mm256_permute2x128_si256::<1>(a, a)
+        }
+        #[inline(always)]
+        unsafe fn min_i(a: __m256i, b: __m256i) -> __m256i {
+            _mm256_min_epi32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn store_half(p: *mut f32, a: __m256) {
+            _mm_storeu_ps(p, _mm256_castps256_ps128(a))
+        }
+        #[inline(always)]
+        unsafe fn store_half_i(p: *mut u32, a: __m256i) {
+            _mm_storeu_si128(p.cast(), _mm256_castsi256_si128(a))
         }
     }
 
@@ -1184,6 +1357,10 @@ mod x86 {
                 }
             }
         }
+        if t.pool {
+            pool_store::<S, R, V>(t, &acc);
+            return;
+        }
         for (r, row) in acc.iter().enumerate() {
             for (v, &a) in row.iter().enumerate() {
                 let a = if t.relu { S::max(a, S::zero()) } else { a };
@@ -1192,6 +1369,53 @@ mod x86 {
                     S::store(masks[v], p, a)
                 } else {
                     S::storeu(p, a)
+                }
+            }
+        }
+    }
+
+    /// The pooled store of [`direct_body`]: for each pair of row vectors, the ReLU, then each 2×2 window's maximum
+    /// and its first arg-max in row-major order (the smallest window offset among the entries equal to the
+    /// maximum) — what [`pool_body`] computes from the stored rows.
+    #[inline(always)]
+    unsafe fn pool_store<S: Isa, const R: usize, const V: usize>(t: &Direct, acc: &[[S::V; V]; R]) {
+        let half = S::LANES / 2;
+        let upper = S::not(S::lanes(0, half as isize));
+        // Window offsets of the even (left) and odd (right) entries: top row in the lower half, bottom in the upper.
+        let offs_even = S::select_i(upper, S::splat_i(t.w as i32), S::splat_i(0));
+        let offs_odd = S::add_i(offs_even, S::splat_i(1));
+        let none = S::splat_i(i32::MAX);
+        for p in 0..V / 2 {
+            let n = t.lanes[2 * p] / 2;
+            if n == 0 {
+                continue;
+            }
+            let m_out = S::lanes(0, n as isize);
+            let base = S::add_i(S::splat_i(t.idx_base[p] as i32), S::evens());
+            for (r, row) in acc.iter().enumerate() {
+                let (top, bottom) = (S::max(row[2 * p], S::zero()), S::max(row[2 * p + 1], S::zero()));
+                let (even, odd) = S::deinterleave(top, bottom);
+                let m = S::max(even, odd);
+                let m = S::max(m, S::swap_halves(m));
+                let q = t.pooled[p].add(r * t.rsp);
+                if n == half {
+                    S::store_half(q, m)
+                } else {
+                    S::store(m_out, q, m)
+                }
+                if !t.idx[p].is_null() {
+                    let at = S::min_i(
+                        S::select_i(S::eq(even, m), offs_even, none),
+                        S::select_i(S::eq(odd, m), offs_odd, none),
+                    );
+                    let at = S::add_i(S::min_i(at, S::swap_halves_i(at)), base);
+                    let at = S::add_i(at, S::splat_i((r as u32 * t.rsi) as i32));
+                    let q = t.idx[p].add(r * t.rsp);
+                    if n == half {
+                        S::store_half_i(q, at)
+                    } else {
+                        S::store_i(m_out, q, at)
+                    }
                 }
             }
         }
