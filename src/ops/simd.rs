@@ -125,6 +125,39 @@ pub(crate) fn gemm_nn(
 /// registers; AVX2: 6 × 2 + 2 + 1 fit the 16).
 const BLOCK_M: usize = 6;
 
+/// `m` rows split evenly over the fewest register tiles of at most [`BLOCK_M`] (25 = 5 × 5, not 4 × 6 + 1: a
+/// one-row tile has too few independent accumulators to hide the multiply-add latency): each tile's first row
+/// and row count.
+fn tile_rows(m: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tiles = m.div_ceil(BLOCK_M);
+    let (base, extra) = (m / tiles.max(1), m % tiles.max(1));
+    (0..tiles).scan(0, move |next, tile| {
+        let (at, mr) = (*next, base + usize::from(tile < extra));
+        *next += mr;
+        Some((at, mr))
+    })
+}
+
+/// The bias of the tile of output channels `i..i + mr` (zeros without one).
+fn tile_bias(bias: Option<&[f32]>, i: usize, mr: usize) -> [f32; BLOCK_M] {
+    let mut rows = [0.0f32; BLOCK_M];
+    if let Some(b) = bias {
+        rows[..mr].copy_from_slice(&b[i..i + mr]);
+    }
+    rows
+}
+
+/// `f` on every job: across threads when `parallel` allows it, there are `work` multiply-adds or more and this
+/// is not already a rayon task; else in order on this thread.
+fn run_jobs<J: Send>(jobs: Vec<J>, parallel: bool, work: usize, f: impl Fn(J) + Sync + Send) {
+    let nested = rayon::current_thread_index().is_some();
+    if parallel && !nested && jobs.len() > 1 && work >= PAR_WORK {
+        jobs.into_par_iter().for_each(f);
+    } else {
+        jobs.into_iter().for_each(f);
+    }
+}
+
 /// Raw views of the three operands (validated by [`gemm_nn`]).
 #[derive(Clone, Copy)]
 struct Operands {
@@ -154,13 +187,7 @@ impl Operands {
             let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
             let nv = nb.div_ceil(lanes);
             let tail = nb - (nv - 1) * lanes;
-            // Rows split evenly over the fewest tiles of at most BLOCK_M (25 = 5 × 5, not 4 × 6 + 1): a one-row
-            // tile has too few independent accumulators to hide the multiply-add latency.
-            let tiles = self.m.div_ceil(BLOCK_M);
-            let (base, extra) = (self.m / tiles, self.m % tiles);
-            let mut i = 0;
-            for tile in 0..tiles {
-                let mr = base + usize::from(tile < extra);
+            for (i, mr) in tile_rows(self.m) {
                 let t = Tile {
                     k: self.k,
                     a: self.a.offset(i as isize * self.rsa),
@@ -174,7 +201,6 @@ impl Operands {
                     accumulate: self.accumulate,
                 };
                 x86::tile(self.level, &t, mr, nv);
-                i += mr;
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -324,23 +350,18 @@ impl DirectConv {
             "conv_direct pooled: sizes"
         );
         let rsi = if tall { hw as u32 } else { 0 };
-        let tiles = og.div_ceil(BLOCK_M);
-        let (base, extra) = (og / tiles, og % tiles);
-        let mut jobs = Vec::with_capacity(tiles);
-        let (mut i, mut rest, mut rest_idx) =
-            (0, &mut pooled[..og * pp], &mut idx[..if with_idx { og * pp } else { 0 }]);
-        for tile in 0..tiles {
-            let mr = base + usize::from(tile < extra);
-            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * pp);
-            let (irows, itail) = std::mem::take(&mut rest_idx).split_at_mut(if with_idx { mr * pp } else { 0 });
-            jobs.push((i, mr, rows, irows));
-            (i, rest, rest_idx) = (i + mr, tail, itail);
-        }
+        // Each tile of output channels owns its pooled rows (and indices).
+        let (mut rest, mut rest_idx) = (&mut pooled[..og * pp], &mut idx[..if with_idx { og * pp } else { 0 }]);
+        let jobs: Vec<_> = tile_rows(og)
+            .map(|(i, mr)| {
+                let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * pp);
+                let (irows, itail) = std::mem::take(&mut rest_idx).split_at_mut(if with_idx { mr * pp } else { 0 });
+                (rest, rest_idx) = (tail, itail);
+                (i, mr, rows, irows)
+            })
+            .collect();
         let run = |(i, mr, rows, irows): (usize, usize, &mut [f32], &mut [u32])| {
-            let mut bias_rows = [0.0f32; BLOCK_M];
-            if let Some(b) = bias {
-                bias_rows[..mr].copy_from_slice(&b[i..i + mr]);
-            }
+            let bias_rows = tile_bias(bias, i, mr);
             let (dst, idst) = (rows.as_mut_ptr(), irows.as_mut_ptr());
             for group in self.pairs.chunks(self.max_vecs / 2) {
                 let mut t = Direct {
@@ -382,12 +403,7 @@ impl DirectConv {
                 }
             }
         };
-        let nested = rayon::current_thread_index().is_some();
-        if parallel && !nested && tiles > 1 && og * hw * k >= PAR_WORK {
-            jobs.into_par_iter().for_each(run);
-        } else {
-            jobs.into_iter().for_each(run);
-        }
+        run_jobs(jobs, parallel, og * hw * k, run);
     }
 
     /// `out[Og, Ho·Wo]` (every element written; it need not be initialised) from one image group `img` and its
@@ -414,22 +430,17 @@ impl DirectConv {
                 && img.len() >= u.cg * u.h * u.w,
             "conv_direct: sizes"
         );
-        // Output channels split evenly over the fewest tiles of at most BLOCK_M; each tile owns its output rows.
-        let tiles = og.div_ceil(BLOCK_M);
-        let (base, extra) = (og / tiles, og % tiles);
-        let mut jobs = Vec::with_capacity(tiles);
-        let (mut i, mut rest) = (0, &mut out[..og * hw]);
-        for tile in 0..tiles {
-            let mr = base + usize::from(tile < extra);
-            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * hw);
-            jobs.push((i, mr, rows));
-            (i, rest) = (i + mr, tail);
-        }
+        // Each tile of output channels owns its output rows.
+        let mut rest = &mut out[..og * hw];
+        let jobs: Vec<_> = tile_rows(og)
+            .map(|(i, mr)| {
+                let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * hw);
+                rest = tail;
+                (i, mr, rows)
+            })
+            .collect();
         let run = |(i, mr, rows): (usize, usize, &mut [MaybeUninit<f32>])| {
-            let mut bias_rows = [0.0f32; BLOCK_M];
-            if let Some(b) = bias {
-                bias_rows[..mr].copy_from_slice(&b[i..i + mr]);
-            }
+            let bias_rows = tile_bias(bias, i, mr);
             let dst = rows.as_mut_ptr().cast::<f32>();
             for group in self.vecs.chunks(self.max_vecs) {
                 let mut t = Direct {
@@ -466,12 +477,7 @@ impl DirectConv {
                 }
             }
         };
-        let nested = rayon::current_thread_index().is_some();
-        if parallel && !nested && tiles > 1 && og * hw * k >= PAR_WORK {
-            jobs.into_par_iter().for_each(run);
-        } else {
-            jobs.into_iter().for_each(run);
-        }
+        run_jobs(jobs, parallel, og * hw * k, run);
     }
 }
 
@@ -540,14 +546,10 @@ impl WeightGrad {
             "conv_weight_grad: sizes"
         );
         let (lanes, block_n) = if self.level == Level::Avx512 { (16, 64) } else { (8, 16) };
-        let tiles = k.div_ceil(BLOCK_M);
-        let (base, extra) = (k / tiles, k % tiles);
         for j in (0..og).step_by(block_n) {
             let nb = (og - j).min(block_n);
             let nv = nb.div_ceil(lanes);
-            let mut i = 0;
-            for tile in 0..tiles {
-                let mr = base + usize::from(tile < extra);
+            for (i, mr) in tile_rows(k) {
                 let mut t = Gather {
                     k: hw,
                     a: [img.as_ptr(); BLOCK_M],
@@ -568,7 +570,6 @@ impl WeightGrad {
                 unsafe {
                     x86::gather(self.level, &t, mr, nv);
                 }
-                i += mr;
             }
         }
     }
@@ -674,20 +675,15 @@ impl<'a> InputGrad<'a> {
                     }
                 }
             }
-            // Rows split evenly over the fewest tiles of at most BLOCK_M.
-            let tiles = rows.len().div_ceil(BLOCK_M);
-            let (base, extra) = (rows.len() / tiles, rows.len() % tiles);
-            let mut list = Vec::with_capacity(tiles);
-            let mut i = 0;
-            for tile in 0..tiles {
-                let mr = base + usize::from(tile < extra);
-                let mut t = TileRows { mr, rows: [0; BLOCK_M], roff: [0; BLOCK_M] };
-                for (r, &(row, off)) in rows[i..i + mr].iter().enumerate() {
-                    (t.rows[r], t.roff[r]) = (row, off);
-                }
-                list.push(t);
-                i += mr;
-            }
+            let list = tile_rows(rows.len())
+                .map(|(i, mr)| {
+                    let mut t = TileRows { mr, rows: [0; BLOCK_M], roff: [0; BLOCK_M] };
+                    for (r, &(row, off)) in rows[i..i + mr].iter().enumerate() {
+                        (t.rows[r], t.roff[r]) = (row, off);
+                    }
+                    t
+                })
+                .collect();
             pieces.push((cn, list));
         }
         Some(InputGrad { u: *u, og, wt_t, level, max_vecs, pos, masked, pieces })
@@ -732,17 +728,8 @@ impl<'a> InputGrad<'a> {
                 }
             }
         };
-        let dx = &mut dx[..u.cg * plane];
-        let work = og * hw * u.cg * u.kh * u.kw;
-        let nested = rayon::current_thread_index().is_some();
-        if parallel && !nested && self.pieces.len() > 1 && work >= PAR_WORK {
-            let parts: Vec<&mut [f32]> = dx.chunks_mut(INPUT_GRAD_CHANNELS * plane).collect();
-            self.pieces.par_iter().zip(parts).for_each(|(piece, d)| run(piece, d));
-        } else {
-            for (piece, d) in self.pieces.iter().zip(dx.chunks_mut(INPUT_GRAD_CHANNELS * plane)) {
-                run(piece, d);
-            }
-        }
+        let jobs: Vec<_> = self.pieces.iter().zip(dx[..u.cg * plane].chunks_mut(INPUT_GRAD_CHANNELS * plane)).collect();
+        run_jobs(jobs, parallel, og * hw * u.cg * u.kh * u.kw, |(piece, d)| run(piece, d));
     }
 }
 
