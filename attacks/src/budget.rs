@@ -151,29 +151,49 @@ pub fn project_l1(r: &mut [f32], eps: f32) {
 /// Makes `adv` a feasible answer: inside `[lo, hi]` and within `eps[i]` of `x` in `norm`, measured exactly (in
 /// f64 on the f32 values), nudging values toward `x` where rounding went past the budget.
 pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: Norm, eps: &[f32], bounds: (f32, f32)) {
-    x.axis_iter(Axis(0)).into_par_iter().zip(adv.axis_iter_mut(Axis(0))).zip(eps).for_each(|((xr, mut ar), &e)| {
-        for (a, &xv) in ar.iter_mut().zip(xr) {
-            *a = a.clamp(bounds.0, bounds.1);
-            if !a.is_finite() {
-                *a = xv;
+    x.axis_iter(Axis(0)).into_par_iter().zip(adv.axis_iter_mut(Axis(0))).zip(eps).for_each(|((xv, mut av), &e)| {
+        let (xr, ar) = (xv.as_slice().expect("rows"), av.as_slice_mut().expect("rows"));
+        let into_bounds = |a: f32, xv: f32| {
+            // NaN, and infinities the bounds do not catch, become x's value. Selects without short circuits
+            // (a == a is "not NaN" as a float compare), so that the loops vectorise.
+            let c = a.max(bounds.0).min(bounds.1);
+            #[allow(clippy::eq_op)]
+            let keep = (a == a) & (c.abs() < f32::INFINITY);
+            if keep {
+                c
+            } else {
+                xv
             }
+        };
+        if norm == Norm::Linf && e >= 0.0 {
+            // One pass: into the bounds, into the ball rounded inward (every value of that interval is exactly
+            // feasible, and a feasible value is left alone), then into the bounds widened to keep x feasible.
+            for (a, &xv) in ar.iter_mut().zip(xr) {
+                let (lo, hi) = linf_interval(xv, e);
+                *a = into_bounds(*a, xv).max(lo).min(hi).max(bounds.0.min(xv)).min(bounds.1.max(xv));
+            }
+            return;
+        }
+        for (a, &xv) in ar.iter_mut().zip(xr) {
+            *a = into_bounds(*a, xv);
         }
         // Rounding x + δ to f32 can overshoot the budget by an ulp; shrink δ geometrically harder until the
         // exact norm fits (the shrink grows ×4 per round, so this ends within a few rounds).
         let mut shrink = 1e-7f64;
+        let mut feasible = false;
         for _ in 0..32 {
-            let n = exact_norm(norm, xr.as_slice().expect("rows"), ar.as_slice().expect("rows"));
+            let n = exact_norm(norm, xr, ar);
             if n <= e as f64 {
+                feasible = true;
                 break;
             }
             match norm {
                 Norm::Linf => {
+                    // Into the ball rounded inward (one pass: every value of the interval is exactly feasible),
+                    // then into the bounds widened to keep x itself feasible.
                     for (a, &xv) in ar.iter_mut().zip(xr) {
-                        // Clamp into the ball first (far-out values), then fix the last ulp of rounding.
-                        *a = a.clamp(xv - e, xv + e).clamp(bounds.0.min(xv), bounds.1.max(xv));
-                        while ((*a as f64) - (xv as f64)).abs() > e as f64 {
-                            *a = step_toward(*a, xv);
-                        }
+                        let (lo, hi) = linf_interval(xv, e);
+                        *a = a.max(lo).min(hi).max(bounds.0.min(xv)).min(bounds.1.max(xv));
                     }
                 }
                 Norm::L2 | Norm::L1 => {
@@ -189,8 +209,8 @@ pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: N
                 }
             }
         }
-        if exact_norm(norm, xr.as_slice().expect("rows"), ar.as_slice().expect("rows")) > e as f64 {
-            ar.assign(&xr); // cannot happen in practice; the clean input is always feasible
+        if !feasible && exact_norm(norm, xr, ar) > e as f64 {
+            ar.copy_from_slice(xr); // cannot happen in practice; the clean input is always feasible
         }
     });
 }
@@ -201,8 +221,30 @@ pub fn exact_norm(norm: Norm, x: &[f32], adv: &[f32]) -> f64 {
     match norm {
         Norm::L1 => it.map(f64::abs).sum(),
         Norm::L2 => it.map(|d| d * d).sum::<f64>().sqrt(),
-        Norm::Linf => it.fold(0.0, |m, d| m.max(d.abs())),
+        Norm::Linf => {
+            // Eight running maxima (a select, which vectorises, where f64::max's NaN rule does not); NaN
+            // differences are skipped, as f64::max skips them.
+            let mut m = [0.0f64; 8];
+            let (xc, ac) = (x.chunks_exact(8), adv.chunks_exact(8));
+            let tail = xc.remainder().iter().zip(ac.remainder()).map(|(&a, &b)| ((b as f64) - (a as f64)).abs());
+            for (xs, as_) in xc.zip(ac) {
+                for k in 0..8 {
+                    let d = ((as_[k] as f64) - (xs[k] as f64)).abs();
+                    m[k] = if d > m[k] { d } else { m[k] };
+                }
+            }
+            tail.chain(m).fold(0.0, |m, d| if d > m { d } else { m })
+        }
     }
+}
+
+/// The f32 values within `e` of `x`, exactly: `[x − e, x + e]` with each end rounded toward `x` where f32
+/// rounding put it outside (a correctly rounded end is at most one ulp out).
+fn linf_interval(x: f32, e: f32) -> (f32, f32) {
+    let (lo, hi) = (x - e, x + e);
+    let lo = if (x as f64) - (lo as f64) > e as f64 { step_toward(lo, x) } else { lo };
+    let hi = if (hi as f64) - (x as f64) > e as f64 { step_toward(hi, x) } else { hi };
+    (lo, hi)
 }
 
 /// The next f32 from `a` in the direction of `b`.
@@ -342,6 +384,66 @@ mod tests {
         enforce(&x, &mut adv, Norm::Linf, &[0.1], (-100.0, 100.0));
         assert!(adv.iter().zip(x.iter()).all(|(a, b)| ((*a as f64) - (*b as f64)).abs() <= 0.1f32 as f64));
         assert_eq!(adv[[0, 2]], 0.5);
+    }
+
+    /// The L∞ rule of `enforce` spelled out the slow way: into the bounds (NaN and uncaught infinities → x), and
+    /// where the row is infeasible, into the rounded ball and widened bounds, then one ulp at a time toward x.
+    fn enforce_linf_reference(x: &[f32], adv: &mut [f32], e: f32, (lo, hi): (f32, f32)) {
+        for (a, &xv) in adv.iter_mut().zip(x) {
+            *a = a.clamp(lo, hi);
+            if !a.is_finite() {
+                *a = xv;
+            }
+        }
+        if exact_norm(Norm::Linf, x, adv) > e as f64 {
+            for (a, &xv) in adv.iter_mut().zip(x) {
+                *a = a.clamp(xv - e, xv + e).clamp(lo.min(xv), hi.max(xv));
+                while ((*a as f64) - (xv as f64)).abs() > e as f64 {
+                    *a = step_toward(*a, xv);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn enforce_linf_in_one_pass_matches_the_step_by_step_rule() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 1.0, 0.0, 1e-30];
+        for &(e, bounds) in &[
+            (0.1f32, (0.0f32, 1.0f32)),
+            (0.3, (0.0, 1.0)),
+            (1e-3, (-1.0, 1.0)),
+            (0.1, (f32::NEG_INFINITY, f32::INFINITY)),
+        ] {
+            for round in 0..50 {
+                let d = 64;
+                // x sometimes outside the bounds; adv near the sphere (rounding overshoot), far out, or special.
+                let x: Vec<f32> = (0..d).map(|_| rng.random_range(-0.2f32..1.2)).collect();
+                let mut adv: Vec<f32> = x
+                    .iter()
+                    .map(|&xv| match rng.random_range(0..4) {
+                        0 => xv + if rng.random::<bool>() { e } else { -e },
+                        1 => xv + rng.random_range(-3.0f32..3.0) * e,
+                        2 => specials[rng.random_range(0..specials.len())],
+                        _ => xv,
+                    })
+                    .collect();
+                if round % 5 == 0 {
+                    // a feasible row (inside the bounds): left exactly as it is
+                    adv = x.iter().map(|&xv| (xv + e * 0.5).clamp(bounds.0, bounds.1).max(xv - e)).collect();
+                }
+                let mut want = adv.clone();
+                enforce_linf_reference(&x, &mut want, e, bounds);
+                let xa = ndarray::Array2::from_shape_vec((1, d), x.clone()).unwrap();
+                let mut got = ndarray::Array2::from_shape_vec((1, d), adv).unwrap();
+                enforce(&xa, &mut got, Norm::Linf, &[e], bounds);
+                for (g, w) in got.iter().zip(&want) {
+                    assert_eq!(g.to_bits(), w.to_bits(), "ε = {e}, bounds {bounds:?}");
+                }
+                assert!(exact_norm(Norm::Linf, &x, got.as_slice().unwrap()) <= e as f64);
+            }
+        }
     }
 
     #[test]
