@@ -145,6 +145,16 @@ pub fn train_step(
 /// cache and its buffers are reused rather than page-faulted in afresh).
 pub const PIECE: usize = crate::classifier::CHUNK;
 
+/// The pieces [`backward_in_pieces`] splits a batch of `n` samples into: [`PIECE`] samples each, or the whole
+/// batch for a model whose samples are coupled in training mode.
+pub fn piece_ranges(model: &dyn Module, n: usize) -> Vec<std::ops::Range<usize>> {
+    if model.batch_independent(true) && n > PIECE {
+        (0..n).step_by(PIECE).map(|s| s..(s + PIECE).min(n)).collect()
+    } else {
+        std::iter::once(0..n).collect()
+    }
+}
+
 /// The parameter gradients of a loss that is a sum over samples, computed on pieces of [`PIECE`] samples in
 /// parallel and added in piece order — so the result does not depend on the thread count. `f(range)` builds the
 /// loss of the samples in `range` (its share of the total: divide by the batch size for a mean) and anything else
@@ -157,11 +167,7 @@ pub fn backward_in_pieces<T: Send>(
     f: impl Fn(std::ops::Range<usize>) -> Result<(Tensor, T)> + Sync,
 ) -> Result<(crate::autograd::Gradients, f32, Vec<T>)> {
     use rayon::prelude::*;
-    let ranges: Vec<std::ops::Range<usize>> = if model.batch_independent(true) && n > PIECE {
-        (0..n).step_by(PIECE).map(|s| s..(s + PIECE).min(n)).collect()
-    } else {
-        std::iter::once(0..n).collect()
-    };
+    let ranges = piece_ranges(model, n);
     // enable_grad: a piece may be stolen by a worker waiting inside a no_grad scope.
     let parts: Vec<(crate::autograd::Gradients, f32, T)> = ranges
         .into_par_iter()

@@ -200,3 +200,50 @@ fn onnx_model_attacked_evaluated_and_fine_tuned() {
     assert!(after > before + 0.15, "fine-tuning the imported model: PGD robust accuracy {before} → {after}");
     assert!(last.clean_accuracy > 0.5);
 }
+
+/// A model that hides whether its modes agree (it forwards everything else), so TRADES must run its own clean
+/// forwards rather than keep the loss's.
+struct ModesUnknown(Sequential);
+
+impl Module for ModesUnknown {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.0.forward_t(x, train)
+    }
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &armoury::nn::Param)) {
+        self.0.visit(prefix, f)
+    }
+}
+
+#[test]
+fn trades_keeps_its_clean_forward_only_where_the_modes_agree() {
+    use armoury::nn::{Dropout, Flatten, Linear};
+    assert!(cnn(1).mode_independent());
+    assert!(!ModesUnknown(cnn(1)).mode_independent());
+    let with_dropout = Sequential::new()
+        .add("0", Flatten)
+        .add("1", Dropout::new(0.5, 0).unwrap())
+        .add("2", Linear::new(784, 10, true, 0));
+    assert!(!with_dropout.mode_independent());
+    assert!(!armoury::nn::BatchNorm::new(4).mode_independent());
+    let boxed: Box<dyn Module> = Box::new(Arc::new(cnn(1)));
+    assert!(boxed.mode_independent(), "containers and pointers pass it on");
+
+    // One TRADES step from the same weights, with the kept forward and with separate ones: the same update.
+    let (train, _) = sample();
+    let (x, y) = train.batch(0..96).unwrap();
+    let step = |model: Arc<dyn Module>| -> Vec<Vec<f32>> {
+        let clf = ModuleClassifier::new(model.clone(), &[1, 28, 28], 10, (0.0, 1.0)).unwrap();
+        let mut opt = Adam::new(model.parameters(), AdamConfig::default()).unwrap();
+        let mut ctx =
+            StepContext { model: model.as_ref(), classifier: &clf, optimizer: &mut opt, epoch: 0, batch: 0, seed: 4 };
+        let report = Trades::new(0.1, 0.025, 3).step(&mut ctx, &x, &y).unwrap();
+        assert!(report.loss.is_finite() && report.loss > 0.0);
+        model.parameters().iter().map(|p| p.value().iter().copied().collect()).collect()
+    };
+    let kept = step(Arc::new(cnn(1)));
+    let separate = step(Arc::new(ModesUnknown(cnn(1))));
+    let fresh: Vec<Vec<f32>> = cnn(1).parameters().iter().map(|p| p.value().iter().copied().collect()).collect();
+    assert_ne!(kept, fresh, "the step must change the weights");
+    // Same kernels on the same pieces: the same bits.
+    assert!(kept == separate, "the kept forward changed the update");
+}

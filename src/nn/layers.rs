@@ -54,6 +54,9 @@ impl Module for Linear {
         }
     }
 
+    fn mode_independent(&self) -> bool {
+        true
+    }
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
         f(&format!("{prefix}weight"), &self.weight);
         if let Some(b) = &self.bias {
@@ -115,6 +118,9 @@ impl Module for Conv2d {
         Some(x.conv2d_relu_max_pool2(&self.weight.tensor(), b.as_ref(), self.params))
     }
 
+    fn mode_independent(&self) -> bool {
+        true
+    }
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
         f(&format!("{prefix}weight"), &self.weight);
         if let Some(b) = &self.bias {
@@ -133,6 +139,9 @@ impl Module for MaxPool2d {
     fn max_pool(&self) -> Option<Pool2dParams> {
         Some(self.0)
     }
+    fn mode_independent(&self) -> bool {
+        true
+    }
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
 }
 
@@ -142,6 +151,9 @@ pub struct AvgPool2d(pub Pool2dParams);
 impl Module for AvgPool2d {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         x.avg_pool2d(self.0)
+    }
+    fn mode_independent(&self) -> bool {
+        true
     }
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
 }
@@ -156,6 +168,9 @@ impl Module for Flatten {
         }
         x.flatten_from(1)
     }
+    fn mode_independent(&self) -> bool {
+        true
+    }
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
 }
 
@@ -166,6 +181,9 @@ macro_rules! activation {
         impl Module for $name {
             fn forward_t(&self, $x: &Tensor, _train: bool) -> Result<Tensor> {
                 Ok($body)
+            }
+            fn mode_independent(&self) -> bool {
+                true
             }
             fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
             fn is_relu(&self) -> bool {
@@ -189,6 +207,9 @@ impl Module for LeakyReLU {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         Ok(x.leaky_relu(self.0))
     }
+    fn mode_independent(&self) -> bool {
+        true
+    }
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
 }
 
@@ -198,6 +219,9 @@ pub struct Softmax(pub usize);
 impl Module for Softmax {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         x.softmax(self.0)
+    }
+    fn mode_independent(&self) -> bool {
+        true
     }
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
 }

@@ -108,6 +108,13 @@ pub trait Module: Send + Sync {
         true
     }
 
+    /// Whether `forward_t` computes the same function in training and in evaluation mode (no dropout, no
+    /// BatchNorm), so that a training-mode forward may stand in for an evaluation-mode one. `false` unless the
+    /// module says so.
+    fn mode_independent(&self) -> bool {
+        false
+    }
+
     /// `relu(self.forward_t(x, train))` computed as one fused op, when the module has one (`Conv2d` does);
     /// containers use it for a module followed by a [`ReLU`](crate::nn::ReLU).
     fn forward_relu(&self, _x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
@@ -183,6 +190,9 @@ impl<M: Module + ?Sized> Module for Arc<M> {
     fn batch_independent(&self, train: bool) -> bool {
         (**self).batch_independent(train)
     }
+    fn mode_independent(&self) -> bool {
+        (**self).mode_independent()
+    }
     fn forward_relu(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
         (**self).forward_relu(x, train)
     }
@@ -215,6 +225,9 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn batch_independent(&self, train: bool) -> bool {
         (**self).batch_independent(train)
+    }
+    fn mode_independent(&self) -> bool {
+        (**self).mode_independent()
     }
     fn forward_relu(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
         (**self).forward_relu(x, train)
@@ -316,5 +329,9 @@ impl Module for Sequential {
 
     fn batch_independent(&self, train: bool) -> bool {
         self.children.iter().all(|(_, m)| m.batch_independent(train))
+    }
+
+    fn mode_independent(&self) -> bool {
+        self.children.iter().all(|(_, m)| m.mode_independent())
     }
 }

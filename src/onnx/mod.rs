@@ -226,6 +226,11 @@ impl OnnxModel {
 }
 
 impl Module for OnnxModel {
+    /// Always inference mode (see the module docs).
+    fn mode_independent(&self) -> bool {
+        true
+    }
+
     /// Runs the graph (always in inference mode: see the module docs).
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         self.check_input(x)?;
