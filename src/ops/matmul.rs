@@ -154,6 +154,16 @@ pub(crate) fn matmul_backward(
         });
         let gb = need[1].then(|| {
             // A reduction over the rows: batch invariance does not apply, one GEMM over everything.
+            if b2.ncols() > 1 && b2.t().is_standard_layout() {
+                // B is a transposed matrix (a `Linear` layer's weight seen as Wᵀ): compute (∂L/∂B)ᵀ = Gᵀ·A in
+                // the matrix's own layout, so that the transpose's backward hands the weight a standard-layout
+                // gradient without a copy (and the optimiser reads it contiguously).
+                let mut ct = Array2::zeros((g2.ncols(), a2.ncols()));
+                if !super::simd::gemm_nn(g2.t(), a2, ct.view_mut(), false, true) {
+                    gemm(g2.t(), a2, ct.view_mut(), false, true);
+                }
+                return ct.reversed_axes().into_dyn();
+            }
             let mut c = Array2::zeros((a2.ncols(), g2.ncols()));
             if !super::simd::gemm_nn(a2.t(), g2, c.view_mut(), false, true) {
                 gemm(a2.t(), g2, c.view_mut(), false, true);
@@ -243,6 +253,27 @@ mod tests {
                     let part = matmul2(a.slice(s![start..start + len, ..]), bv);
                     assert!(part == full.slice(s![start..start + len, ..]), "k {k} n {n} rows {start}+{len}");
                 }
+            }
+        }
+    }
+
+    /// x·Wᵀ as `Linear` computes it: W's gradient arrives in W's own (standard) layout, with the values of
+    /// Gᵀ·X, as does the gradient of a standard-layout right operand (X ᵀ·G).
+    #[test]
+    fn transposed_weight_gets_a_standard_layout_gradient() {
+        let x = Tensor::uniform(&[37, 24], -1.0, 1.0, 1);
+        let w = Tensor::uniform(&[9, 24], -1.0, 1.0, 2).variable();
+        let g = w.t().unwrap();
+        let y = x.matmul(&g).unwrap().sum_all();
+        let grads = y.backward_with(&[&w]).unwrap();
+        let gw = grads.get(&w).unwrap();
+        assert!(gw.is_standard_layout());
+        assert_eq!(gw.shape(), &[9, 24]);
+        // ∂Σ(x·Wᵀ)/∂W[o, i] = Σ_r x[r, i]
+        let col: Vec<f32> = x.value().sum_axis(Axis(0)).iter().copied().collect();
+        for o in 0..9 {
+            for (i, c) in col.iter().enumerate() {
+                assert!((gw[[o, i]] - c).abs() <= 1e-5 * (1.0 + c.abs()));
             }
         }
     }

@@ -22,16 +22,17 @@ pub(crate) fn sum_to_shape(mut g: ArrayD<f32>, shape: &[usize]) -> ArrayD<f32> {
     g
 }
 
-pub(crate) fn reshape_backward(shape: &[usize], g: &ArrayD<f32>) -> ArrayD<f32> {
-    g.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).expect("same number of elements")
+pub(crate) fn reshape_backward(shape: &[usize], g: ArrayD<f32>) -> ArrayD<f32> {
+    let g = if g.is_standard_layout() { g } else { g.as_standard_layout().into_owned() };
+    g.into_shape_with_order(IxDyn(shape)).expect("same number of elements")
 }
 
-pub(crate) fn permute_backward(perm: &[usize], g: &ArrayD<f32>) -> ArrayD<f32> {
+pub(crate) fn permute_backward(perm: &[usize], g: ArrayD<f32>) -> ArrayD<f32> {
     let mut inv = vec![0; perm.len()];
     for (i, &p) in perm.iter().enumerate() {
         inv[p] = i;
     }
-    g.clone().permuted_axes(IxDyn(&inv))
+    g.permuted_axes(IxDyn(&inv))
 }
 
 pub(crate) fn narrow_backward(shape: &[usize], axis: usize, start: usize, g: &ArrayD<f32>) -> ArrayD<f32> {
