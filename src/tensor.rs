@@ -271,17 +271,46 @@ impl From<ArrayD<f32>> for Tensor {
     }
 }
 
-/// `n` standard-normal samples (Box–Muller, both outputs used) from `rng`.
+/// `n` standard-normal samples (Marsaglia's polar method in f64, both outputs used) from `rng`. Exact like
+/// Box–Muller, without its sine and cosine: a logarithm and a square root per pair, for 4/π draws of a point.
 pub fn normal_vec(rng: &mut impl Rng, n: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n + 1);
     while out.len() < n {
-        let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: log is finite
-        let u2: f64 = rng.random::<f64>();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let t = 2.0 * std::f64::consts::PI * u2;
-        out.push((r * t.cos()) as f32);
-        out.push((r * t.sin()) as f32);
+        let u = 2.0 * rng.random::<f64>() - 1.0;
+        let v = 2.0 * rng.random::<f64>() - 1.0;
+        let s = u * u + v * v;
+        if s >= 1.0 || s == 0.0 {
+            continue;
+        }
+        let f = (-2.0 * s.ln() / s).sqrt();
+        out.push((u * f) as f32);
+        out.push((v * f) as f32);
     }
     out.truncate(n);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The normal samples have the standard normal's moments and quantiles: mean 0, variance 1, no skew, kurtosis
+    /// 3, and the mass within 1, 2 and 3 σ (68.27%, 95.45%, 99.73%), on 400k draws (several standard errors
+    /// each); odd lengths are cut from whole pairs.
+    #[test]
+    fn normal_vec_is_standard_normal() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        assert_eq!(normal_vec(&mut rng, 5).len(), 5);
+        let z: Vec<f64> = normal_vec(&mut rng, 400_001).into_iter().map(f64::from).collect();
+        let n = z.len() as f64;
+        let moment = |k: i32| z.iter().map(|v| v.powi(k)).sum::<f64>() / n;
+        assert!(moment(1).abs() < 0.01, "mean {}", moment(1));
+        assert!((moment(2) - 1.0).abs() < 0.01, "variance {}", moment(2));
+        assert!(moment(3).abs() < 0.03, "skew {}", moment(3));
+        assert!((moment(4) - 3.0).abs() < 0.08, "kurtosis {}", moment(4));
+        for (k, mass) in [(1.0, 0.682_689), (2.0, 0.954_500), (3.0, 0.997_300)] {
+            let within = z.iter().filter(|v| v.abs() < k).count() as f64 / n;
+            assert!((within - mass).abs() < 0.003, "within {k} σ: {within}");
+        }
+    }
 }

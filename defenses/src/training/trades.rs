@@ -93,12 +93,23 @@ impl Method for Trades {
             let t = unrows(std::mem::take(&mut adv), x.shape());
             let (_, g, _) = clf.gradient(&t, &f)?;
             adv = t.into_array().into_shape_with_order((n, d)).expect("N·D elements");
-            let g2 = rows(&g);
-            // Sign step, then into the ε-box around x and the bounds (exact feasibility is enforced once, below).
+            let gv = g.value();
+            let g_std = gv.as_standard_layout();
+            let gs = g_std.as_slice().expect("standard layout");
+            // Sign step, then into the ε-box around x and the bounds (exact feasibility is enforced once, below);
+            // a row at a time, in selects that vectorise.
             let (step, e) = (self.step_size, self.eps);
-            ndarray::Zip::from(&mut adv).and(&g2).and(&x2).par_for_each(|a, &gv, &xv| {
-                *a = (*a + step * sign(gv)).clamp(xv - e, xv + e).clamp(bounds.0, bounds.1);
-            });
+            let xs = x2.as_slice().expect("rows");
+            adv.as_slice_mut()
+                .expect("rows")
+                .par_chunks_mut(d.max(1))
+                .zip(gs.par_chunks(d.max(1)))
+                .zip(xs.par_chunks(d.max(1)))
+                .for_each(|((a, g), xr)| {
+                    for ((a, &gv), &xv) in a.iter_mut().zip(g).zip(xr) {
+                        *a = (*a + step * sign(gv)).max(xv - e).min(xv + e).max(bounds.0).min(bounds.1);
+                    }
+                });
         }
         enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
         let x_adv = unrows(adv, x.shape());
