@@ -781,12 +781,6 @@ fn backward(
                 }
             }
         }
-        if need_w && transposed {
-            for grp in acc.chunks_mut(og * k) {
-                let t = mat(grp, k, og).t().to_owned();
-                grp.copy_from_slice(t.as_standard_layout().as_slice().expect("standard layout"));
-            }
-        }
         (acc, bacc)
     };
     let mut dx = if need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
@@ -807,7 +801,17 @@ fn backward(
         }
         total
     };
-    let dw = need_w.then(|| ArrayD::from_shape_vec(w.shape(), sum(&dws, w_len)).expect("weight-sized"));
+    let dw = need_w.then(|| {
+        let mut total = sum(&dws, w_len);
+        if transposed {
+            // The chunks accumulated each group's dWᵀ [K, Og]: transposed once, after the sum.
+            for grp in total.chunks_mut(og * k) {
+                let t = mat(grp, k, og).t().as_standard_layout().into_owned();
+                grp.copy_from_slice(t.as_slice().expect("standard layout"));
+            }
+        }
+        ArrayD::from_shape_vec(w.shape(), total).expect("weight-sized")
+    });
     let db = need_b.then(|| Array1::from(sum(&dbs, g.o)).into_dyn());
     let dx = need_x.then(|| ArrayD::from_shape_vec(x.shape(), dx).expect("input-sized"));
     let mut out = vec![dx, dw];
