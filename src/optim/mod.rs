@@ -223,11 +223,18 @@ impl Optimizer for Adam {
             let bc2 = 1.0 - c.beta2.powi(t);
             let step = c.lr / bc1;
             let bc2_sqrt = bc2.sqrt();
-            Zip::from(&mut theta).and(m).and(v).and(&g).for_each(|th, m, v, &g| {
+            let update = |th: &mut f32, m: &mut f32, v: &mut f32, &g: &f32| {
                 *m = c.beta1 * *m + (1.0 - c.beta1) * g;
                 *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
                 *th -= step * *m / (v.sqrt() / bc2_sqrt + c.eps);
-            });
+            };
+            // Elementwise: any split over threads gives the same values.
+            let zip = Zip::from(&mut theta).and(m).and(v).and(&g);
+            if g.len() >= crate::ops::PAR_THRESHOLD {
+                zip.par_for_each(update);
+            } else {
+                zip.for_each(update);
+            }
             p.set(theta)?;
         }
         Ok(())
