@@ -156,7 +156,7 @@ pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: N
         let into_bounds = |a: f32, xv: f32| {
             // NaN, and infinities the bounds do not catch, become x's value. Selects without short circuits
             // (a == a is "not NaN" as a float compare), so that the loops vectorise.
-            let c = a.max(bounds.0).min(bounds.1);
+            let c = sel_min(sel_max(a, bounds.0), bounds.1);
             #[allow(clippy::eq_op)]
             let keep = (a == a) & (c.abs() < f32::INFINITY);
             if keep {
@@ -170,7 +170,8 @@ pub fn enforce(x: &ndarray::Array2<f32>, adv: &mut ndarray::Array2<f32>, norm: N
             // feasible, and a feasible value is left alone), then into the bounds widened to keep x feasible.
             for (a, &xv) in ar.iter_mut().zip(xr) {
                 let (lo, hi) = linf_interval(xv, e);
-                *a = into_bounds(*a, xv).max(lo).min(hi).max(bounds.0.min(xv)).min(bounds.1.max(xv));
+                let c = sel_min(sel_max(into_bounds(*a, xv), lo), hi);
+                *a = sel_min(sel_max(c, sel_min(bounds.0, xv)), sel_max(bounds.1, xv));
             }
             return;
         }
@@ -240,11 +241,49 @@ pub fn exact_norm(norm: Norm, x: &[f32], adv: &[f32]) -> f64 {
 
 /// The f32 values within `e` of `x`, exactly: `[x − e, x + e]` with each end rounded toward `x` where f32
 /// rounding put it outside (a correctly rounded end is at most one ulp out).
+#[inline(always)]
 fn linf_interval(x: f32, e: f32) -> (f32, f32) {
+    // The rounding error of each end, exactly, by Knuth's two-sum (x ± e = end + err), in f32 and without
+    // branches so that the loops calling this vectorise.
+    let two_sum_err = |a: f32, b: f32, s: f32| {
+        let bp = s - a;
+        (a - (s - bp)) + (b - bp)
+    };
     let (lo, hi) = (x - e, x + e);
-    let lo = if (x as f64) - (lo as f64) > e as f64 { step_toward(lo, x) } else { lo };
-    let hi = if (hi as f64) - (x as f64) > e as f64 { step_toward(hi, x) } else { hi };
+    // lo below x − e (err > 0): one ulp up; hi above x + e (err < 0): one ulp down. Both ends move toward x.
+    let lo = if two_sum_err(x, -e, lo) > 0.0 { next_up(lo) } else { lo };
+    let hi = if two_sum_err(x, e, hi) < 0.0 { -next_up(-hi) } else { hi };
     (lo, hi)
+}
+
+/// `a` raised to `lo`, as `f32::clamp` does it (`a` kept when equal, so −0 stays −0, and NaN stays NaN): one
+/// compare-and-select (x86's `maxps` with the operands swapped), where `f32::max`'s NaN rule costs three more
+/// instructions per vector.
+#[inline(always)]
+fn sel_max(a: f32, lo: f32) -> f32 {
+    if a < lo {
+        lo
+    } else {
+        a
+    }
+}
+
+/// `a` lowered to `hi`, as `f32::clamp` does it (see [`sel_max`]).
+#[inline(always)]
+fn sel_min(a: f32, hi: f32) -> f32 {
+    if a > hi {
+        hi
+    } else {
+        a
+    }
+}
+
+/// The next f32 above finite `v` (as `f32::next_up`, which needs Rust 1.86), as integer selects.
+#[inline(always)]
+fn next_up(v: f32) -> f32 {
+    let bits = v.to_bits();
+    let up = if v > 0.0 { bits.wrapping_add(1) } else { bits.wrapping_sub(1) };
+    f32::from_bits(if v == 0.0 { 1 } else { up })
 }
 
 /// The next f32 from `a` in the direction of `b`.
