@@ -1767,9 +1767,50 @@ mod x86 {
         }
     }
 
+    /// [`pool_expand_body`] for even `h` and `w` with `Wo` a multiple of half a vector: the pooled plane is walked
+    /// flat, a whole vector at a time, and each half-vector (which stays inside one pooled row) expands into one
+    /// whole vector of each of its two rows — no lanes idle at the end of a row, and no masked moves.
+    #[inline(always)]
+    unsafe fn pool_expand_packed<S: Isa>(h: usize, w: usize, out: &[f32], g: &[f32], idx: &[u32], dx: &mut [f32]) {
+        let (l, half, wo) = (S::LANES, S::LANES / 2, w / 2);
+        let total = (h / 2) * wo;
+        let (one, below, first) = (S::splat_i(1), S::splat_i(w as i32), S::lanes(0, half as isize));
+        let dx = dx.as_mut_ptr();
+        let mut f = 0;
+        while f < total {
+            let n = (total - f).min(l);
+            let m_in = S::lanes(0, n as isize);
+            let (y, gv) = (S::load(m_in, out.as_ptr().add(f)), S::load(m_in, g.as_ptr().add(f)));
+            let arg = S::load_i(m_in, idx.as_ptr().add(f));
+            let pos = S::gt(y, S::zero());
+            // Each half's first window: its top-left entry, flat in the h×w plane.
+            let corner = |k: usize| 2 * ((k / wo) * w + k % wo);
+            let (c0, c1) = (corner(f), corner(f + half));
+            // Lane t of the lower half names 2t past its corner; of the upper half, 2(t − half).
+            let offsets = S::select_i(first, S::splat_i(c0 as i32), S::splat_i(c1 as i32 - l as i32));
+            let base = S::add_i(offsets, S::evens());
+            let ea = S::and(S::eq_i(arg, base), pos);
+            let eb = S::and(S::eq_i(arg, S::add_i(base, one)), pos);
+            let ec = S::and(S::eq_i(arg, S::add_i(base, below)), pos);
+            let ed = S::and(S::eq_i(arg, S::add_i(S::add_i(base, below), one)), pos);
+            let (top_lo, top_hi) = S::interleave(S::keep(ea, gv), S::keep(eb, gv));
+            let (bottom_lo, bottom_hi) = S::interleave(S::keep(ec, gv), S::keep(ed, gv));
+            S::storeu(dx.add(c0), top_lo);
+            S::storeu(dx.add(c0 + w), bottom_lo);
+            if n == l {
+                S::storeu(dx.add(c1), top_hi);
+                S::storeu(dx.add(c1 + w), bottom_hi);
+            }
+            f += l;
+        }
+    }
+
     #[inline(always)]
     unsafe fn pool_expand_body<S: Isa>(h: usize, w: usize, out: &[f32], g: &[f32], idx: &[u32], dx: &mut [f32]) {
         let (l, ho, wo) = (S::LANES, h / 2, w / 2);
+        if h.is_multiple_of(2) && w.is_multiple_of(2) && wo.is_multiple_of(l / 2) {
+            return pool_expand_packed::<S>(h, w, out, g, idx, dx);
+        }
         let (one, below) = (S::splat_i(1), S::splat_i(w as i32));
         let dx = dx.as_mut_ptr();
         for i in 0..ho {
@@ -1969,6 +2010,52 @@ mod tests {
     fn random(r: usize, c: usize, seed: u64) -> Array2<f32> {
         let t = crate::Tensor::uniform(&[r, c], -1.0, 1.0, seed);
         t.to_array().into_dimensionality().unwrap()
+    }
+
+    /// The pooled gradient goes to each window's arg-max where the pooled output is positive, and every other entry
+    /// of the plane is zero (even over garbage): planes whose pooled rows fill whole half-vectors (the packed walk)
+    /// and planes that do not, odd sizes included.
+    #[test]
+    fn pool_expansion_matches_its_definition() {
+        use rand::{Rng, SeedableRng};
+        if !accelerated() {
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for (h, w) in [
+            (2, 2),
+            (4, 8),
+            (8, 8),
+            (24, 24),
+            (384, 24),
+            (256, 8),
+            (6, 16),
+            (4, 32),
+            (2, 24),
+            (7, 9),
+            (5, 8),
+            (8, 7),
+            (3, 3),
+            (10, 6),
+            (12, 20),
+        ] {
+            let (ho, wo) = (h / 2, w / 2);
+            let out: Vec<f32> = (0..ho * wo).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let g: Vec<f32> = (0..ho * wo).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let idx: Vec<u32> = (0..ho * wo)
+                .map(|k| ((2 * (k / wo) + rng.random_range(0..2)) * w + 2 * (k % wo) + rng.random_range(0..2)) as u32)
+                .collect();
+            let mut want = vec![0.0f32; h * w];
+            for k in 0..ho * wo {
+                if out[k] > 0.0 {
+                    want[idx[k] as usize] = g[k];
+                }
+            }
+            let mut got = vec![f32::NAN; h * w];
+            assert!(relu_max_pool_2x2_expand(h, w, &out, &g, &idx, &mut got));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{h}×{w}");
+        }
     }
 
     /// Every tile shape (rows 1–6 × vectors 1–4 with masked tails), accumulating or not, with a transposed `a`,
