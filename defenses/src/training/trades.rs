@@ -97,7 +97,7 @@ impl Method for Trades {
             let g_std = gv.as_standard_layout();
             let gs = g_std.as_slice().expect("standard layout");
             // Sign step, then into the ε-box around x and the bounds (exact feasibility is enforced once, below);
-            // a row at a time, in selects that vectorise.
+            // a row at a time over plain slices, which the compiler vectorises.
             let (step, e) = (self.step_size, self.eps);
             let xs = x2.as_slice().expect("rows");
             adv.as_slice_mut()
