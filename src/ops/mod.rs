@@ -146,12 +146,16 @@ impl Op {
     /// Gradients of the inputs given the output's gradient `g` (given up: the shape ops pass it on without a
     /// copy); only inputs with `need[i]` are computed.
     pub(crate) fn backward(&self, out: &Array, g: ArrayD<f32>, need: &[bool]) -> Result<Vec<Option<ArrayD<f32>>>> {
-        let g = match self {
-            Op::Reshape(x) => return Ok(vec![Some(shape::reshape_backward(x.shape(), g))]),
-            Op::Permute(_, perm) => return Ok(vec![Some(shape::permute_backward(perm, g))]),
-            Op::BroadcastTo(x) => return Ok(vec![Some(shape::sum_to_shape(g, x.shape()))]),
-            _ => &g,
-        };
+        match self {
+            Op::Reshape(x) => Ok(vec![Some(shape::reshape_backward(x.shape(), g))]),
+            Op::Permute(_, perm) => Ok(vec![Some(shape::permute_backward(perm, g))]),
+            Op::BroadcastTo(x) => Ok(vec![Some(shape::sum_to_shape(g, x.shape()))]),
+            _ => self.backward_borrowed(out, &g, need),
+        }
+    }
+
+    /// [`Op::backward`] of the ops that only read the output's gradient.
+    fn backward_borrowed(&self, out: &Array, g: &ArrayD<f32>, need: &[bool]) -> Result<Vec<Option<ArrayD<f32>>>> {
         match self {
             Op::Binary(k, a, b) => Ok(elementwise::binary_backward(*k, a, b, g, need)),
             Op::Unary(k, x) => Ok(vec![Some(elementwise::unary_backward(*k, x.value(), out, g))]),
@@ -160,7 +164,8 @@ impl Op {
             Op::MaxAlong { x, axis, keepdim, index } => {
                 Ok(vec![Some(reduce::max_backward(x.shape(), *axis, *keepdim, index, g))])
             }
-            Op::Reshape(_) | Op::Permute(..) | Op::BroadcastTo(_) => unreachable!("handled above"),
+            // The shape ops keep the gradient they are given.
+            Op::Reshape(_) | Op::Permute(..) | Op::BroadcastTo(_) => self.backward(out, g.clone(), need),
             Op::Narrow { x, axis, start } => Ok(vec![Some(shape::narrow_backward(x.shape(), *axis, *start, g))]),
             Op::Pad { x, pads } => Ok(vec![Some(shape::pad_backward(x.shape(), pads, g))]),
             Op::Concat { xs, axis } => Ok(shape::concat_backward(xs, *axis, g, need)),
