@@ -1769,7 +1769,8 @@ mod x86 {
 
     /// [`pool_expand_body`] for even `h` and `w` with `Wo` a multiple of half a vector: the pooled plane is walked
     /// flat, a whole vector at a time, and each half-vector (which stays inside one pooled row) expands into one
-    /// whole vector of each of its two rows — no lanes idle at the end of a row, and no masked moves.
+    /// whole vector of each of its two rows — no lanes idle at the end of a row, and no masked stores (only a final
+    /// half-vector's loads are masked).
     #[inline(always)]
     unsafe fn pool_expand_packed<S: Isa>(h: usize, w: usize, out: &[f32], g: &[f32], idx: &[u32], dx: &mut [f32]) {
         let (l, half, wo) = (S::LANES, S::LANES / 2, w / 2);
