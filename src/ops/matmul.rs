@@ -257,8 +257,7 @@ mod tests {
         }
     }
 
-    /// x·Wᵀ as `Linear` computes it: W's gradient arrives in W's own (standard) layout, with the values of
-    /// Gᵀ·X, as does the gradient of a standard-layout right operand (X ᵀ·G).
+    /// x·Wᵀ as `Linear` computes it: W's gradient arrives in W's own (standard) layout, with the values of Gᵀ·X.
     #[test]
     fn transposed_weight_gets_a_standard_layout_gradient() {
         let x = Tensor::uniform(&[37, 24], -1.0, 1.0, 1);
