@@ -198,9 +198,14 @@ fn convolution() {
         check(&format!("conv2d_relu case {i}"), &inputs, &move |t| t[0].conv2d_relu(&t[1], Some(&t[2]), p));
     }
     // The fused ReLU and 2×2 max pooling: an odd output height (windows per channel) and an even one (the image
-    // pooled as one tall plane), one padded.
+    // pooled as one tall plane), one padded; on the sparse backward (kernel rows of 9 and 12 values over all
+    // channels) and the dense one (6).
     let padded = Conv2dParams { padding: (1, 1), ..Default::default() };
-    let cases = [([2, 3, 7, 6], [4, 3, 3, 3], Conv2dParams::default()), ([2, 2, 6, 7], [3, 2, 3, 3], padded)];
+    let cases = [
+        ([2, 3, 7, 6], [4, 3, 3, 3], Conv2dParams::default()),
+        ([2, 2, 6, 7], [3, 2, 3, 3], padded),
+        ([2, 4, 6, 7], [3, 4, 3, 3], padded),
+    ];
     for (i, (xs, ws, p)) in cases.iter().enumerate() {
         let s = 200 + i as u64 * 3;
         let inputs = [uniform(xs, -1.0, 1.0, s), uniform(ws, -1.0, 1.0, s + 1), uniform(&[ws[0]], -1.0, 1.0, s + 2)];

@@ -733,9 +733,117 @@ impl<'a> InputGrad<'a> {
     }
 }
 
+/// One term of [`RowSums::add`]: `scale` times the source rows starting at `off`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub(crate) struct Term {
+    pub scale: f32,
+    pub off: u32,
+}
+
+/// One column block of [`RowSums::add`] (`n` vectors, the last holding `tail` lanes), read by
+/// [`x86::scaled_rows`].
+#[allow(dead_code)]
+struct ScaledRows {
+    src: *const f32,
+    src_step: usize,
+    terms: *const Term,
+    count: usize,
+    dst: *mut f32,
+    dst_step: usize,
+    reps: usize,
+    tail: usize,
+}
+
+/// Vectors of one column block of [`RowSums`]: its accumulators, one broadcast and one loaded vector fit AVX2's
+/// 16 registers.
+const ROW_BLOCK: usize = 12;
+
+/// Sums of scaled rows of `len` values: a sparse matrix (the terms) times dense rows, the shape a gradient takes
+/// when only a few of its entries are nonzero. Built once per row length (the split into column blocks of at most
+/// [`ROW_BLOCK`] vectors), then [`RowSums::add`] per sum.
+pub(crate) struct RowSums {
+    len: usize,
+    level: Level,
+    /// Per column block: its first column, its vectors and the lanes of its last vector.
+    blocks: Vec<(usize, usize, usize)>,
+}
+
+impl RowSums {
+    pub(crate) fn new(len: usize) -> RowSums {
+        let level = level();
+        let lanes = if level == Level::Avx512 { 16 } else { 8 };
+        let nv = len.div_ceil(lanes);
+        let per = nv.div_ceil(nv.div_ceil(ROW_BLOCK).max(1)).max(1);
+        let blocks = (0..nv)
+            .step_by(per)
+            .map(|v0| {
+                let n = per.min(nv - v0);
+                (v0 * lanes, n, (len - v0 * lanes).min(n * lanes) - (n - 1) * lanes)
+            })
+            .collect();
+        RowSums { len, level, blocks }
+    }
+
+    /// For each `r < reps`: `dst[r·dst_step..][..len] += Σₜ t.scale · src[t.off + r·src_step..][..len]`. Each
+    /// element's sum is one chain of fused multiply-adds over the terms in order, formed in registers and added to
+    /// `dst` once; without the vector kernels, the same chain of plain multiplies and adds.
+    ///
+    /// # Safety
+    /// Every term's rows lie inside `src`: `t.off + (reps − 1)·src_step + len ≤ src.len()`. (`dst` is checked:
+    /// this panics when its rows would reach past it.)
+    pub(crate) unsafe fn add(
+        &self,
+        src: &[f32],
+        terms: &[Term],
+        src_step: usize,
+        dst: &mut [f32],
+        dst_step: usize,
+        reps: usize,
+    ) {
+        let len = self.len;
+        if terms.is_empty() || len == 0 || reps == 0 {
+            return;
+        }
+        let span = |step: usize| (reps - 1) * step + len;
+        assert!(span(dst_step) <= dst.len(), "RowSums::add: destination size");
+        debug_assert!(terms.iter().all(|t| t.off as usize + span(src_step) <= src.len()), "RowSums::add: terms");
+        if self.level == Level::Portable {
+            for r in 0..reps {
+                let (s, d) = (r * src_step, &mut dst[r * dst_step..][..len]);
+                for (j, out) in d.iter_mut().enumerate() {
+                    let mut acc = 0.0f32;
+                    for t in terms {
+                        // SAFETY: inside `src` by the caller's contract.
+                        acc += t.scale * unsafe { *src.get_unchecked(t.off as usize + s + j) };
+                    }
+                    *out += acc;
+                }
+            }
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        for &(col, n, tail) in &self.blocks {
+            let t = ScaledRows {
+                src: src.as_ptr().add(col),
+                src_step,
+                terms: terms.as_ptr(),
+                count: terms.len(),
+                dst: dst.as_mut_ptr().add(col),
+                dst_step,
+                reps,
+                tail,
+            };
+            // SAFETY: the level's instructions are present; the rows read lie inside `src` (the caller's
+            // contract), those written inside `dst` (checked above); masked lanes never touch memory.
+            x86::scaled_rows(self.level, &t, n)
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Direct, Gather, Level, Scatter, Tile, Unfold};
+    use super::{Direct, Gather, Level, ScaledRows, Scatter, Tile, Unfold};
     use std::arch::x86_64::*;
 
     /// The vector operations the kernels are written in, for one instruction set. Every method is inlined into
@@ -1451,6 +1559,73 @@ mod x86 {
                     } else {
                         S::storeu(q, S::add(S::loadu(q), a))
                     }
+                }
+            }
+        }
+    }
+
+    /// Runs the scaled-rows kernel specialised for `n ≤ ROW_BLOCK` vectors (with a partial last vector or not).
+    pub(super) unsafe fn scaled_rows(level: Level, t: &ScaledRows, n: usize) {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn wide<const N: usize, const TAIL: bool>(t: &ScaledRows) {
+            scaled_rows_body::<Avx512, N, TAIL>(t)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn narrow<const N: usize, const TAIL: bool>(t: &ScaledRows) {
+            scaled_rows_body::<Avx2, N, TAIL>(t)
+        }
+        macro_rules! vectors {
+            ($f:ident, $tail:literal) => {
+                match n {
+                    1 => $f::<1, $tail>(t),
+                    2 => $f::<2, $tail>(t),
+                    3 => $f::<3, $tail>(t),
+                    4 => $f::<4, $tail>(t),
+                    5 => $f::<5, $tail>(t),
+                    6 => $f::<6, $tail>(t),
+                    7 => $f::<7, $tail>(t),
+                    8 => $f::<8, $tail>(t),
+                    9 => $f::<9, $tail>(t),
+                    10 => $f::<10, $tail>(t),
+                    11 => $f::<11, $tail>(t),
+                    12 => $f::<12, $tail>(t),
+                    _ => unreachable!("column blocks hold at most ROW_BLOCK vectors"),
+                }
+            };
+        }
+        let full = if level == Level::Avx512 { 16 } else { 8 };
+        match (level, t.tail < full) {
+            (Level::Avx512, false) => vectors!(wide, false),
+            (Level::Avx512, true) => vectors!(wide, true),
+            (Level::Avx2, false) => vectors!(narrow, false),
+            (Level::Avx2, true) => vectors!(narrow, true),
+            (Level::Portable, _) => unreachable!("callers check the level first"),
+        }
+    }
+
+    /// For each repetition: the `N` vectors of `Σₜ scale·src[off..]` in registers, one fused multiply-add chain per
+    /// lane over the terms in order, then added into `dst`.
+    #[inline(always)]
+    unsafe fn scaled_rows_body<S: Isa, const N: usize, const TAIL: bool>(t: &ScaledRows) {
+        let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
+        let terms = std::slice::from_raw_parts(t.terms, t.count);
+        for r in 0..t.reps {
+            let src = t.src.add(r * t.src_step);
+            let mut acc = [S::zero(); N];
+            for term in terms {
+                let s = S::splat(term.scale);
+                let p = src.add(term.off as usize);
+                for (v, a) in acc.iter_mut().enumerate() {
+                    *a = S::fmadd(s, ld::<S, N, TAIL>(last, p.add(S::LANES * v), v), *a);
+                }
+            }
+            let d = t.dst.add(r * t.dst_step);
+            for (v, &a) in acc.iter().enumerate() {
+                let q = d.add(S::LANES * v);
+                if TAIL && v + 1 == N {
+                    S::store(last, q, S::add(S::load(last, q), a))
+                } else {
+                    S::storeu(q, S::add(S::loadu(q), a))
                 }
             }
         }
