@@ -5,8 +5,9 @@
 //! unfolded image — read in place by the direct kernels when the column stride is 1, else written by im2col.
 //! Backward: `dcol = Wᵀ · dout` scattered back into the image for ∂L/∂x (tile by tile on the direct kernels, else
 //! by col2im), and `dW = Σₙ dout · colᵀ` for ∂L/∂W — only the gradients whose inputs are tracked are computed.
-//! Weight and bias gradients are summed per fixed chunk of images and the chunks added in order, so results do
-//! not depend on the thread count.
+//! Through the fused ReLU and 2×2 max pooling, the backward reads only the windows' arg-max entries where it can
+//! ([`sparse`]). Weight and bias gradients are summed per fixed chunk of images and the chunks added in order, so
+//! results do not depend on the thread count.
 
 use std::mem::MaybeUninit;
 
