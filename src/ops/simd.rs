@@ -2261,6 +2261,41 @@ mod tests {
     }
 
     /// The 8×8-block transpose, with and without the ReLU mask, against the index definition.
+    /// Sums of scaled rows: each of `reps` destination rows gains `Σ scale · row` (against the sum in f64), and
+    /// nothing outside them changes — row lengths below one vector, with a partial last vector, and over several
+    /// column blocks; terms in any order, repeated, and none.
+    #[test]
+    fn row_sums_match_definition() {
+        let src: Vec<f32> = random(1, 4000, 1).into_raw_vec_and_offset().0;
+        for (case, &len) in [1usize, 5, 8, 9, 16, 80, 97, 200, 385].iter().enumerate() {
+            let sums = RowSums::new(len);
+            let (src_step, dst_step, reps) = (len + 3 + case, len + 1, 1 + case % 4);
+            let max_off = src.len() - ((reps - 1) * src_step + len);
+            let offs = [0, max_off, 7 % (max_off + 1), max_off / 2, 7 % (max_off + 1)];
+            let terms: Vec<Term> =
+                offs.iter().enumerate().map(|(i, &o)| Term { scale: 0.5 - i as f32 * 0.3, off: o as u32 }).collect();
+            let dst0: Vec<f32> = random(1, reps * dst_step + 5, 2 + case as u64).into_raw_vec_and_offset().0;
+            for n in [0, 1, terms.len()] {
+                let mut dst = dst0.clone();
+                // SAFETY: every term's rows lie inside `src` (`max_off` above).
+                unsafe { sums.add(&src, &terms[..n], src_step, &mut dst, dst_step, reps) };
+                for (j, (&got, &was)) in dst.iter().zip(&dst0).enumerate() {
+                    let (r, col) = (j / dst_step, j % dst_step);
+                    let want = if r < reps && col < len {
+                        let add: f64 = terms[..n]
+                            .iter()
+                            .map(|t| t.scale as f64 * src[t.off as usize + r * src_step + col] as f64)
+                            .sum();
+                        was as f64 + add
+                    } else {
+                        was as f64
+                    };
+                    assert!((got as f64 - want).abs() <= 1e-5, "len {len}, {n} terms, element {j}: {got} vs {want}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn transpose_matches_definition() {
         let (rows, cols) = (16, 40);

@@ -4,7 +4,7 @@
 //! the pooled output is positive. The dense backward spends three quarters of its multiply-adds on zeros; here
 //! both gradients are sums over the nonzero entries only. In channels-last layout (`[H, W, C]`) one kernel row over
 //! all input channels is a contiguous run of `kw·C` values, in the image and in the weights reordered to
-//! `[O, kh, kw, C]`, so each sum is of whole runs ([`simd::add_scaled_rows`]). For an entry `g` of channel `o` at
+//! `[O, kh, kw, C]`, so each sum is of whole runs ([`simd::RowSums`]). For an entry `g` of channel `o` at
 //! output position `(oh, ow)`:
 //! - ∂L/∂x: each output position sums `g · W[o, kh]` over its entries, per kernel row `kh`, and adds the run into
 //!   the image gradient's row `oh + kh` from column `ow`;
