@@ -122,7 +122,7 @@ fn from_channels_last(src: &[f32], geo: &Geom, lay: &Layout, img: &mut [f32]) {
     }
 }
 
-/// Scratch reused across the images of one chunk: terms in buckets of fixed capacity, and their counts.
+/// Scratch reused across the images a thread takes: terms in buckets of fixed capacity, and their counts.
 #[derive(Default)]
 struct Scratch {
     terms: Vec<Term>,
@@ -234,12 +234,11 @@ pub(super) fn backward(
         }
     }
     let chunk = if need_w || need_b { WGRAD_CHUNK } else { 1 };
-    let run = |ci: usize, dx: Option<&mut [f32]>| -> (Vec<f32>, Vec<f32>) {
-        let mut s = Scratch::default();
+    let run = |s: &mut Scratch, ci: usize, dx: Option<&mut [f32]>| -> (Vec<f32>, Vec<f32>) {
         let images = ci * chunk..((ci + 1) * chunk).min(n);
         if let Some(dx) = dx {
             for (i, dimg) in images.clone().zip(dx.chunks_exact_mut(in_len)) {
-                input_grad(geo, &lay, src, i, &wr, &mut s, dimg);
+                input_grad(geo, &lay, src, i, &wr, s, dimg);
             }
         }
         let mut acc = vec![0.0f32; if need_w { w_len } else { 0 }];
@@ -247,15 +246,18 @@ pub(super) fn backward(
         if need_w || need_b {
             let imgs = &xs[images.start * in_len..images.end * in_len];
             let (a, b) = (need_w.then_some(&mut acc[..]), need_b.then_some(&mut bacc[..]));
-            param_grads(geo, &lay, src, images, imgs, &mut s, a, b);
+            param_grads(geo, &lay, src, images, imgs, s, a, b);
         }
         (acc, bacc)
     };
     let mut dx = if need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
     let parts: Vec<(Vec<f32>, Vec<f32>)> = if need_x {
-        dx.par_chunks_mut(chunk * in_len).enumerate().map(|(ci, d)| run(ci, Some(d))).collect()
+        dx.par_chunks_mut(chunk * in_len)
+            .enumerate()
+            .map_init(Scratch::default, |s, (ci, d)| run(s, ci, Some(d)))
+            .collect()
     } else {
-        (0..n.div_ceil(chunk)).into_par_iter().map(|ci| run(ci, None)).collect()
+        (0..n.div_ceil(chunk)).into_par_iter().map_init(Scratch::default, |s, ci| run(s, ci, None)).collect()
     };
     let (dws, dbs): (Vec<Vec<f32>>, Vec<Vec<f32>>) = parts.into_iter().unzip();
     let dw = need_w.then(|| {
