@@ -23,7 +23,8 @@ use crate::ops::simd::{self, Term};
 
 /// Whether the sparse backward takes this geometry: one group, unit stride and dilation (so that a kernel row over
 /// all channels is one run in channels-last layout), runs of at least one AVX2 vector (shorter ones leave lanes
-/// idle, where the dense kernels do better), and offsets that fit the terms' `u32`.
+/// idle, where the dense kernels do better: the cnn's conv1, runs of 5, took a fast-AT step from 8.1 to 10.3 ms
+/// when sparse), and offsets that fit the terms' `u32`.
 pub(super) fn applies(g: &Geom) -> bool {
     let plane = (g.h + 2 * g.p.padding.0) * (g.w + 2 * g.p.padding.1) * g.c;
     let fits = WGRAD_CHUNK.saturating_mul(plane) < u32::MAX as usize && g.o * g.kh * g.kw * g.c < u32::MAX as usize;
