@@ -2260,7 +2260,6 @@ mod tests {
         }
     }
 
-    /// The 8×8-block transpose, with and without the ReLU mask, against the index definition.
     /// Sums of scaled rows: each of `reps` destination rows gains `Σ scale · row` (against the sum in f64), and
     /// nothing outside them changes — row lengths below one vector, with a partial last vector, and over several
     /// column blocks; terms in any order, repeated, and none.
@@ -2296,6 +2295,7 @@ mod tests {
         }
     }
 
+    /// The 8×8-block transpose, with and without the ReLU mask, against the index definition.
     #[test]
     fn transpose_matches_definition() {
         let (rows, cols) = (16, 40);

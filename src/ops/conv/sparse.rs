@@ -143,6 +143,7 @@ impl Scratch {
     #[inline]
     fn push(&mut self, b: usize, cap: usize, t: Term, live: bool) {
         let c = self.count[b];
+        debug_assert!(c < cap, "a bucket holds at most {cap} terms");
         self.terms[b * cap + c] = t;
         self.count[b] = c + usize::from(live);
     }
@@ -311,5 +312,11 @@ mod tests {
         let len = 16 * 12 * 10;
         let bits: Vec<u32> = gi[0].to_vec().iter().map(|v| v.to_bits()).collect();
         assert_eq!(bits, many[0][5 * len..6 * len]);
+        // An empty batch: no input gradient, zero weight and bias gradients.
+        let x0 = Tensor::zeros(&[0, 16, 12, 10]).variable();
+        let y0 = x0.conv2d_relu_max_pool2(&w, Some(&b), p).unwrap();
+        let g0 = y0.sum_all().grad_wrt(&[&x0, &w, &b]).unwrap();
+        assert_eq!(g0[0].shape(), &[0, 16, 12, 10]);
+        assert!(g0[1].to_vec().iter().chain(&g0[2].to_vec()).all(|&v| v == 0.0));
     }
 }
