@@ -75,7 +75,10 @@ fn misuse_is_an_error() {
     let mut opt = Adam::new(model.parameters(), AdamConfig::default()).unwrap();
     let bad = NaturalAdversarialDefense { eps: 0.1, replace_ratio: 1.5 };
     assert!(trainer(1, None).fit(model.clone(), &mut opt, &bad, &small, 0, &mut ()).is_err());
-    assert!(trainer(1, None).fit(model, &mut opt, &FreeAt::new(0.1, 0), &small, 0, &mut ()).is_err());
+    assert!(trainer(1, None).fit(model.clone(), &mut opt, &FreeAt::new(0.1, 0), &small, 0, &mut ()).is_err());
+    // Free training replays each batch m times and makes epochs / m passes: fewer epochs than m make none.
+    let err = trainer(1, None).fit(model, &mut opt, &FreeAt::new(0.1, 2), &small, 0, &mut ()).unwrap_err();
+    assert!(err.to_string().contains("1 epochs make none"), "{err}");
 }
 
 /// Madry PGD-AT on 2,000 real images for 3 epochs beats standard training under PGD on held-out images.

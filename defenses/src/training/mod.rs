@@ -174,7 +174,16 @@ impl AdversarialTrainer {
             return Err(Error::invalid("AdversarialTrainer::fit", "empty training set or batch size 0"));
         }
         let classifier = ModuleClassifier::new(model.clone(), &c.input_shape, c.num_classes, c.bounds)?;
-        let epochs = c.epochs / method.epoch_divisor().max(1);
+        let divisor = method.epoch_divisor().max(1);
+        let epochs = c.epochs / divisor;
+        if c.epochs > 0 && epochs == 0 {
+            let why = format!(
+                "{} makes epochs / {divisor} passes over the data: {} epochs make none",
+                method.name(),
+                c.epochs
+            );
+            return Err(Error::invalid("AdversarialTrainer::fit", why));
+        }
         let base_lr = optimizer.lr();
         let n = train.len();
         let batches = n.div_ceil(c.batch_size);
