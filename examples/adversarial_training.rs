@@ -9,6 +9,8 @@
 //! APGD-CE) on its first `--robust-samples` images. A defense that resists PGD but not APGD or a box-sized
 //! budget is flagged.
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/model.rs"]
 mod model;
 #[path = "support/progress.rs"]
@@ -111,7 +113,11 @@ impl TrainerCallback for Bars {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    cli::finish(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let set = model::load_data(args.data.as_deref())?;
     let train = match args.train_limit {

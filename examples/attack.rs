@@ -8,6 +8,8 @@
 //! prints a table, writes a PNG grid of clean / adversarial / magnified-perturbation images, and ends with one
 //! JSON line.
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/model.rs"]
 mod model;
 #[path = "support/progress.rs"]
@@ -82,7 +84,11 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     Ok(a)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    cli::finish(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let set = model::load_data(args.data.as_deref())?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);

@@ -9,12 +9,18 @@
 
 #[path = "support/bench.rs"]
 mod bench;
+#[path = "support/cli.rs"]
+mod cli;
 
 use armoury::data;
 use armoury::nn::ReferenceModel;
 use armoury::Classifier;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    cli::finish(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
     let set = data::load_default(None)?;
     let train = if set.train.len() >= 60_000 { set.train.take(60_000)? } else { set.train.repeat_to(60_000)? };

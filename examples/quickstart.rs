@@ -5,6 +5,8 @@
 //!
 //! `cargo run --release --example quickstart`
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/progress.rs"]
 mod progress;
 
@@ -33,7 +35,11 @@ fn attack_row(
     Ok((r.robust_accuracy(y), r.success_rate(), mean_l2, t.elapsed().as_secs_f64()))
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    cli::finish(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let set = data::load_default(std::env::var_os("ARMOURY_DATA").as_deref().map(std::path::Path::new))?;
     println!("data: {} — {} training / {} test images ({})", set.name, set.train.len(), set.test.len(), set.source);

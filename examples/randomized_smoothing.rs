@@ -7,6 +7,9 @@
 //!
 //! Prints a table and one JSON line per model.
 
+#[path = "support/cli.rs"]
+mod cli;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -151,7 +154,11 @@ fn measure(
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    cli::finish(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let set = match &args.data {
         Some(dir) => data::load_idx_dir(dir)?,

@@ -8,6 +8,8 @@
 //! DIR holds `train-*` and `t10k-*` IDX files (plain or .gz); without it, full Fashion-MNIST when found, else the
 //! embedded sample. Prints per-epoch loss and accuracy and ends with one JSON line.
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/model.rs"]
 mod model;
 #[path = "support/progress.rs"]
@@ -64,7 +66,11 @@ fn parse() -> Result<Args, lexopt::Error> {
     Ok(a)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    cli::finish(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let set = match &args.data {
         Some(dir) => data::load_idx_dir(dir)?,
