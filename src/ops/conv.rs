@@ -588,13 +588,13 @@ fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dPa
 
 /// The output gradient a convolution's backward consumes, one image at a time, before the fused ReLU (and
 /// pooling) is undone.
-pub(crate) enum OutGrad<'a> {
+enum OutGrad<'a> {
     /// `[N, O, Ho, Wo]`, masked where the fused ReLU's output `relu` (same layout), if any, is not positive.
     Dense { g: &'a [f32], relu: Option<&'a [f32]> },
     /// Through a fused ReLU and 2×2 max pooling: the pooled gradient and output `[N, O, Ho/2, Wo/2]` and each
     /// window's flat arg-max in its `Ho × Wo` plane. The gradient goes to the arg-max where the pooled output is
     /// positive — what the pooling's backward followed by the ReLU's gives.
-    Pooled { g: &'a [f32], out: &'a [f32], argmax: &'a [u32] },
+    Pooled(sparse::Pooled<'a>),
 }
 
 impl OutGrad<'_> {
@@ -604,7 +604,7 @@ impl OutGrad<'_> {
         let len = geo.o * geo.hw_out();
         match *self {
             OutGrad::Dense { g, relu } => (&g[i * len..(i + 1) * len], relu.map(|y| &y[i * len..(i + 1) * len])),
-            OutGrad::Pooled { g, out, argmax } => {
+            OutGrad::Pooled(sparse::Pooled { g, out, argmax }) => {
                 let pooled = geo.o * (geo.ho / 2) * (geo.wo / 2);
                 let at = i * pooled;
                 let (g, out, argmax) = (&g[at..at + pooled], &out[at..at + pooled], &argmax[at..at + pooled]);
@@ -674,7 +674,7 @@ pub(crate) fn conv2d_pool_backward(
 ) -> Result<Vec<Option<ArrayD<f32>>>> {
     let (gs, os) = (gout.as_standard_layout(), out.as_standard_layout());
     let (g, out) = (gs.as_slice().expect("std"), os.as_slice().expect("std"));
-    backward(x, w, has_bias, p, &OutGrad::Pooled { g, out, argmax }, need)
+    backward(x, w, has_bias, p, &OutGrad::Pooled(sparse::Pooled { g, out, argmax }), need)
 }
 
 fn backward(
@@ -692,10 +692,9 @@ fn backward(
     let xs = x.value().as_standard_layout();
     let ws = w.value().as_standard_layout();
     let (xs, ws) = (xs.as_slice().expect("std"), ws.as_slice().expect("std"));
-    if let OutGrad::Pooled { g: gp, out, argmax } = *src {
+    if let OutGrad::Pooled(pooled) = src {
         if sparse::applies(&g) {
-            let pooled = sparse::Pooled { g: gp, out, argmax };
-            let r = sparse::backward(xs, ws, &g, n, &pooled, (need_x, need_w, need_b));
+            let r = sparse::backward(xs, ws, &g, n, pooled, (need_x, need_w, need_b));
             let dx = r.dx.map(|v| ArrayD::from_shape_vec(x.shape(), v).expect("input-sized"));
             let dw = r.dw.map(|v| ArrayD::from_shape_vec(w.shape(), v).expect("weight-sized"));
             let mut out = vec![dx, dw];
