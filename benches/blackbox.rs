@@ -25,7 +25,7 @@ fn main() -> armoury::Result<()> {
         let mut last = None;
         for _ in 0..3 {
             let start = Instant::now();
-            let r = attack.run(&model, &x, &y, &Goal::Untargeted)?;
+            let r = attack.run(&model, &x, &y, &Goal::Untargeted, 0)?;
             times.push(start.elapsed().as_secs_f64());
             last = Some(r);
         }

@@ -120,7 +120,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             Goal::Targeted(t) => Goal::Targeted(t[s..e].to_vec()),
             other => other.clone(),
         };
-        results.push(attack.run(&clf, &xs, &y[s..e], &g)?);
+        results.push(attack.run(&clf, &xs, &y[s..e], &g, args.attack.seed)?);
         bar.inc((e - s) as u64);
     }
     bar.finish_and_clear();

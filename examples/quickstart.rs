@@ -29,7 +29,7 @@ fn attack_row(
     y: &[usize],
 ) -> Result<(f32, f32, f32, f64), armoury::Error> {
     let t = Instant::now();
-    let r = attack.run(model, x, y, &Goal::Untargeted)?;
+    let r = attack.run(model, x, y, &Goal::Untargeted, 0)?;
     let succ: Vec<f32> = r.norms.iter().zip(&r.success).filter(|(_, &s)| s).map(|(n, _)| n.l2).collect();
     let mean_l2 = if succ.is_empty() { 0.0 } else { succ.iter().sum::<f32>() / succ.len() as f32 };
     Ok((r.robust_accuracy(y), r.success_rate(), mean_l2, t.elapsed().as_secs_f64()))

@@ -16,7 +16,8 @@ use std::time::Instant;
 use armoury::data::{self, Dataset};
 use armoury::nn::{cnn, ModuleExt, Sequential};
 use armoury::optim::{Adam, AdamConfig};
-use armoury::train::{epoch_order, evaluate, train_step};
+use armoury::seed::shuffled;
+use armoury::train::{evaluate, train_step};
 use armoury::{io, ModuleClassifier, Tensor};
 use armoury_defenses::transforms::{certified_accuracy, RandomizedSmoothing};
 
@@ -85,7 +86,7 @@ fn finetune(
     let mut opt = Adam::new(net.parameters(), AdamConfig { lr: 1e-3, ..Default::default() })?;
     for epoch in 0..epochs {
         let start = Instant::now();
-        let order = epoch_order(train.len(), seed, epoch);
+        let order = shuffled(train.len(), seed, epoch as u64);
         let (mut loss_sum, mut seen) = (0.0f64, 0usize);
         for (b, idx) in order.chunks(128).enumerate() {
             let x = train.images().index_select(0, idx)?;

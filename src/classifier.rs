@@ -88,6 +88,12 @@ pub trait Classifier: Send + Sync {
     /// Pass counters.
     fn counters(&self) -> &Counters;
 
+    /// The class that means "rejected" (a detector in front of the classifier flagged the input), if the
+    /// classifier has one: attacks never count reaching it as a success and never pick it as a random target.
+    fn rejection_class(&self) -> Option<usize> {
+        None
+    }
+
     /// Checks that `x` is a non-empty, finite batch of the right shape.
     fn check_input(&self, x: &Tensor) -> Result<usize> {
         let shape = self.input_shape();

@@ -24,7 +24,7 @@ mod tensor;
 pub use autograd::Gradients;
 pub use error::{Error, Result};
 pub use ops::{Conv2dParams, Pool2dParams, Reduction, UnaryKind};
-pub use tensor::{enable_grad, grad_enabled, no_grad, normal_vec, Array, Tensor, TensorId};
+pub use tensor::{enable_grad, grad_enabled, no_grad, Array, Tensor, TensorId};
 pub mod attack;
 pub mod classifier;
 pub mod data;
@@ -32,6 +32,7 @@ pub mod io;
 pub mod nn;
 pub mod onnx;
 pub mod optim;
+pub mod seed;
 pub mod train;
 
 pub use attack::{Attack, AttackResult, Goal, Norms, Resolved};

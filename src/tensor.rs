@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ndarray::{ArcArray, ArrayD, IxDyn};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
 use crate::ops::Op;
 use crate::{Error, Result};
@@ -139,15 +138,15 @@ impl Tensor {
 
     /// Uniform samples in `[lo, hi)` from a ChaCha8 generator seeded with `seed`.
     pub fn uniform(shape: &[usize], lo: f32, hi: f32, seed: u64) -> Tensor {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut rng = crate::seed::rng(seed);
         Tensor::new(ArrayD::from_shape_simple_fn(IxDyn(shape), || lo + (hi - lo) * rng.random::<f32>()))
     }
 
-    /// Normal samples N(mean, std²) from a ChaCha8 generator seeded with `seed` (Box–Muller).
+    /// Normal samples N(mean, std²) from a ChaCha8 generator seeded with `seed` ([`crate::seed::normal_vec`]).
     pub fn normal(shape: &[usize], mean: f32, std: f32, seed: u64) -> Tensor {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut rng = crate::seed::rng(seed);
         let n: usize = shape.iter().product();
-        let v = normal_vec(&mut rng, n);
+        let v = crate::seed::normal_vec(&mut rng, n);
         let a = ArrayD::from_shape_vec(IxDyn(shape), v.into_iter().map(|z| mean + std * z).collect())
             .expect("length equals the product of the shape");
         Tensor::new(a)
@@ -268,49 +267,5 @@ impl fmt::Debug for Tensor {
 impl From<ArrayD<f32>> for Tensor {
     fn from(a: ArrayD<f32>) -> Tensor {
         Tensor::new(a)
-    }
-}
-
-/// `n` standard-normal samples (Marsaglia's polar method in f64, both outputs used) from `rng`. Exact like
-/// Box–Muller, without its sine and cosine: a logarithm and a square root per pair, for 4/π draws of a point.
-pub fn normal_vec(rng: &mut impl Rng, n: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n + 1);
-    while out.len() < n {
-        let u = 2.0 * rng.random::<f64>() - 1.0;
-        let v = 2.0 * rng.random::<f64>() - 1.0;
-        let s = u * u + v * v;
-        if s >= 1.0 || s == 0.0 {
-            continue;
-        }
-        let f = (-2.0 * s.ln() / s).sqrt();
-        out.push((u * f) as f32);
-        out.push((v * f) as f32);
-    }
-    out.truncate(n);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The normal samples have the standard normal's moments and quantiles: mean 0, variance 1, no skew, kurtosis
-    /// 3, and the mass within 1, 2 and 3 σ (68.27%, 95.45%, 99.73%), on 400k draws (several standard errors
-    /// each); odd lengths are cut from whole pairs.
-    #[test]
-    fn normal_vec_is_standard_normal() {
-        let mut rng = ChaCha8Rng::seed_from_u64(7);
-        assert_eq!(normal_vec(&mut rng, 5).len(), 5);
-        let z: Vec<f64> = normal_vec(&mut rng, 400_001).into_iter().map(f64::from).collect();
-        let n = z.len() as f64;
-        let moment = |k: i32| z.iter().map(|v| v.powi(k)).sum::<f64>() / n;
-        assert!(moment(1).abs() < 0.01, "mean {}", moment(1));
-        assert!((moment(2) - 1.0).abs() < 0.01, "variance {}", moment(2));
-        assert!(moment(3).abs() < 0.03, "skew {}", moment(3));
-        assert!((moment(4) - 3.0).abs() < 0.08, "kurtosis {}", moment(4));
-        for (k, mass) in [(1.0, 0.682_689), (2.0, 0.954_500), (3.0, 0.997_300)] {
-            let within = z.iter().filter(|v| v.abs() < k).count() as f64 / n;
-            assert!((within - mass).abs() < 0.003, "within {k} σ: {within}");
-        }
     }
 }

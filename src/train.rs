@@ -4,9 +4,6 @@
 use std::time::Instant;
 
 use ndarray::Array2;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 use crate::classifier::argmax_rows;
 use crate::data::Dataset;
@@ -103,14 +100,6 @@ pub struct Evaluation {
     pub confusion: Array2<u64>,
     /// Samples evaluated.
     pub samples: usize,
-}
-
-/// The sample order of `epoch`: a ChaCha8 shuffle seeded by (`seed`, `epoch`).
-pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    order.shuffle(&mut rng);
-    order
 }
 
 /// One optimiser step on cross-entropy: forward in training mode, backward to the parameters, update.
@@ -212,7 +201,7 @@ pub fn fit(
         let lr = cfg.schedule.lr_at(base_lr, epoch as f32);
         opt.set_lr(lr);
         let start = Instant::now();
-        let order = epoch_order(n, cfg.seed, epoch);
+        let order = crate::seed::shuffled(n, cfg.seed, epoch as u64);
         let (mut loss_sum, mut correct) = (0.0f64, 0usize);
         for (b, idx) in order.chunks(cfg.batch_size).enumerate() {
             let x = train.images().index_select(0, idx)?;

@@ -69,11 +69,11 @@ pub fn check_deterministic(
     y: &[usize],
     goal: &Goal,
 ) {
-    let a = attack.run(model, x, y, goal).unwrap().adversarial.to_vec();
-    let b = attack.run(model, x, y, goal).unwrap().adversarial.to_vec();
+    let a = attack.run(model, x, y, goal, 0).unwrap().adversarial.to_vec();
+    let b = attack.run(model, x, y, goal, 0).unwrap().adversarial.to_vec();
     assert_eq!(a, b, "{name}: same seed, same output");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let c = pool.install(|| attack.run(model, x, y, goal).unwrap().adversarial.to_vec());
+    let c = pool.install(|| attack.run(model, x, y, goal, 0).unwrap().adversarial.to_vec());
     assert_eq!(a, c, "{name}: one thread vs two");
     let n = y.len();
     let d = x.numel() / n;
@@ -82,13 +82,13 @@ pub fn check_deterministic(
     }
     // Sample 1 alone.
     let x1 = x.narrow(0, 1, 1).unwrap();
-    let alone = attack.run(model, &x1, &y[1..2], goal).unwrap().adversarial.to_vec();
+    let alone = attack.run(model, &x1, &y[1..2], goal, 0).unwrap().adversarial.to_vec();
     assert_eq!(&a[d..2 * d], &alone[..], "{name}: a sample's result depends on its batch");
     // Reversed batch.
     let order: Vec<usize> = (0..n).rev().collect();
     let xr = x.index_select(0, &order).unwrap();
     let yr: Vec<usize> = order.iter().map(|&i| y[i]).collect();
-    let rev = attack.run(model, &xr, &yr, goal).unwrap().adversarial.to_vec();
+    let rev = attack.run(model, &xr, &yr, goal, 0).unwrap().adversarial.to_vec();
     for (k, &i) in order.iter().enumerate() {
         assert_eq!(&rev[k * d..(k + 1) * d], &a[i * d..(i + 1) * d], "{name}: permuting samples must permute outputs");
     }
@@ -96,7 +96,7 @@ pub fn check_deterministic(
 
 /// Zero budget (§4.2): x returned bit for bit, success = already misclassified.
 pub fn check_zero_budget(name: &str, attack: &dyn Attack, model: &dyn Classifier, x: &Tensor, y: &[usize]) {
-    let r = attack.run(model, x, y, &Goal::Untargeted).unwrap();
+    let r = attack.run(model, x, y, &Goal::Untargeted, 0).unwrap();
     assert_eq!(r.adversarial.to_vec(), x.to_vec(), "{name}: zero budget must return the input");
     let preds = model.predict(x).unwrap();
     let already: Vec<bool> = preds.iter().zip(y).map(|(p, l)| p != l).collect();

@@ -15,7 +15,7 @@ type Build = fn(Epsilon, usize) -> Box<dyn Attack>;
 fn table() -> Vec<(Build, &'static str, f32, usize)> {
     vec![
         (|eps, steps| Box::new(Apgd { eps, steps, ..Apgd::linf(0.0) }), "Linf", 0.2, 20),
-        (|eps, steps| Box::new(Apgd { eps, steps, loss: Loss::Dlr, seed: 3, ..Apgd::linf(0.0) }), "Linf", 0.2, 20),
+        (|eps, steps| Box::new(Apgd { eps, steps, loss: Loss::Dlr, ..Apgd::linf(0.0) }), "Linf", 0.2, 20),
         (
             |eps, steps| Box::new(Apgd { eps, steps, restarts: 3, early_stop: false, ..Apgd::linf(0.0) }),
             "Linf",
@@ -56,14 +56,14 @@ fn apgd_property_table() {
         let attack = build(Epsilon::Scalar(e), steps);
         let name = attack.name();
         for goal in [Goal::Untargeted, Goal::RandomTarget { seed: 4 }, Goal::LeastLikely, Goal::Targeted(vec![0; 12])] {
-            let r = attack.run(&model, &x, &y, &goal).unwrap();
+            let r = attack.run(&model, &x, &y, &goal, 0).unwrap();
             check_feasible(&name, &model, &x, &r, norm, &[e; 12]);
             check_honest(&name, &model, &y, &r);
             assert_eq!(r.goal.is_targeted(), goal != Goal::Untargeted, "{name}");
             check_deterministic(&name, attack.as_ref(), &model, &x, &y, &goal);
         }
         // Untargeted: at least as strong as PGD-100 with the same budget and loss; the work is counted per sample.
-        let r = attack.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let r = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         let pgd = if norm == "L2" { Pgd::l2(e) } else { Pgd::linf(e) };
         // Same loss (DLR is weaker than CE on this 3-class model, for PGD too).
         let loss = match name.split('-').find(|p| *p != "APGD" && *p != "T") {
@@ -71,7 +71,7 @@ fn apgd_property_table() {
             Some("MARGIN") => Loss::Margin { kappa: 0.0 },
             _ => Loss::CrossEntropy,
         };
-        let pgd = Pgd { steps: 100, loss, ..pgd }.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let pgd = Pgd { steps: 100, loss, ..pgd }.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         assert!(
             r.success_rate() >= pgd.success_rate(),
             "{name}: success {} vs PGD-100 {}",
@@ -82,7 +82,7 @@ fn apgd_property_table() {
         // Per-sample ε, including 0.
         let per: Vec<f32> = (0..12).map(|i| e * (i as f32) / 11.0).collect();
         let cfg = build(Epsilon::PerSample(per.clone()), steps);
-        let r = cfg.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let r = cfg.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         check_feasible(&name, &model, &x, &r, norm, &per);
         assert_eq!(r.norms[0].linf, 0.0, "{name}: ε = 0 for sample 0");
         assert_eq!(r.gradients[0], 0, "{name}: ε = 0 costs no gradient");
@@ -92,7 +92,7 @@ fn apgd_property_table() {
             check_zero_budget(&name, build(Epsilon::Scalar(e), 0).as_ref(), &model, &x, y_);
         }
         // Already-misclassified samples are returned unchanged.
-        let r = attack.run(&model, &x, &y_mixed, &Goal::Untargeted).unwrap();
+        let r = attack.run(&model, &x, &y_mixed, &Goal::Untargeted, 0).unwrap();
         for i in (0..12).step_by(3) {
             assert!(r.success[i] && r.norms[i].linf == 0.0 && r.gradients[i] == 0, "{name}: sample {i}");
         }
@@ -112,7 +112,7 @@ fn apgd_monotone_in_eps_and_restarts() {
         Box::new(ApgdTargeted { base: Apgd { steps: 10, loss: Loss::Dlr, ..Apgd::linf(0.1) }, target_classes: 2 }),
     ];
     for attack in &attacks {
-        let rs = attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps).unwrap();
+        let rs = attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps, 0).unwrap();
         let mut by_eps: Vec<(f32, f32)> = eps.iter().zip(&rs).map(|(&e, r)| (e, accuracy(r, &y))).collect();
         by_eps.sort_by(|a, b| a.0.total_cmp(&b.0));
         assert!(
@@ -130,13 +130,13 @@ fn apgd_monotone_in_eps_and_restarts() {
     }
     // A one-ε sweep is the plain run.
     let a = Apgd { steps: 20, ..Apgd::linf(0.05) };
-    let swept = a.sweep(&model, &x, &y, &Goal::Untargeted, &[0.05]).unwrap().remove(0);
-    assert_eq!(swept.adversarial.to_vec(), a.run(&model, &x, &y, &Goal::Untargeted).unwrap().adversarial.to_vec());
+    let swept = a.sweep(&model, &x, &y, &Goal::Untargeted, &[0.05], 0).unwrap().remove(0);
+    assert_eq!(swept.adversarial.to_vec(), a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap().adversarial.to_vec());
     // Restarts keep each sample's best.
     for early_stop in [true, false] {
         let acc = |r: usize| {
             let a = Apgd { steps: 5, restarts: r, early_stop, ..Apgd::linf(0.05) };
-            let res = a.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+            let res = a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
             assert!(res.gradients.iter().all(|&g| g <= 5 * r as u64));
             accuracy(&res, &y)
         };
@@ -150,7 +150,7 @@ fn apgd_checkpoints_and_misuse() {
     assert_eq!(apgd_checkpoints(100), vec![22, 41, 57, 70, 80, 87, 93, 99]);
     let model = tiny_model(1);
     let (x, y) = batch(&model, 4, 2);
-    let run = |a: Apgd| a.run(&model, &x, &y, &Goal::Untargeted);
+    let run = |a: Apgd| a.run(&model, &x, &y, &Goal::Untargeted, 0);
     assert!(matches!(run(Apgd::linf(-0.1)), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Apgd { restarts: 0, ..Apgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Apgd { rho: 1.5, ..Apgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
@@ -160,11 +160,11 @@ fn apgd_checkpoints_and_misuse() {
         run(Apgd { eps: Epsilon::PerSample(vec![0.1; 3]), ..Apgd::linf(0.1) }),
         Err(Error::ShapeMismatch { .. })
     ));
-    assert!(Apgd::linf(0.1).sweep(&model, &x, &y, &Goal::Untargeted, &[0.1, -1.0]).is_err());
+    assert!(Apgd::linf(0.1).sweep(&model, &x, &y, &Goal::Untargeted, &[0.1, -1.0], 0).is_err());
     let t = ApgdTargeted { target_classes: 0, ..ApgdTargeted::linf(0.1) };
-    assert!(matches!(t.run(&model, &x, &y, &Goal::Untargeted), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(t.run(&model, &x, &y, &Goal::Untargeted, 0), Err(Error::InvalidArgument { .. })));
     assert!(matches!(
-        Apgd::linf(0.1).run(&model, &x, &[0, 1, 5, 0], &Goal::Untargeted),
+        Apgd::linf(0.1).run(&model, &x, &[0, 1, 5, 0], &Goal::Untargeted, 0),
         Err(Error::LabelOutOfRange { .. })
     ));
 }
@@ -185,7 +185,7 @@ fn jsma_l0_budget_targets_and_properties() {
             (Jsma { gamma: 0.5, theta: 0.3, ..Jsma::increase() }, 1.0),
         ] {
             let name = jsma.name();
-            let r = jsma.run(&model, &x, &y, &goal).unwrap();
+            let r = jsma.run(&model, &x, &y, &goal, 0).unwrap();
             check_feasible(&name, &model, &x, &r, "Linf", &[1.0; 24]);
             check_honest(&name, &model, &y, &r);
             check_deterministic(&name, &jsma, &model, &x, &y, &goal);
@@ -218,23 +218,23 @@ fn jsma_l0_budget_targets_and_properties() {
     let (x, y) = batch(&model, 24, 4);
     let x_before = x.to_vec();
     // γ = 0 is the identity; fooled-at-start samples cost nothing.
-    let r = Jsma { gamma: 0.0, ..Jsma::increase() }.run(&model, &x, &y, &goal).unwrap();
+    let r = Jsma { gamma: 0.0, ..Jsma::increase() }.run(&model, &x, &y, &goal, 0).unwrap();
     assert_eq!(r.adversarial.to_vec(), x_before);
-    let r = Jsma::increase().run(&model, &x, &y, &Goal::Targeted(y.clone())).unwrap();
+    let r = Jsma::increase().run(&model, &x, &y, &Goal::Targeted(y.clone()), 0).unwrap();
     assert!(r.success.iter().all(|&s| s) && r.total_gradients() == 0);
     // Misuse.
-    let e = Jsma::increase().run(&model, &x, &y, &Goal::Untargeted);
+    let e = Jsma::increase().run(&model, &x, &y, &Goal::Untargeted, 0);
     assert!(matches!(e, Err(Error::InvalidArgument { .. })), "untargeted JSMA must be an error");
     assert!(matches!(
-        Jsma { theta: -1.0, ..Jsma::increase() }.run(&model, &x, &y, &goal),
+        Jsma { theta: -1.0, ..Jsma::increase() }.run(&model, &x, &y, &goal, 0),
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        Jsma { mode: JsmaMode::Decrease, ..Jsma::increase() }.run(&model, &x, &y, &goal),
+        Jsma { mode: JsmaMode::Decrease, ..Jsma::increase() }.run(&model, &x, &y, &goal, 0),
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        Jsma { gamma: 1.5, ..Jsma::increase() }.run(&model, &x, &y, &goal),
+        Jsma { gamma: 1.5, ..Jsma::increase() }.run(&model, &x, &y, &goal, 0),
         Err(Error::InvalidArgument { .. })
     ));
     assert_eq!(x.to_vec(), x_before);
@@ -253,7 +253,7 @@ fn jsma_fixture_cnn() {
     let test = armoury::data::load_default(None).unwrap().test;
     let (x, y) = test.batch(0..20).unwrap();
     let t0 = Instant::now();
-    let r = Jsma::increase().run(&model, &x, &y, &Goal::RandomTarget { seed: 1 }).unwrap();
+    let r = Jsma::increase().run(&model, &x, &y, &Goal::RandomTarget { seed: 1 }, 0).unwrap();
     let secs = t0.elapsed().as_secs_f32();
     let budget = (0.1f32 * 784.0).floor();
     assert!(r.norms.iter().all(|n| n.l0 <= budget));
@@ -278,7 +278,7 @@ fn apgd_fixture_cnn_beats_pgd40() {
     let run = |a: &dyn Attack, n: usize, goal: &Goal| {
         let (x, y) = test.batch(0..n).unwrap();
         let t0 = Instant::now();
-        let r = a.run(&model, &x, &y, goal).unwrap();
+        let r = a.run(&model, &x, &y, goal, 0).unwrap();
         let secs = t0.elapsed().as_secs_f32();
         eprintln!(
             "fixture cnn, {n} images, eps 0.1, {}: robust accuracy {:.3}, success {:.3}, {:.1} gradients/image, {secs:.2} s",

@@ -14,7 +14,7 @@ use crate::attack_props::*;
 
 fn table() -> Vec<(Box<dyn Attack>, usize)> {
     vec![
-        (Box::new(HopSkipJump { max_queries: 300, seed: 1, ..HopSkipJump::l2() }), 300),
+        (Box::new(HopSkipJump { max_queries: 300, ..HopSkipJump::l2() }), 300),
         (Box::new(HopSkipJump { max_queries: 250, step_search: StepSearch::Grid, ..HopSkipJump::linf() }), 250),
         (Box::new(HopSkipJump { max_queries: 200, step_search: StepSearch::Grid, ..HopSkipJump::l2() }), 200),
         (
@@ -25,8 +25,8 @@ fn table() -> Vec<(Box<dyn Attack>, usize)> {
             }),
             200,
         ),
-        (Box::new(BoundaryAttack { max_queries: 300, seed: 2, ..BoundaryAttack::default() }), 300),
-        (Box::new(Pointwise { max_queries: 150, seed: 3, ..Pointwise::default() }), 150),
+        (Box::new(BoundaryAttack { max_queries: 300, ..BoundaryAttack::default() }), 300),
+        (Box::new(Pointwise { max_queries: 150, ..Pointwise::default() }), 150),
         (
             Box::new(Pointwise {
                 max_queries: 150,
@@ -36,7 +36,7 @@ fn table() -> Vec<(Box<dyn Attack>, usize)> {
             }),
             150,
         ),
-        (Box::new(SaltAndPepper { max_queries: 60, repeats: 5, search_steps: 4, seed: 4 }), 60),
+        (Box::new(SaltAndPepper { max_queries: 60, repeats: 5, search_steps: 4 }), 60),
         (Box::new(SaltAndPepper { max_queries: 7, ..SaltAndPepper::default() }), 7),
     ]
 }
@@ -52,7 +52,7 @@ fn run_counted(
     budget: usize,
 ) -> AttackResult {
     let before = model.counters().snapshot().forward_samples;
-    let r = a.run(model, x, y, goal).unwrap();
+    let r = a.run(model, x, y, goal, 0).unwrap();
     let spent = model.counters().snapshot().forward_samples - before;
     let n = y.len() as u64;
     assert_eq!(r.queries.iter().sum::<u64>() + n, spent, "{}: queries reported vs counted", a.name());
@@ -76,7 +76,7 @@ fn property_table() {
             assert_eq!(r.goal.is_targeted(), goal != Goal::Untargeted, "{name}");
             check_deterministic(&name, attack.as_ref(), &model, &x, &y, &goal);
         }
-        let r = attack.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let r = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         if budget >= 150 {
             assert!(r.success_rate() >= 0.75, "{name}: untargeted success {}", r.success_rate());
         }
@@ -130,12 +130,13 @@ fn linear_model_minimal_distance() {
     };
     let l2 = |v: &[f32]| Norm::L2.of(v);
     let l1 = |v: &[f32]| Norm::L1.of(v);
-    let hsj = HopSkipJump { max_queries: 2_000, ..HopSkipJump::l2() }.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let hsj =
+        HopSkipJump { max_queries: 2_000, ..HopSkipJump::l2() }.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     let ba = BoundaryAttack { max_queries: 4_000, ..BoundaryAttack::default() }
-        .run(&model, &x, &y, &Goal::Untargeted)
+        .run(&model, &x, &y, &Goal::Untargeted, 0)
         .unwrap();
     let hinf =
-        HopSkipJump { max_queries: 2_000, ..HopSkipJump::linf() }.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        HopSkipJump { max_queries: 2_000, ..HopSkipJump::linf() }.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     // Never below the minimum; close above the facet the attack converged on (they are local methods: a start
     // beyond the farther facet can end there).
     let near = |got: f64, f: &[f64], tol: f64| {
@@ -189,22 +190,24 @@ fn targeted_from_given_start_and_noise_search() {
     }
     // A given start of the wrong shape is an error; a start that is not adversarial makes the sample fail.
     let wrong = HopSkipJump { start: Start::Given(pool.narrow(0, 0, 2).unwrap()), ..HopSkipJump::l2() };
-    assert!(wrong.run(&model, &x, &y, &goal).is_err());
+    assert!(wrong.run(&model, &x, &y, &goal, 0).is_err());
     let not_adv = HopSkipJump { max_queries: 100, start: Start::Given(x.clone()), ..HopSkipJump::l2() };
-    let r = not_adv.run(&model, &x, &y, &goal).unwrap();
+    let r = not_adv.run(&model, &x, &y, &goal, 0).unwrap();
     assert_eq!(r.adversarial.to_vec(), x.to_vec());
     assert_eq!(r.queries, vec![2; 6]);
     // Misuse.
-    assert!(HopSkipJump { norm: Norm::L1, ..HopSkipJump::l2() }.run(&model, &x, &y, &goal).is_err());
-    assert!(HopSkipJump { init_evals: 0, ..HopSkipJump::l2() }.run(&model, &x, &y, &goal).is_err());
-    assert!(SaltAndPepper { repeats: 0, ..SaltAndPepper::default() }.run(&model, &x, &y, &goal).is_err());
-    assert!(BoundaryAttack { step_adaptation: 1.0, ..BoundaryAttack::default() }.run(&model, &x, &y, &goal).is_err());
-    assert!(Pointwise { start: Start::Noise { trials: 0 }, ..Pointwise::default() }
-        .run(&model, &x, &y, &goal)
+    assert!(HopSkipJump { norm: Norm::L1, ..HopSkipJump::l2() }.run(&model, &x, &y, &goal, 0).is_err());
+    assert!(HopSkipJump { init_evals: 0, ..HopSkipJump::l2() }.run(&model, &x, &y, &goal, 0).is_err());
+    assert!(SaltAndPepper { repeats: 0, ..SaltAndPepper::default() }.run(&model, &x, &y, &goal, 0).is_err());
+    assert!(BoundaryAttack { step_adaptation: 1.0, ..BoundaryAttack::default() }
+        .run(&model, &x, &y, &goal, 0)
         .is_err());
-    assert!(HopSkipJump::l2().run(&model, &x, &y, &Goal::Targeted(vec![3; 6])).is_err());
+    assert!(Pointwise { start: Start::Noise { trials: 0 }, ..Pointwise::default() }
+        .run(&model, &x, &y, &goal, 0)
+        .is_err());
+    assert!(HopSkipJump::l2().run(&model, &x, &y, &Goal::Targeted(vec![3; 6]), 0).is_err());
     let nan = Tensor::full(&[1, 1, 4, 4], f32::NAN);
-    assert!(HopSkipJump::l2().run(&model, &nan, &[0], &Goal::Untargeted).is_err());
+    assert!(HopSkipJump::l2().run(&model, &nan, &[0], &Goal::Untargeted, 0).is_err());
 }
 
 fn fixture_cnn() -> ModuleClassifier {
@@ -232,13 +235,12 @@ fn median(mut v: Vec<f32>) -> f32 {
 fn fixture_cnn_pointwise_reduces_l0() {
     let model = fixture_cnn();
     let (x, y) = armoury::data::sample().unwrap().test.batch(0..10).unwrap();
-    let seed = 7;
-    let sp = SaltAndPepper { max_queries: 1_000, repeats: 10, search_steps: 10, seed };
+    let sp = SaltAndPepper { max_queries: 1_000, repeats: 10, search_steps: 10 };
     let start = run_counted(&sp, &model, &x, &y, &Goal::Untargeted, 1_000);
     let pw = Pointwise {
         max_queries: 3_000,
         start: Start::SaltAndPepper { repeats: 10, search_steps: 10 },
-        seed,
+
         ..Pointwise::default()
     };
     let r = run_counted(&pw, &model, &x, &y, &Goal::Untargeted, 3_000);
@@ -300,7 +302,7 @@ fn fixture_cnn_hsj_vs_cw() {
     assert!(medians[0] > medians[1] && medians[1] > medians[2], "median L2 must fall with the budget: {medians:?}");
     let t = Instant::now();
     let cw = CarliniWagnerL2 { c: 1.0, steps: 100, binary_search_steps: 5, ..Default::default() };
-    let cw = cw.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let cw = cw.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     let both: Vec<usize> = correct.iter().copied().filter(|&i| cw.success[i]).collect();
     let cw_median = median(both.iter().map(|&i| cw.norms[i].l2).collect());
     let hsj_median = median(both.iter().map(|&i| hsj.norms[i].l2).collect());
@@ -369,7 +371,7 @@ fn fixture_cnn_decision_200() {
     if wanted("CW") {
         let t = Instant::now();
         let cw = CarliniWagnerL2 { c: 1.0, steps: 100, binary_search_steps: 5, ..Default::default() };
-        let cw = cw.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let cw = cw.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         report("CW-L2 (c=1, 100 steps x 5 searches)", &cw, t.elapsed().as_secs_f64());
         let on = fooled(&cw);
         let cw_median = median(on.iter().map(|&i| cw.norms[i].l2).collect());

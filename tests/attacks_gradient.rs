@@ -17,7 +17,7 @@ fn table() -> Vec<(Pgd, &'static str)> {
         (Pgd::fgm(Norm::L2, 0.5), "L2"),
         (Pgd::fgm(Norm::Linf, eps), "Linf"),
         (Pgd::bim(eps, 0.05, 8), "Linf"),
-        (Pgd { steps: 10, seed: 3, ..Pgd::linf(eps) }, "Linf"),
+        (Pgd { steps: 10, ..Pgd::linf(eps) }, "Linf"),
         (Pgd { steps: 10, restarts: 3, ..Pgd::linf(eps) }, "Linf"),
         (Pgd { steps: 10, ..Pgd::l2(0.8) }, "L2"),
         (Pgd { steps: 10, l1_quantile: 0.8, ..Pgd::l1(1.5) }, "L1"),
@@ -45,7 +45,7 @@ fn property_table() {
         let name = attack.name();
         let e = eps_of(&attack);
         for goal in [Goal::Untargeted, Goal::RandomTarget { seed: 4 }, Goal::LeastLikely, Goal::Targeted(vec![0; 12])] {
-            let r = attack.run(&model, &x, &y, &goal).unwrap();
+            let r = attack.run(&model, &x, &y, &goal, 0).unwrap();
             check_feasible(&name, &model, &x, &r, norm, &[e; 12]);
             check_honest(&name, &model, &y, &r);
             assert_eq!(r.goal.is_targeted(), goal != Goal::Untargeted);
@@ -54,7 +54,7 @@ fn property_table() {
         // per-sample ε
         let per: Vec<f32> = (0..12).map(|i| e * (i as f32) / 11.0).collect();
         let cfg = Pgd { eps: Epsilon::PerSample(per.clone()), ..attack.clone() };
-        let r = cfg.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let r = cfg.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         check_feasible(&name, &model, &x, &r, norm, &per);
         assert_eq!(r.norms[0].linf, 0.0, "{name}: ε = 0 for sample 0");
         // zero budget and zero steps are the identity
@@ -64,10 +64,10 @@ fn property_table() {
     }
     for (a, name) in [
         (&RFgsm::new(0.2) as &dyn Attack, "R+FGSM"),
-        (&Llc { eps: 0.2, random: false, seed: 0 }, "LLC"),
-        (&Llc { eps: 0.2, random: true, seed: 0 }, "R+LLC"),
+        (&Llc { eps: 0.2, random: false }, "LLC"),
+        (&Llc { eps: 0.2, random: true }, "R+LLC"),
     ] {
-        let r = a.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let r = a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         check_feasible(name, &model, &x, &r, "Linf", &[0.2; 12]);
         check_honest(name, &model, &y, &r);
         check_deterministic(name, a, &model, &x, &y, &Goal::Untargeted);
@@ -81,11 +81,11 @@ fn monotone_in_eps_steps_and_restarts() {
     let eps = [0.0, 0.02, 0.05, 0.1, 0.2, 0.4];
     for attack in [Pgd::fgsm(0.1), Pgd { steps: 20, ..Pgd::linf(0.1) }, Pgd { steps: 20, ..Pgd::l2(0.5) }] {
         let accs: Vec<f32> =
-            attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps).unwrap().iter().map(|r| accuracy(r, &y)).collect();
+            attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps, 0).unwrap().iter().map(|r| accuracy(r, &y)).collect();
         assert!(accs.windows(2).all(|w| w[1] <= w[0]), "{}: robust accuracy rose with ε: {accs:?}", attack.name());
         assert_eq!(accs[0], 1.0);
     }
-    let acc = |a: Pgd| accuracy(&a.run(&model, &x, &y, &Goal::Untargeted).unwrap(), &y);
+    let acc = |a: Pgd| accuracy(&a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap(), &y);
     let by_restarts: Vec<f32> =
         [1, 2, 4].iter().map(|&r| acc(Pgd { steps: 5, restarts: r, ..Pgd::linf(0.08) })).collect();
     assert!(by_restarts.windows(2).all(|w| w[1] <= w[0]), "restarts: {by_restarts:?}");
@@ -100,12 +100,12 @@ fn monotone_in_eps_steps_and_restarts() {
 fn strength_ordering_on_an_undefended_model() {
     let model = tiny_model(7);
     let (x, y) = batch(&model, 60, 8);
-    let acc = |a: &dyn Attack| accuracy(&a.run(&model, &x, &y, &Goal::Untargeted).unwrap(), &y);
+    let acc = |a: &dyn Attack| accuracy(&a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap(), &y);
     let fgsm = acc(&Pgd::fgsm(0.1));
     let pgd = acc(&Pgd::linf(0.1));
     assert!(pgd <= fgsm, "PGD {pgd} vs FGSM {fgsm}");
     // uniform noise in the ε-ball: a random start with no steps
-    let noise = acc(&UniformNoise { norm: Norm::Linf, eps: Epsilon::Scalar(0.1), seed: 1 });
+    let noise = acc(&UniformNoise { norm: Norm::Linf, eps: Epsilon::Scalar(0.1) });
     assert!(noise >= pgd, "noise {noise} vs PGD {pgd}");
     // a box-sized ε drives accuracy to about 0
     let boxed = acc(&Pgd { steps: 40, ..Pgd::linf(1.0) });
@@ -124,7 +124,7 @@ fn linear_model_oracle() {
     let p = z.softmax(1).unwrap().to_vec();
     let (wv, xv) = (w.to_vec(), flat.to_vec());
     for (attack, l2) in [(Pgd::fgsm(0.3), false), (Pgd::fgm(Norm::L2, 0.7), true)] {
-        let adv = attack.run(&model, &x, &y, &Goal::Untargeted).unwrap().adversarial.to_vec();
+        let adv = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap().adversarial.to_vec();
         for i in 0..5 {
             let grad: Vec<f64> = (0..16)
                 .map(|j| {
@@ -158,7 +158,7 @@ fn golden_fgsm_identity_relu() {
     }
     let model = ModuleClassifier::new(IdentityRelu, &[3], 3, (0.0, 1.0)).unwrap();
     let x = Tensor::from_vec(vec![0.1, 0.2, 0.7], &[1, 3]).unwrap();
-    let r = Pgd::fgsm(0.07).run(&model, &x, &[2], &Goal::Untargeted).unwrap();
+    let r = Pgd::fgsm(0.07).run(&model, &x, &[2], &Goal::Untargeted, 0).unwrap();
     for (got, want) in r.adversarial.to_vec().iter().zip([0.17, 0.27, 0.63]) {
         assert!((got - want).abs() < 1e-6, "{got} vs {want}");
     }
@@ -168,7 +168,7 @@ fn golden_fgsm_identity_relu() {
 fn misuse_is_an_error() {
     let model = tiny_model(1);
     let (x, y) = batch(&model, 4, 2);
-    let run = |a: Pgd| a.run(&model, &x, &y, &Goal::Untargeted);
+    let run = |a: Pgd| a.run(&model, &x, &y, &Goal::Untargeted, 0);
     assert!(matches!(run(Pgd::linf(-0.1)), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Pgd { step_size: 0.0, ..Pgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Pgd { restarts: 0, ..Pgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
@@ -177,17 +177,20 @@ fn misuse_is_an_error() {
         Err(Error::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        Pgd::linf(0.1).run(&model, &x, &[0, 1, 5, 0], &Goal::Untargeted),
+        Pgd::linf(0.1).run(&model, &x, &[0, 1, 5, 0], &Goal::Untargeted, 0),
         Err(Error::LabelOutOfRange { .. })
     ));
-    assert!(Pgd::linf(0.1).run(&model, &x, &y, &Goal::Targeted(vec![0, 9, 0, 0])).is_err());
-    assert!(matches!(Pgd::linf(0.1).run(&model, &x, &y[..3], &Goal::Untargeted), Err(Error::ShapeMismatch { .. })));
+    assert!(Pgd::linf(0.1).run(&model, &x, &y, &Goal::Targeted(vec![0, 9, 0, 0]), 0).is_err());
+    assert!(matches!(Pgd::linf(0.1).run(&model, &x, &y[..3], &Goal::Untargeted, 0), Err(Error::ShapeMismatch { .. })));
     let wrong = Tensor::zeros(&[2, 1, 5, 5]);
-    assert!(matches!(Pgd::linf(0.1).run(&model, &wrong, &[0, 0], &Goal::Untargeted), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(
+        Pgd::linf(0.1).run(&model, &wrong, &[0, 0], &Goal::Untargeted, 0),
+        Err(Error::ShapeMismatch { .. })
+    ));
     let nan = Tensor::full(&[1, 1, 4, 4], f32::NAN);
-    assert!(matches!(Pgd::linf(0.1).run(&model, &nan, &[0], &Goal::Untargeted), Err(Error::NonFinite { .. })));
+    assert!(matches!(Pgd::linf(0.1).run(&model, &nan, &[0], &Goal::Untargeted, 0), Err(Error::NonFinite { .. })));
     assert!(matches!("l3".parse::<Norm>(), Err(Error::InvalidArgument { .. })));
-    assert!(RFgsm { alpha: 0.5, ..RFgsm::new(0.1) }.run(&model, &x, &y, &Goal::Untargeted).is_err());
+    assert!(RFgsm { alpha: 0.5, ..RFgsm::new(0.1) }.run(&model, &x, &y, &Goal::Untargeted, 0).is_err());
 }
 
 fn fixture_model(name: &str) -> ModuleClassifier {
@@ -207,7 +210,7 @@ fn fixture_fgsm_and_bim_match_pytorch() {
         for (attack, key) in
             [(Pgd::fgsm(0.1), "fgsm_eps0.1"), (Pgd::bim(0.1, 0.01, 10), "bim_eps0.1_alpha0.01_steps10")]
         {
-            let got = attack.run(&model, &x, &y, &Goal::Untargeted).unwrap().adversarial.to_vec();
+            let got = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap().adversarial.to_vec();
             let want = reference.f32(&format!("{name}.{key}")).unwrap();
             let off = got.iter().zip(want.iter()).filter(|(a, b)| (*a - *b).abs() > 1e-6).count();
             assert!(off as f64 <= 0.001 * got.len() as f64, "{name} {key}: {off} of {} pixels differ", got.len());
@@ -222,10 +225,10 @@ fn fixture_cnn_robust_accuracy_gates() {
     let model = fixture_model("cnn");
     let test = armoury::data::sample().unwrap().test;
     let (x, y) = test.batch(0..1000).unwrap();
-    let fgsm = Pgd::fgsm(0.1).run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let fgsm = Pgd::fgsm(0.1).run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     let acc = fgsm.robust_accuracy(&y);
     assert!((acc - 0.13).abs() <= 0.01, "FGSM robust accuracy {acc}");
-    let pgd = Pgd { step_size: 0.01, steps: 40, ..Pgd::linf(0.1) }.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let pgd = Pgd { step_size: 0.01, steps: 40, ..Pgd::linf(0.1) }.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     let acc = pgd.robust_accuracy(&y);
     assert!(acc <= 0.06, "PGD-40 robust accuracy {acc}");
     assert_eq!(pgd.total_gradients(), 40 * 1000);

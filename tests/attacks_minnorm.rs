@@ -64,7 +64,7 @@ fn property_table() {
     let x_before = x.to_vec();
     let xr = rows_of(&x);
     // What a box-sized PGD reaches, per goal (the least-likely class is out of the tiny model's reach).
-    let reach = |goal: &Goal| Pgd { steps: 100, ..Pgd::linf(1.0) }.run(&model, &x, &y, goal).unwrap().success_rate();
+    let reach = |goal: &Goal| Pgd { steps: 100, ..Pgd::linf(1.0) }.run(&model, &x, &y, goal, 0).unwrap().success_rate();
     for (name, attack) in table() {
         let goals: Vec<Goal> = if is_deepfool(name) {
             vec![Goal::Untargeted]
@@ -72,7 +72,7 @@ fn property_table() {
             vec![Goal::Untargeted, Goal::RandomTarget { seed: 5 }, Goal::LeastLikely]
         };
         for goal in goals {
-            let r = attack.run(&model, &x, &y, &goal).unwrap();
+            let r = attack.run(&model, &x, &y, &goal, 0).unwrap();
             check_feasible(name, &model, &x, &r, "L2", &[f32::INFINITY; 12]);
             check_honest(name, &model, &y, &r);
             check_deterministic(name, attack.as_ref(), &model, &x, &y, &goal);
@@ -98,7 +98,7 @@ fn property_table() {
             println!("{name} {goal:?}: success {rate}, box-sized PGD {}", reach(&goal));
             assert!(rate >= want, "{name} {goal:?}: success rate {rate}, box-sized PGD {}", reach(&goal));
         }
-        assert!(attack.sweep(&model, &x, &y, &Goal::Untargeted, &[0.1]).is_err(), "{name}: nothing to sweep");
+        assert!(attack.sweep(&model, &x, &y, &Goal::Untargeted, &[0.1], 0).is_err(), "{name}: nothing to sweep");
         assert_eq!(x.to_vec(), x_before, "{name}: the caller's input must not change");
     }
 }
@@ -124,8 +124,8 @@ fn more_search_never_hurts() {
         ),
     ];
     for (short, long) in pairs {
-        let a = short.run(&model, &x, &y, &Goal::Untargeted).unwrap();
-        let b = long.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let a = short.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
+        let b = long.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         for i in 0..16 {
             assert!(!a.success[i] || b.success[i], "{}: sample {i} lost its success", long.name());
             if a.success[i] {
@@ -196,7 +196,7 @@ fn linear_oracle() {
         ("L-BFGS", Box::new(LbfgsB { c: 1.0, max_iter: 50, binary_search_steps: 10, ..Default::default() }), 1.05),
     ];
     for (name, attack, above) in cases {
-        let r = attack.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let r = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         check_honest(name, &model, &y, &r);
         for i in 0..n {
             assert!(r.success[i], "{name}: sample {i} failed");
@@ -226,7 +226,7 @@ fn linear_oracle() {
     // EAD: its L1 can't beat the L1 minimum |w·x + b|/‖w‖∞.
     let linf_w = w.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
     let r = ElasticNet { c: 1.0, steps: 300, binary_search_steps: 6, ..Default::default() }
-        .run(&model, &x, &y, &Goal::Untargeted)
+        .run(&model, &x, &y, &Goal::Untargeted, 0)
         .unwrap();
     check_honest("EAD", &model, &y, &r);
     for (i, m) in margin.iter().enumerate() {
@@ -262,7 +262,7 @@ fn deepfool_golden() {
     let model = Softmax5(Counters::default());
     let x = Tensor::from_vec(vec![0.1, 0.2, 0.7, 0.5, 0.4], &[1, 5]).unwrap();
     let attack = DeepFool { norm: Norm::L2, overshoot: 0.02, max_iter: 10, candidates: 5 };
-    let r = attack.run(&model, &x, &[2], &Goal::Untargeted).unwrap();
+    let r = attack.run(&model, &x, &[2], &Goal::Untargeted, 0).unwrap();
     let want = [0.10300991f32, 0.20332647, 0.59308802, 0.596_512_6, 0.40406296]; // 0.59651263 in MindArmour's test
     let got = r.adversarial.to_vec();
     for (g, w) in got.iter().zip(want) {
@@ -277,9 +277,9 @@ fn misuse_is_an_error() {
     let model = tiny_model(41);
     let (x, y) = batch(&model, 4, 42);
     let bad_labels = [0, 1, 7, 2];
-    let ok = |a: &dyn Attack| a.run(&model, &x, &y, &Goal::Untargeted);
-    assert!(DeepFool::default().run(&model, &x, &y, &Goal::Targeted(vec![0; 4])).is_err());
-    assert!(DeepFool::default().run(&model, &x, &y, &Goal::LeastLikely).is_err());
+    let ok = |a: &dyn Attack| a.run(&model, &x, &y, &Goal::Untargeted, 0);
+    assert!(DeepFool::default().run(&model, &x, &y, &Goal::Targeted(vec![0; 4]), 0).is_err());
+    assert!(DeepFool::default().run(&model, &x, &y, &Goal::LeastLikely, 0).is_err());
     assert!(ok(&DeepFool { candidates: 1, ..DeepFool::default() }).is_err());
     assert!(ok(&DeepFool { max_iter: 0, ..DeepFool::default() }).is_err());
     assert!(ok(&DeepFool { norm: Norm::L1, ..DeepFool::default() }).is_err());
@@ -318,10 +318,10 @@ fn misuse_is_an_error() {
     let all: [&dyn Attack; 4] = [&DeepFool::default(), &cw, &ead, &lb];
     for a in all {
         assert!(ok(a).is_ok(), "{}", a.name());
-        assert!(a.run(&model, &x, &bad_labels, &Goal::Untargeted).is_err(), "{}: label out of range", a.name());
-        assert!(a.run(&model, &x, &y[..3], &Goal::Untargeted).is_err(), "{}: label count", a.name());
+        assert!(a.run(&model, &x, &bad_labels, &Goal::Untargeted, 0).is_err(), "{}: label out of range", a.name());
+        assert!(a.run(&model, &x, &y[..3], &Goal::Untargeted, 0).is_err(), "{}: label count", a.name());
         let nan = Tensor::full(&[4, 1, 4, 4], f32::NAN);
-        assert!(a.run(&model, &nan, &y, &Goal::Untargeted).is_err(), "{}: NaN input", a.name());
+        assert!(a.run(&model, &nan, &y, &Goal::Untargeted, 0).is_err(), "{}: NaN input", a.name());
     }
 }
 
@@ -348,7 +348,7 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
     let all = vec![true; 100];
 
     let t = Instant::now();
-    let cw = CarliniWagnerL2::torchattacks().run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let cw = CarliniWagnerL2::torchattacks().run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     let (rate, l2) = (cw.success_rate(), mean_l2(&cw, &all));
     println!(
         "CW c=1, 100 steps: success {rate}, mean L2 of successes {l2:.4} (originally correct: {:.4}), {} gradients, {:.2?}",
@@ -365,7 +365,7 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
     // steps also reach 1.0 at mean L2 0.66, measured with the `attack` example; 3 × 100 steps reach 0.96.)
     let t = Instant::now();
     let cws = CarliniWagnerL2 { c: 1.0, steps: 100, binary_search_steps: 5, lr: 0.05, ..Default::default() }
-        .run(&model, &x, &y, &Goal::Untargeted)
+        .run(&model, &x, &y, &Goal::Untargeted, 0)
         .unwrap();
     println!(
         "CW with 5 search steps: success {}, mean L2 {:.4} (originally correct {:.4}), {} gradients, {:.2?}",
@@ -380,7 +380,7 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
     assert!(mean_l2(&cws, &all) <= 0.72, "CW with a binary search: mean L2 {}", mean_l2(&cws, &all));
 
     let t = Instant::now();
-    let df = DeepFool::default().run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let df = DeepFool::default().run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     println!(
         "DeepFool-L2: success {}, mean L2 {:.4} (originally correct {:.4}), {} gradients, {:.2?}",
         df.success_rate(),
@@ -400,7 +400,7 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
     // than the attack did within that budget.
     let t = Instant::now();
     let grid = [0.25f32, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0];
-    let sweep = Pgd::l2(1.0).sweep(&model, &x, &y, &Goal::Untargeted, &grid).unwrap();
+    let sweep = Pgd::l2(1.0).sweep(&model, &x, &y, &Goal::Untargeted, &grid, 0).unwrap();
     let pgd_eps: Vec<Option<f32>> =
         (0..100).map(|i| grid.iter().zip(&sweep).find(|(_, r)| r.success[i]).map(|(&e, _)| e)).collect();
     println!("PGD-L2 sweep {:.2?}", t.elapsed());
@@ -415,7 +415,7 @@ fn fixture_cnn_cw_deepfool_vs_pgd() {
         l2s.sort_by(f32::total_cmp);
         let med = l2s[l2s.len() / 2];
         let within = (0..100).filter(|&i| correct[i] && r.success[i] && r.norms[i].l2 <= med).count();
-        let p = Pgd::l2(med).run(&model, &x, &y, &Goal::Untargeted).unwrap();
+        let p = Pgd::l2(med).run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
         let pgd_n = (0..100).filter(|&i| correct[i] && p.success[i]).count();
         println!(
             "{name}: on {} images fooled by both, mean L2 {mine:.4} vs PGD's grid ε {pgd:.4}, smaller on {smaller}; \
@@ -437,14 +437,14 @@ fn fixture_cnn_ead_lbfgs() {
     let (x, y) = test.batch(0..30).unwrap();
     let t = Instant::now();
     let ead = ElasticNet { c: 10.0, steps: 100, binary_search_steps: 2, decision: EadRule::L1, ..Default::default() };
-    let e = ead.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let e = ead.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     println!("EAD-L1: {:.2?}", t.elapsed());
     let t = Instant::now();
     let l = LbfgsB { c: 0.1, max_iter: 50, binary_search_steps: 3, ..Default::default() }
-        .run(&model, &x, &y, &Goal::Untargeted)
+        .run(&model, &x, &y, &Goal::Untargeted, 0)
         .unwrap();
     println!("L-BFGS: {:.2?}", t.elapsed());
-    let d = DeepFool::default().run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let d = DeepFool::default().run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     for (name, r) in [("EAD-L1", &e), ("L-BFGS", &l), ("DeepFool", &d)] {
         check_honest(name, &model, &y, r);
         let n = r.norms.iter().map(|n| n.l1).sum::<f32>() / 30.0;

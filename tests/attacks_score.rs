@@ -25,10 +25,8 @@ fn case(norm: &'static str, eps: f32, queries: u64, with: fn(Epsilon, u64) -> Bo
 
 fn table() -> Vec<Case> {
     vec![
-        case("Linf", 0.2, 120, |eps, q| {
-            Box::new(SquareAttack { eps, max_queries: q, seed: 1, ..SquareAttack::linf(0.0) })
-        }),
-        case("L2", 0.8, 120, |eps, q| Box::new(SquareAttack { eps, max_queries: q, seed: 1, ..SquareAttack::l2(0.0) })),
+        case("Linf", 0.2, 120, |eps, q| Box::new(SquareAttack { eps, max_queries: q, ..SquareAttack::linf(0.0) })),
+        case("L2", 0.8, 120, |eps, q| Box::new(SquareAttack { eps, max_queries: q, ..SquareAttack::l2(0.0) })),
         case("Linf", 0.2, 120, |eps, q| Box::new(SimBA { eps, max_queries: q, ..SimBA::pixel(0.0) })),
         case("Linf", 0.2, 120, |eps, q| {
             Box::new(SimBA { eps, max_queries: q, basis: SimbaBasis::Dct { freq: 2, stride: 1 }, ..SimBA::dct(0.0) })
@@ -67,7 +65,7 @@ fn run_counted(
     budget: u64,
 ) -> armoury::AttackResult {
     let before = model.counters().snapshot().forward_samples;
-    let r = attack.run(model, x, y, goal).unwrap();
+    let r = attack.run(model, x, y, goal, 0).unwrap();
     let spent = model.counters().snapshot().forward_samples - before;
     let name = attack.name();
     assert_eq!(
@@ -110,7 +108,7 @@ fn property_table() {
         let r = run_counted((c.with)(Epsilon::Scalar(c.eps), 1).as_ref(), &model, &x, &y, &Goal::Untargeted, 1);
         assert_eq!(r.adversarial.to_vec(), x.to_vec(), "{name}: one query cannot move");
         // Sweeps: one result per ε, ε = 0 first.
-        let s = c.attack.sweep(&model, &x, &y, &Goal::Untargeted, &[0.0, c.eps]).unwrap();
+        let s = c.attack.sweep(&model, &x, &y, &Goal::Untargeted, &[0.0, c.eps], 0).unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].adversarial.to_vec(), x.to_vec(), "{name}: sweep ε = 0");
     }
@@ -134,7 +132,7 @@ fn misclassified_inputs_cost_one_query() {
 fn misuse_is_an_error() {
     let model = tiny_model(1);
     let (x, y) = batch(&model, 3, 5);
-    let run = |a: &dyn Attack| a.run(&model, &x, &y, &Goal::Untargeted);
+    let run = |a: &dyn Attack| a.run(&model, &x, &y, &Goal::Untargeted, 0);
     assert!(matches!(run(&SquareAttack::linf(-0.1)), Err(Error::InvalidArgument { .. })));
     assert!(matches!(
         run(&SquareAttack { norm: Norm::L1, ..SquareAttack::linf(0.1) }),
@@ -158,7 +156,7 @@ fn misuse_is_an_error() {
     let per = Epsilon::PerSample(vec![0.1; 2]);
     assert!(matches!(run(&Spsa { eps: per, ..Spsa::new(0.1) }), Err(Error::ShapeMismatch { .. })));
     assert!(matches!(
-        SimBA::pixel(0.1).run(&model, &x, &[0, 1, 7], &Goal::Untargeted),
+        SimBA::pixel(0.1).run(&model, &x, &[0, 1, 7], &Goal::Untargeted, 0),
         Err(Error::LabelOutOfRange { .. })
     ));
 }
@@ -185,7 +183,7 @@ fn nes_targeted_from_start_images() {
         let r = run_counted(&attack, &model, &x, &y, &goal, 1000);
         check_feasible(&name, &model, &x, &r, "Linf", &[0.3; 8]);
         check_honest(&name, &model, &y, &r);
-        let again = attack.run(&model, &x, &y, &goal).unwrap();
+        let again = attack.run(&model, &x, &y, &goal, 0).unwrap();
         assert_eq!(again.adversarial.to_vec(), r.adversarial.to_vec(), "{name}: deterministic");
         assert!(r.success_rate() >= floor, "{name}: success {}", r.success_rate());
     }
@@ -203,7 +201,7 @@ fn fixture_cnn() -> ModuleClassifier {
 fn fixture_cnn_square_gate() {
     let model = fixture_cnn();
     let (x, y) = armoury::data::sample().unwrap().test.batch(0..200).unwrap();
-    let pgd = Pgd { step_size: 0.01, ..Pgd::linf(0.1) }.run(&model, &x, &y, &Goal::Untargeted).unwrap();
+    let pgd = Pgd { step_size: 0.01, ..Pgd::linf(0.1) }.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
     let sq = run_counted(&SquareAttack::linf(0.1), &model, &x, &y, &Goal::Untargeted, 1000);
     let (a_pgd, a_sq) = (pgd.robust_accuracy(&y), sq.robust_accuracy(&y));
     assert!(a_sq <= a_pgd + 0.05, "Square {a_sq} vs PGD-40 {a_pgd}");

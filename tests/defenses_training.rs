@@ -26,7 +26,7 @@ fn trainer(epochs: usize, checkpoint: Option<std::path::PathBuf>) -> Adversarial
 fn pgd_accuracy(model: &dyn Classifier, test: &Dataset, n: usize) -> f32 {
     let (x, y) = test.batch(0..n).unwrap();
     Pgd { step_size: 0.01, steps: 20, ..Pgd::linf(0.1) }
-        .run(model, &x, &y, &Goal::Untargeted)
+        .run(model, &x, &y, &Goal::Untargeted, 0)
         .unwrap()
         .robust_accuracy(&y)
 }

@@ -298,7 +298,7 @@ fn pgd_with_bpda_defeats_bit_depth_reduction() {
     let (x, y) = test_images(0..100);
     let d = Defended::new(fixture_cnn(), BitDepth { bits: 4 }).unwrap();
     let clean = d.predict(&x).unwrap().iter().zip(&y).filter(|(p, l)| p == l).count() as f32 / 100.0;
-    let r = Pgd { steps: 20, step_size: 0.02, ..Pgd::linf(0.15) }.run(&d, &x, &y, &Goal::Untargeted).unwrap();
+    let r = Pgd { steps: 20, step_size: 0.02, ..Pgd::linf(0.15) }.run(&d, &x, &y, &Goal::Untargeted, 0).unwrap();
     let robust = r.robust_accuracy(&y);
     eprintln!("4-bit squeezing: clean {clean}, BPDA PGD-20 (ε = 0.15) robust {robust}");
     assert!(clean > 0.75, "clean accuracy through 4-bit squeezing {clean}");

@@ -53,8 +53,6 @@ pub struct Apgd {
     pub alpha_momentum: f32,
     /// Stop a sample at its first successful iterate (true).
     pub early_stop: bool,
-    /// Seed of the random starts.
-    pub seed: u64,
 }
 
 impl Apgd {
@@ -69,7 +67,6 @@ impl Apgd {
             rho: 0.75,
             alpha_momentum: 0.75,
             early_stop: true,
-            seed: 0,
         }
     }
 
@@ -135,6 +132,8 @@ struct Eval {
 pub(crate) struct Ctx<'a> {
     pub model: &'a dyn Classifier,
     pub sample_shape: Vec<usize>,
+    /// The seed of the call.
+    pub seed: u64,
 }
 
 /// The goal restricted to the samples `idx`.
@@ -215,9 +214,9 @@ fn make_feasible(x: &Array2<f32>, adv: &mut Array2<f32>, norm: Norm, eps: &[f32]
 
 impl Apgd {
     /// The random start on the ε-sphere, clipped to the box and made exactly feasible.
-    fn start(&self, x2: &Array2<f32>, eps: &[f32], stream: u64, bounds: (f32, f32)) -> Array2<f32> {
+    fn start(&self, x2: &Array2<f32>, eps: &[f32], seed: u64, stream: u64, bounds: (f32, f32)) -> Array2<f32> {
         let (n, d) = x2.dim();
-        let seeds = row_seeds(x2, self.seed, stream);
+        let seeds = row_seeds(x2, seed, stream);
         let mut delta = random_in_ball(n, d, self.norm, eps, &seeds);
         for (mut row, &e) in delta.axis_iter_mut(Axis(0)).zip(eps) {
             let r = row.as_slice_mut().expect("standard layout rows");
@@ -246,7 +245,7 @@ impl Apgd {
         let (n, d) = x2.dim();
         let bounds = ctx.model.bounds();
         let a = self.alpha_momentum;
-        let mut x_cur = self.start(x2, eps, stream, bounds);
+        let mut x_cur = self.start(x2, eps, ctx.seed, stream, bounds);
         let first = ctx.eval(&x_cur, labels, self.loss, goals, true)?;
         let (mut gradients, mut queries) = (vec![1u64; n], vec![1u64; n]);
         let mut f_cur = first.objective;
@@ -415,8 +414,9 @@ impl Apgd {
         labels: &[usize],
         goal: &Resolved,
         eps: &[f32],
+        seed: u64,
     ) -> Result<Outcome> {
-        let ctx = Ctx { model, sample_shape: x.shape()[1..].to_vec() };
+        let ctx = Ctx { model, sample_shape: x.shape()[1..].to_vec(), seed };
         let x2 = rows(x);
         let mut out = self.clean(&ctx, &x2, labels, (goal, goal))?;
         self.attack_into(&ctx, &x2, labels, (goal, goal), eps, &mut out, 0, true)?;
@@ -489,11 +489,18 @@ impl Attack for Apgd {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
         let eps = self.eps.resolve(labels.len())?;
-        let out = self.outcome(model, x, labels, &goal, &eps)?;
+        let out = self.outcome(model, x, labels, &goal, &eps, seed)?;
         finish(model, x, labels, goal, out)
     }
 
@@ -504,10 +511,11 @@ impl Attack for Apgd {
         labels: &[usize],
         goal: &Goal,
         eps: &[f32],
+        seed: u64,
     ) -> Result<Vec<AttackResult>> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
-        sweep_carry(model, x, labels, &goal, eps, |e| self.outcome(model, x, labels, &goal, e))
+        sweep_carry(model, x, labels, &goal, eps, |e| self.outcome(model, x, labels, &goal, e, seed))
     }
 }
 
@@ -535,8 +543,8 @@ impl ApgdTargeted {
         ApgdTargeted { base: Apgd { loss: Loss::Dlr, ..Apgd::l2(eps) }, target_classes: 9 }
     }
 
-    fn outcome(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], eps: &[f32]) -> Result<Outcome> {
-        let ctx = Ctx { model, sample_shape: x.shape()[1..].to_vec() };
+    fn outcome(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], eps: &[f32], seed: u64) -> Result<Outcome> {
+        let ctx = Ctx { model, sample_shape: x.shape()[1..].to_vec(), seed };
         let x2 = rows(x);
         let z = model.logits(x)?;
         let k = model.num_classes();
@@ -583,14 +591,21 @@ impl Attack for ApgdTargeted {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         if *goal != Goal::Untargeted {
-            return self.base.run(model, x, labels, goal);
+            return self.base.run(model, x, labels, goal, seed);
         }
         let resolved = resolve_goal(model, x, labels, goal)?;
         let eps = self.base.eps.resolve(labels.len())?;
-        let out = self.outcome(model, x, labels, &eps)?;
+        let out = self.outcome(model, x, labels, &eps, seed)?;
         finish(model, x, labels, resolved, out)
     }
 
@@ -601,13 +616,14 @@ impl Attack for ApgdTargeted {
         labels: &[usize],
         goal: &Goal,
         eps: &[f32],
+        seed: u64,
     ) -> Result<Vec<AttackResult>> {
         self.validate()?;
         if *goal != Goal::Untargeted {
-            return self.base.sweep(model, x, labels, goal, eps);
+            return self.base.sweep(model, x, labels, goal, eps, seed);
         }
         let resolved = resolve_goal(model, x, labels, goal)?;
-        sweep_carry(model, x, labels, &resolved, eps, |e| self.outcome(model, x, labels, e))
+        sweep_carry(model, x, labels, &resolved, eps, |e| self.outcome(model, x, labels, e, seed))
     }
 }
 

@@ -28,7 +28,7 @@ use crate::budget::{check_positive, rows, unrows};
 /// let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
 /// let (x, y) = data::sample()?.test.batch(0..2)?;
 /// let cw = CarliniWagnerL2 { steps: 10, binary_search_steps: 2, ..CarliniWagnerL2::default() };
-/// let result = cw.run(&model, &x, &y, &Goal::Untargeted)?;
+/// let result = cw.run(&model, &x, &y, &Goal::Untargeted, 0)?;
 /// assert!(result.gradients.iter().all(|&g| g <= 20));
 /// # Ok::<(), armoury::Error>(())
 /// ```
@@ -78,7 +78,14 @@ impl Attack for CarliniWagnerL2 {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        _seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
         let shape = x.shape().to_vec();

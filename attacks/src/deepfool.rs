@@ -33,7 +33,7 @@ use crate::cw::check_count;
 /// use armoury_attacks::DeepFool;
 /// let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
 /// let (x, y) = data::sample()?.test.batch(0..4)?;
-/// let result = DeepFool::default().run(&model, &x, &y, &Goal::Untargeted)?;
+/// let result = DeepFool::default().run(&model, &x, &y, &Goal::Untargeted, 0)?;
 /// assert_eq!(result.norms.len(), 4);
 /// # Ok::<(), armoury::Error>(())
 /// ```
@@ -157,7 +157,14 @@ impl Attack for DeepFool {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        _seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         let resolved = resolve_goal(model, x, labels, goal)?;
         if resolved.is_targeted() {

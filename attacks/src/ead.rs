@@ -38,7 +38,7 @@ pub enum EadRule {
 /// let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
 /// let (x, y) = data::sample()?.test.batch(0..2)?;
 /// let ead = ElasticNet { steps: 10, binary_search_steps: 2, ..ElasticNet::default() };
-/// let result = ead.run(&model, &x, &y, &Goal::Untargeted)?;
+/// let result = ead.run(&model, &x, &y, &Goal::Untargeted, 0)?;
 /// assert!(result.gradients.iter().all(|&g| g <= 20));
 /// # Ok::<(), armoury::Error>(())
 /// ```
@@ -117,7 +117,14 @@ impl Attack for ElasticNet {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        _seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
         let shape = x.shape().to_vec();

@@ -6,7 +6,7 @@
 //! random start, honours targets and projects onto L2/L1 balls; MI-FGSM normalises by ‖∇‖₁ (Dong et al. 2018);
 //! DI² really applies its input transform; VMI/VNI use the paper's ‖·‖₁ normaliser.
 
-use armoury::attack::{resolve_goal, AttackResult, Resolved};
+use armoury::attack::{resolve_goal, Access, Algorithm, AttackResult, Budget, Problem, Resolved};
 use armoury::{Attack, Classifier, Goal, Result, Tensor};
 use ndarray::{Array2, Axis, Zip};
 use rand::{Rng, SeedableRng};
@@ -77,8 +77,6 @@ pub struct Pgd {
     pub variance: Option<VarianceTuning>,
     /// L1 steps move the coordinates at or above this quantile of |∇| (Tramèr & Boneh 2019).
     pub l1_quantile: f32,
-    /// Seed of the random start and the random transforms.
-    pub seed: u64,
     /// The name reported (FGSM, BIM, PGD, …).
     pub label: &'static str,
 }
@@ -99,7 +97,6 @@ impl Pgd {
             diversity: None,
             variance: None,
             l1_quantile: 0.99,
-            seed: 0,
             label: "PGD",
         }
     }
@@ -200,6 +197,7 @@ struct Ctx<'a> {
     labels: &'a [usize],
     goal: &'a Resolved,
     loss: Loss,
+    seed: u64,
 }
 
 impl Ctx<'_> {
@@ -281,7 +279,7 @@ impl Pgd {
     fn run_once(&self, ctx: &Ctx, x2: &Array2<f32>, eps: &[f32], r: usize) -> Result<Array2<f32>> {
         let bounds = ctx.model.bounds();
         let (n, d) = x2.dim();
-        let seeds = row_seeds(x2, self.seed, r as u64);
+        let seeds = row_seeds(x2, ctx.seed, r as u64);
         // Zero steps is the identity (SPEC §4.2): no random start without a step after it.
         let delta = if self.random_start && self.steps > 0 {
             random_in_ball(n, d, self.norm, eps, &seeds)
@@ -366,14 +364,16 @@ impl Pgd {
         labels: &[usize],
         goal: &Resolved,
         eps: &[f32],
+        seed: u64,
     ) -> Result<AttackResult> {
-        match self.attack_eps(model, x, labels, goal, eps, true)? {
+        match self.attack_eps(model, x, labels, goal, eps, true, seed)? {
             Evaluated::Full(r) => Ok(r),
             Evaluated::Skipped(_) => unreachable!("evaluation was asked for"),
         }
     }
 
     /// The attack at the given budgets; with `evaluate` false only the adversarial inputs (no success forward).
+    #[allow(clippy::too_many_arguments)] // transitional: goes with the move onto the attack template
     fn attack_eps(
         &self,
         model: &dyn Classifier,
@@ -382,10 +382,11 @@ impl Pgd {
         goal: &Resolved,
         eps: &[f32],
         evaluate: bool,
+        seed: u64,
     ) -> Result<Evaluated> {
         let shape = x.shape().to_vec();
         let x2 = rows(x);
-        let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss };
+        let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss, seed };
         let mut best: Option<(Array2<f32>, Vec<bool>, Vec<f32>)> = None;
         for r in 0..self.restarts {
             let adv = self.run_once(&ctx, &x2, eps, r)?;
@@ -433,10 +434,11 @@ impl Pgd {
         labels: &[usize],
         goal: &Resolved,
         eps: &[f32],
+        seed: u64,
     ) -> Result<Vec<AttackResult>> {
         let shape = x.shape().to_vec();
         let x2 = rows(x);
-        let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss };
+        let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss, seed };
         let dir = steepest(&ctx.grad(&x2, None)?, self.norm, self.l1_quantile);
         let n = labels.len();
         eps.iter()
@@ -470,19 +472,26 @@ impl Attack for Pgd {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
         let eps = self.eps.resolve(labels.len())?;
-        self.run_eps(model, x, labels, &goal, &eps)
+        self.run_eps(model, x, labels, &goal, &eps, seed)
     }
 
     /// The adversarial inputs without the success forward pass and the norms.
-    fn generate(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<Tensor> {
+    fn generate(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal, seed: u64) -> Result<Tensor> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
         let eps = self.eps.resolve(labels.len())?;
-        match self.attack_eps(model, x, labels, &goal, &eps, false)? {
+        match self.attack_eps(model, x, labels, &goal, &eps, false, seed)? {
             Evaluated::Skipped(t) => Ok(t),
             Evaluated::Full(r) => Ok(r.adversarial),
         }
@@ -495,6 +504,7 @@ impl Attack for Pgd {
         labels: &[usize],
         goal: &Goal,
         eps: &[f32],
+        seed: u64,
     ) -> Result<Vec<AttackResult>> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
@@ -502,7 +512,7 @@ impl Attack for Pgd {
             Epsilon::Scalar(e).resolve(1)?;
         }
         if self.is_single_step() && (self.step_size == self.eps_scalar().unwrap_or(f32::NAN)) {
-            return self.single_step_sweep(model, x, labels, &goal, eps);
+            return self.single_step_sweep(model, x, labels, &goal, eps, seed);
         }
         eps.iter()
             .map(|&e| {
@@ -513,7 +523,7 @@ impl Attack for Pgd {
                     step_size: (self.step_size * scale).max(f32::MIN_POSITIVE),
                     ..self.clone()
                 };
-                cfg.run_eps(model, x, labels, &goal, &vec![e; labels.len()])
+                cfg.run_eps(model, x, labels, &goal, &vec![e; labels.len()], seed)
             })
             .collect()
     }
@@ -536,8 +546,6 @@ pub struct RFgsm {
     pub eps: f32,
     /// Size of the random step α < ε.
     pub alpha: f32,
-    /// Seed of the random step.
-    pub seed: u64,
     /// Objective.
     pub loss: Loss,
 }
@@ -545,42 +553,63 @@ pub struct RFgsm {
 impl RFgsm {
     /// R+FGSM with α = ε/2.
     pub fn new(eps: f32) -> RFgsm {
-        RFgsm { eps, alpha: eps / 2.0, seed: 0, loss: Loss::CrossEntropy }
+        RFgsm { eps, alpha: eps / 2.0, loss: Loss::CrossEntropy }
     }
 }
 
-impl Attack for RFgsm {
+impl Algorithm for RFgsm {
     fn name(&self) -> String {
         format!("R+FGSM(eps={}, alpha={})", self.eps, self.alpha)
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
-        let n = labels.len();
-        let eps = Epsilon::Scalar(self.eps).resolve(n)?;
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: Norm::Linf, eps: Epsilon::Scalar(self.eps) }
+    }
+
+    fn validate(&self) -> Result<()> {
         if !(self.alpha >= 0.0 && self.alpha <= self.eps) {
             return Err(armoury::Error::invalid(
                 "rfgsm",
                 format!("α = {} must be in [0, ε = {}]", self.alpha, self.eps),
             ));
         }
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let shape = x.shape().to_vec();
-        let x2 = rows(x);
-        let (nn, d) = x2.dim();
-        let seeds = row_seeds(&x2, self.seed, 0);
+        Ok(())
+    }
+
+    /// At a budget ε other than the configured one (a sweep), α keeps its fraction of ε.
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        let x2 = p.rows();
+        let d = x2.ncols();
+        let seeds = row_seeds(&x2, p.seed, 0);
+        let frac = if self.eps > 0.0 { self.alpha / self.eps } else { 0.0 };
+        let alpha: Vec<f32> = p.eps.iter().map(|&e| if e == self.eps { self.alpha } else { frac * e }).collect();
         let mut start = x2.clone();
-        for ((mut row, &s), xr) in start.axis_iter_mut(Axis(0)).zip(&seeds).zip(x2.axis_iter(Axis(0))) {
-            let mut rng = ChaCha8Rng::seed_from_u64(s);
-            let z = armoury::normal_vec(&mut rng, d);
-            row.iter_mut().zip(xr).zip(&z).for_each(|((v, &xv), &g)| *v = xv + self.alpha * crate::budget::sign(g));
+        for (((mut row, &s), xr), &a) in start.axis_iter_mut(Axis(0)).zip(&seeds).zip(x2.axis_iter(Axis(0))).zip(&alpha)
+        {
+            let mut rng = armoury::seed::rng(s);
+            let z = armoury::seed::normal_vec(&mut rng, d);
+            row.iter_mut().zip(xr).zip(&z).for_each(|((v, &xv), &g)| *v = xv + a * crate::budget::sign(g));
         }
-        clip(&mut start, model.bounds());
-        let ctx = Ctx { model, shape: shape.clone(), labels, goal: &goal, loss: self.loss };
-        let dir = steepest(&ctx.grad(&start, None)?, Norm::Linf, 0.0);
-        let mut adv = &start + &(&dir * (self.eps - self.alpha));
-        let _ = nn;
-        enforce(&x2, &mut adv, Norm::Linf, &eps, model.bounds());
-        AttackResult::evaluate(model, x, unrows(adv, &shape), labels, goal, vec![1; n], vec![1; n])
+        clip(&mut start, p.bounds());
+        let ctx = Ctx {
+            model: p.model,
+            shape: p.x.shape().to_vec(),
+            labels: p.labels,
+            goal: p.goal,
+            loss: self.loss,
+            seed: p.seed,
+        };
+        let g = ctx.grad(&start, None)?;
+        p.note_gradient(g.view(), None);
+        let mut dir = steepest(&g, Norm::Linf, 0.0);
+        for ((mut r, &e), &a) in dir.axis_iter_mut(Axis(0)).zip(p.eps).zip(&alpha) {
+            r.mapv_inplace(|v| v * (e - a));
+        }
+        Ok(p.unrows(&start + &dir))
     }
 }
 
@@ -593,8 +622,6 @@ pub struct Llc {
     pub eps: f32,
     /// Take a random sign step of ε/2 first.
     pub random: bool,
-    /// Seed of the random step.
-    pub seed: u64,
 }
 
 impl Attack for Llc {
@@ -603,16 +630,24 @@ impl Attack for Llc {
     }
 
     /// The goal argument is ignored: this attack always targets the least-likely class.
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], _goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        _goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         if self.random {
-            RFgsm { eps: self.eps, alpha: self.eps / 2.0, seed: self.seed, loss: Loss::CrossEntropy }.run(
+            RFgsm { eps: self.eps, alpha: self.eps / 2.0, loss: Loss::CrossEntropy }.run(
                 model,
                 x,
                 labels,
                 &Goal::LeastLikely,
+                seed,
             )
         } else {
-            Pgd::fgsm(self.eps).run(model, x, labels, &Goal::LeastLikely)
+            Pgd::fgsm(self.eps).run(model, x, labels, &Goal::LeastLikely, seed)
         }
     }
 }
@@ -624,22 +659,25 @@ pub struct UniformNoise {
     pub norm: Norm,
     /// Its radius.
     pub eps: Epsilon,
-    /// Seed of the draws.
-    pub seed: u64,
 }
 
-impl Attack for UniformNoise {
+impl Algorithm for UniformNoise {
     fn name(&self) -> String {
         format!("UniformNoise-{}(eps={})", self.norm.name(), self.eps.describe())
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let eps = self.eps.resolve(labels.len())?;
-        let x2 = rows(x);
+    fn access(&self) -> Access {
+        Access::Scores
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: self.norm, eps: self.eps.clone() }
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        let x2 = p.rows();
         let (n, d) = x2.dim();
-        let mut adv = &x2 + &random_in_ball(n, d, self.norm, &eps, &row_seeds(&x2, self.seed, 0));
-        enforce(&x2, &mut adv, self.norm, &eps, model.bounds());
-        AttackResult::evaluate(model, x, unrows(adv, x.shape()), labels, goal, vec![0; n], vec![1; n])
+        (0..n).for_each(|i| p.add_queries(i, 1)); // the forward that decides success: the only look at the model
+        Ok(p.unrows(&x2 + &random_in_ball(n, d, self.norm, p.eps, &row_seeds(&x2, p.seed, 0))))
     }
 }

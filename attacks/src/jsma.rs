@@ -131,7 +131,14 @@ impl Attack for Jsma {
     }
 
     /// Targeted goals only (given, random or least-likely targets); [`Goal::Untargeted`] is an error.
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        _seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         let resolved = resolve_goal(model, x, labels, goal)?;
         let Resolved::Targeted(targets) = &resolved else {

@@ -30,7 +30,7 @@ use crate::losses::one_hot;
 /// let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
 /// let (x, y) = data::sample()?.test.batch(0..2)?;
 /// let attack = LbfgsB { max_iter: 10, binary_search_steps: 2, ..LbfgsB::default() };
-/// let result = attack.run(&model, &x, &y, &Goal::Targeted(vec![1, 1]))?;
+/// let result = attack.run(&model, &x, &y, &Goal::Targeted(vec![1, 1]), 0)?;
 /// assert_eq!(result.success.len(), 2);
 /// # Ok::<(), armoury::Error>(())
 /// ```
@@ -117,7 +117,14 @@ impl Attack for LbfgsB {
         format!("L-BFGS-B(c={}, search={}, max_iter={})", self.c, self.binary_search_steps, self.max_iter)
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        _seed: u64,
+    ) -> Result<AttackResult> {
         self.validate()?;
         let goal = resolve_goal(model, x, labels, goal)?;
         let shape = x.shape().to_vec();

@@ -11,7 +11,7 @@
 //! let set = data::sample()?;
 //! let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
 //! let (x, y) = set.test.batch(0..8)?;
-//! let result = Pgd { steps: 10, ..Pgd::linf(0.1) }.run(&model, &x, &y, &Goal::Untargeted)?;
+//! let result = Pgd { steps: 10, ..Pgd::linf(0.1) }.run(&model, &x, &y, &Goal::Untargeted, 0)?;
 //! assert!(result.norms.iter().all(|n| n.linf <= 0.1 * (1.0 + 1e-6)));
 //! # Ok::<(), armoury::Error>(())
 //! ```
@@ -23,7 +23,6 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod apgd;
-pub mod budget;
 mod cw;
 pub mod decision;
 mod deepfool;
@@ -35,7 +34,8 @@ pub mod losses;
 pub mod score;
 
 pub use apgd::{checkpoints as apgd_checkpoints, Apgd, ApgdTargeted};
-pub use budget::{Epsilon, Norm};
+pub use armoury::attack::budget;
+pub use armoury::attack::{Epsilon, Norm};
 pub use cw::CarliniWagnerL2;
 pub use decision::{BoundaryAttack, HopSkipJump, Pointwise, SaltAndPepper, Start, StepSearch};
 pub use deepfool::DeepFool;

@@ -6,7 +6,8 @@ use std::time::Instant;
 use armoury::data::Dataset;
 use armoury::nn::{ModuleExt, ReferenceModel, Sequential};
 use armoury::optim::{Adam, AdamConfig};
-use armoury::train::{epoch_order, train_step};
+use armoury::seed::shuffled;
+use armoury::train::train_step;
 use armoury::{Classifier, ModuleClassifier, Result, Tensor};
 
 /// One measured workload.
@@ -79,7 +80,7 @@ pub fn training(model: ReferenceModel, train: &Dataset, epoch: bool) -> Result<V
     let mut rows = vec![row(model, "train_step", 128, ms, 3.0)];
     if epoch {
         let t = Instant::now();
-        let order = epoch_order(train.len(), 0, 0);
+        let order = shuffled(train.len(), 0, 0);
         for idx in order.chunks(128) {
             let xb: Tensor = train.images().index_select(0, idx)?;
             let yb: Vec<usize> = idx.iter().map(|&i| train.labels()[i]).collect();
@@ -138,7 +139,7 @@ pub fn attacks(weights: &std::path::Path, test: &Dataset) -> Result<Vec<AttackRo
         let (x, y) = test.batch(0..n)?;
         let mut last = None;
         let ms = median_ms(3, || {
-            last = Some(attack.run(&clf, &x, &y, &Goal::Untargeted)?);
+            last = Some(attack.run(&clf, &x, &y, &Goal::Untargeted, 0)?);
             Ok(())
         })?;
         let r = last.expect("ran at least once");

@@ -32,15 +32,14 @@ pub fn build(a: &AttackArgs) -> Result<Box<dyn Attack>> {
             p.step_size = s;
         }
         p.restarts = a.restarts.max(1);
-        p.seed = a.seed;
         p
     };
     let attack: Box<dyn Attack> = match a.name.as_str() {
         "fgsm" => Box::new(Pgd::fgsm(eps)),
         "fgm" => Box::new(Pgd::fgm(norm, eps)),
-        "rfgsm" => Box::new(RFgsm { seed: a.seed, ..RFgsm::new(eps) }),
-        "llc" => Box::new(Llc { eps, random: false, seed: a.seed }),
-        "rllc" => Box::new(Llc { eps, random: true, seed: a.seed }),
+        "rfgsm" => Box::new(RFgsm::new(eps)),
+        "llc" => Box::new(Llc { eps, random: false }),
+        "rllc" => Box::new(Llc { eps, random: true }),
         "bim" => Box::new(iterative(Pgd::bim(eps, eps / 10.0, 10))),
         "pgd" => Box::new(iterative(Pgd { norm, eps: Epsilon::Scalar(eps), ..Pgd::linf(eps) })),
         "mifgsm" => Box::new(iterative(Pgd::mi_fgsm(eps))),
@@ -48,7 +47,7 @@ pub fn build(a: &AttackArgs) -> Result<Box<dyn Attack>> {
         "mdifgsm" => Box::new(iterative(Pgd::m_di_fgsm(eps))),
         "vmifgsm" => Box::new(iterative(Pgd::vmi_fgsm(eps))),
         "vnifgsm" => Box::new(iterative(Pgd::vni_fgsm(eps))),
-        "noise" => Box::new(UniformNoise { norm, eps: Epsilon::Scalar(eps), seed: a.seed }),
+        "noise" => Box::new(UniformNoise { norm, eps: Epsilon::Scalar(eps) }),
         "apgd" | "apgd-ce" | "apgd-dlr" => {
             let mut p = if norm == Norm::L2 { Apgd::l2(eps) } else { Apgd::linf(eps) };
             if a.name == "apgd-dlr" {
@@ -58,7 +57,6 @@ pub fn build(a: &AttackArgs) -> Result<Box<dyn Attack>> {
                 p.steps = s;
             }
             p.restarts = a.restarts.max(1);
-            p.seed = a.seed;
             Box::new(p)
         }
         "apgd-t" => Box::new(if norm == Norm::L2 { ApgdTargeted::l2(eps) } else { ApgdTargeted::linf(eps) }),
@@ -87,7 +85,7 @@ pub fn build(a: &AttackArgs) -> Result<Box<dyn Attack>> {
         "square" => Box::new(armoury_attacks::SquareAttack {
             norm,
             max_queries: a.queries.map_or(1000, |q| q as u64),
-            seed: a.seed,
+
             ..if norm == Norm::L2 {
                 armoury_attacks::SquareAttack::l2(eps)
             } else {
@@ -96,12 +94,12 @@ pub fn build(a: &AttackArgs) -> Result<Box<dyn Attack>> {
         }),
         "simba" | "simba-dct" => Box::new(armoury_attacks::SimBA {
             max_queries: a.queries.map_or(10_000, |q| q as u64),
-            seed: a.seed,
+
             ..if a.name == "simba" { armoury_attacks::SimBA::pixel(eps) } else { armoury_attacks::SimBA::dct(eps) }
         }),
         "nes" | "nes-topk" | "nes-label" => Box::new(armoury_attacks::Nes {
             max_queries: a.queries.map_or(10_000, |q| q as u64),
-            seed: a.seed,
+
             ..match a.name.as_str() {
                 "nes" => armoury_attacks::Nes::query_limited(eps),
                 "nes-topk" => armoury_attacks::Nes::partial_info(eps, 3, None),
@@ -110,17 +108,17 @@ pub fn build(a: &AttackArgs) -> Result<Box<dyn Attack>> {
         }),
         "spsa" => Box::new(armoury_attacks::Spsa {
             max_queries: a.queries.map_or(10_000, |q| q as u64),
-            seed: a.seed,
+
             ..armoury_attacks::Spsa::new(eps)
         }),
         "genattack" => Box::new(armoury_attacks::GenAttack {
             max_queries: a.queries.map_or(10_000, |q| q as u64),
-            seed: a.seed,
+
             ..armoury_attacks::GenAttack::new(eps)
         }),
         "pso" => Box::new(armoury_attacks::ParticleSwarm {
             max_queries: a.queries.map_or(10_000, |q| q as u64),
-            seed: a.seed,
+
             ..armoury_attacks::ParticleSwarm::new(eps)
         }),
         "hsj" | "hsj-grid" => Box::new(armoury_attacks::HopSkipJump {
@@ -132,22 +130,22 @@ pub fn build(a: &AttackArgs) -> Result<Box<dyn Attack>> {
             } else {
                 armoury_attacks::StepSearch::Grid
             },
-            seed: a.seed,
+
             ..armoury_attacks::HopSkipJump::default()
         }),
         "boundary" => Box::new(armoury_attacks::BoundaryAttack {
             max_queries: a.queries.unwrap_or(10_000),
-            seed: a.seed,
+
             ..armoury_attacks::BoundaryAttack::default()
         }),
         "pointwise" => Box::new(armoury_attacks::Pointwise {
             max_queries: a.queries.unwrap_or(5_000),
-            seed: a.seed,
+
             ..armoury_attacks::Pointwise::default()
         }),
         "saltpepper" => Box::new(armoury_attacks::SaltAndPepper {
             max_queries: a.queries.unwrap_or(1_000),
-            seed: a.seed,
+
             ..armoury_attacks::SaltAndPepper::default()
         }),
         other => {

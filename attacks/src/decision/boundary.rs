@@ -44,8 +44,6 @@ pub struct BoundaryAttack {
     pub convergence: f32,
     /// Where each sample starts.
     pub start: Start,
-    /// Seed of the start search and the random directions.
-    pub seed: u64,
 }
 
 impl Default for BoundaryAttack {
@@ -60,7 +58,6 @@ impl Default for BoundaryAttack {
             update_every: 10,
             convergence: 1e-7,
             start: Start::Noise { trials: 100 },
-            seed: 0,
         }
     }
 }
@@ -80,7 +77,7 @@ impl BoundaryAttack {
         self.start.validate(op, x)
     }
 
-    /// The attack on one sample `x` (seed from [`armoury::attack::sample_seed`]) through a label-only view; `i`
+    /// The attack on one sample `x` (seed from [`armoury::seed::sample_seed`]) through a label-only view; `i`
     /// is its index for a [`Start::Given`] start. Returns the closest adversarial input found, or `x`.
     pub fn attack_one(&self, v: &Budgeted, x: &[f32], i: usize, seed: u64) -> Result<Vec<f32>> {
         if v.is_adversarial(x)? != Some(false) {
@@ -104,7 +101,7 @@ impl BoundaryAttack {
             // Orthogonal step: η ⟂ (x* − x̃), ‖η‖ = spherical·‖x* − x̃‖, back onto the sphere by Pythagoras.
             let src: Vec<f64> = x.iter().zip(&best).map(|(&o, &b)| o as f64 - b as f64).collect();
             let src_norm = best_dist;
-            let mut eta: Vec<f64> = armoury::normal_vec(&mut rng, d).into_iter().map(f64::from).collect();
+            let mut eta: Vec<f64> = armoury::seed::normal_vec(&mut rng, d).into_iter().map(f64::from).collect();
             let dot: f64 = eta.iter().zip(&src).map(|(e, s)| e * s).sum::<f64>() / (src_norm * src_norm);
             eta.iter_mut().zip(&src).for_each(|(e, s)| *e -= dot * s);
             let eta_norm = eta.iter().map(|e| e * e).sum::<f64>().sqrt().max(1e-12);
@@ -183,8 +180,15 @@ impl Attack for BoundaryAttack {
         format!("Boundary-L2(queries={}, steps={}, start={})", self.max_queries, self.steps, self.start.describe())
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         self.validate(x)?;
-        run_samples(model, x, labels, goal, self.max_queries, self.seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
+        run_samples(model, x, labels, goal, self.max_queries, seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
     }
 }

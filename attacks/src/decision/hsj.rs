@@ -39,7 +39,7 @@ pub enum StepSearch {
 /// use armoury_attacks::HopSkipJump;
 /// let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
 /// let (x, y) = data::sample()?.test.batch(0..2)?;
-/// let r = HopSkipJump { max_queries: 300, ..HopSkipJump::l2() }.run(&model, &x, &y, &Goal::Untargeted)?;
+/// let r = HopSkipJump { max_queries: 300, ..HopSkipJump::l2() }.run(&model, &x, &y, &Goal::Untargeted, 0)?;
 /// assert!(r.queries.iter().all(|&q| q <= 300));
 /// # Ok::<(), armoury::Error>(())
 /// ```
@@ -61,8 +61,6 @@ pub struct HopSkipJump {
     pub step_search: StepSearch,
     /// Where each sample starts.
     pub start: Start,
-    /// Seed of the start search and the random directions.
-    pub seed: u64,
 }
 
 impl Default for HopSkipJump {
@@ -76,7 +74,6 @@ impl Default for HopSkipJump {
             gamma: 1.0,
             step_search: StepSearch::Geometric,
             start: Start::Noise { trials: 100 },
-            seed: 0,
         }
     }
 }
@@ -102,7 +99,7 @@ impl HopSkipJump {
         self.start.validate("hop_skip_jump", x)
     }
 
-    /// The attack on one sample `x` (seed from [`armoury::attack::sample_seed`]), through a label-only view;
+    /// The attack on one sample `x` (seed from [`armoury::seed::sample_seed`]), through a label-only view;
     /// `i` is its index for a [`Start::Given`] start. Returns the closest adversarial input found, or `x`.
     pub fn attack_one(&self, v: &Budgeted, x: &[f32], i: usize, seed: u64) -> Result<Vec<f32>> {
         if v.is_adversarial(x)? != Some(false) {
@@ -206,7 +203,7 @@ fn estimate_gradient(
     for _ in 0..evals {
         let mut u: Vec<f32> = match norm {
             Norm::Linf => (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
-            _ => armoury::normal_vec(rng, d),
+            _ => armoury::seed::normal_vec(rng, d),
         };
         let n = Norm::L2.of(&u).max(1e-12);
         for (uv, &a) in u.iter_mut().zip(at) {
@@ -249,8 +246,15 @@ impl Attack for HopSkipJump {
         )
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         self.validate(x)?;
-        run_samples(model, x, labels, goal, self.max_queries, self.seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
+        run_samples(model, x, labels, goal, self.max_queries, seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
     }
 }

@@ -24,7 +24,8 @@ pub use hsj::{HopSkipJump, StepSearch};
 pub use pointwise::Pointwise;
 pub use salt_pepper::SaltAndPepper;
 
-use armoury::attack::{resolve_goal, sample_seed, AttackResult, Resolved};
+use armoury::attack::{resolve_goal, AttackResult, Resolved};
+use armoury::seed::sample_seed;
 use armoury::{Classifier, Error, Goal, LabelOracle, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -32,8 +32,6 @@ pub struct Pointwise {
     pub refine: bool,
     /// Steps of each value's binary search.
     pub refine_steps: usize,
-    /// Seed of the start and the visiting order.
-    pub seed: u64,
 }
 
 impl Default for Pointwise {
@@ -43,13 +41,12 @@ impl Default for Pointwise {
             start: Start::SaltAndPepper { repeats: 10, search_steps: 10 },
             refine: true,
             refine_steps: 10,
-            seed: 0,
         }
     }
 }
 
 impl Pointwise {
-    /// The attack on one sample `x` (seed from [`armoury::attack::sample_seed`]) through a label-only view; `i`
+    /// The attack on one sample `x` (seed from [`armoury::seed::sample_seed`]) through a label-only view; `i`
     /// is its index for a [`Start::Given`] start.
     pub fn attack_one(&self, v: &Budgeted, x: &[f32], i: usize, seed: u64) -> Result<Vec<f32>> {
         if v.is_adversarial(x)? != Some(false) {
@@ -121,11 +118,18 @@ impl Attack for Pointwise {
         format!("Pointwise-L0(queries={}, start={}, refine={})", self.max_queries, self.start.describe(), self.refine)
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         self.start.validate("pointwise", x)?;
         if self.refine {
             check_count("pointwise", "refine_steps", self.refine_steps)?;
         }
-        run_samples(model, x, labels, goal, self.max_queries, self.seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
+        run_samples(model, x, labels, goal, self.max_queries, seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
     }
 }

@@ -27,20 +27,18 @@ pub struct SaltAndPepper {
     pub repeats: usize,
     /// Binary-search rounds on the fraction after the first success.
     pub search_steps: usize,
-    /// Seed of the draws.
-    pub seed: u64,
 }
 
 impl Default for SaltAndPepper {
     fn default() -> Self {
-        SaltAndPepper { max_queries: 1_000, repeats: 10, search_steps: 10, seed: 0 }
+        SaltAndPepper { max_queries: 1_000, repeats: 10, search_steps: 10 }
     }
 }
 
 /// Stream tag of the draws' generator.
 const STREAM: u64 = 0x5341_4C54_5045_5050;
 
-/// The attack on one sample through a label-only view (seed from [`armoury::attack::sample_seed`]); the clean
+/// The attack on one sample through a label-only view (seed from [`armoury::seed::sample_seed`]); the clean
 /// input is queried first only if `check_clean` (a caller that already knows it is not adversarial skips it).
 pub(crate) fn salt_and_pepper(
     v: &Budgeted,
@@ -131,9 +129,16 @@ impl Attack for SaltAndPepper {
         format!("SaltAndPepper(queries={}, repeats={}, search={})", self.max_queries, self.repeats, self.search_steps)
     }
 
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult> {
+    fn run(
+        &self,
+        model: &dyn Classifier,
+        x: &Tensor,
+        labels: &[usize],
+        goal: &Goal,
+        seed: u64,
+    ) -> Result<AttackResult> {
         check_count("salt_and_pepper", "repeats", self.repeats)?;
-        run_samples(model, x, labels, goal, self.max_queries, self.seed, |_, v, xi, s| {
+        run_samples(model, x, labels, goal, self.max_queries, seed, |_, v, xi, s| {
             salt_and_pepper(v, xi, self.repeats, self.search_steps, s, true)
         })
     }

@@ -37,8 +37,6 @@ pub struct GenAttack {
     pub temperature: f32,
     /// Queries the reduction step may spend after success.
     pub reduction_queries: u64,
-    /// Seed of the search.
-    pub seed: u64,
 }
 
 impl GenAttack {
@@ -54,7 +52,6 @@ impl GenAttack {
             alpha_min: 1.0,
             temperature: 0.1,
             reduction_queries: 500,
-            seed: 0,
         }
     }
 
@@ -65,6 +62,7 @@ impl GenAttack {
         labels: &[usize],
         goal: &Goal,
         eps: &Epsilon,
+        seed: u64,
     ) -> Result<AttackResult> {
         if self.population < 2 {
             return Err(Error::invalid("genattack", "population must be at least 2"));
@@ -74,7 +72,7 @@ impl GenAttack {
         }
         check_positive("genattack", "alpha_min", self.alpha_min)?;
         check_positive("genattack", "temperature", self.temperature)?;
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
         run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Shared machinery: every attack runs its algorithm on one sample at a time ([`Ctx`]), the samples in parallel
 //! with rayon, each with a seed derived from the attack's seed and the sample's own values
-//! ([`armoury::attack::sample_seed`]) — so results do not depend on the batch, the sample's position or the
+//! ([`armoury::seed::sample_seed`]) — so results do not depend on the batch, the sample's position or the
 //! thread count. A sample's budget of `max_queries` is never exceeded: every call to the oracle is clipped to
 //! what remains, and `AttackResult::queries[i]` is that sample's oracle count. The first query of every attack
 //! is the clean input: an input that already fulfils the goal is returned unchanged. ε = 0 or `max_queries = 0`
@@ -12,7 +12,8 @@
 //! With [`Goal::LeastLikely`] the target class is resolved from one clean query per sample before the attack;
 //! that query is counted in `queries[i]` and charged to the sample's budget.
 
-use armoury::attack::{resolve_goal, sample_seed, AttackResult, Resolved};
+use armoury::attack::{resolve_goal, AttackResult, Resolved};
+use armoury::seed::sample_seed;
 use armoury::{Classifier, Error, Goal, LabelOracle, Result, ScoreOracle, Tensor};
 use ndarray::{Array2, ArrayView1};
 use rand::Rng;
@@ -30,8 +31,9 @@ macro_rules! budget_entry_points {
             x: &armoury::Tensor,
             labels: &[usize],
             goal: &armoury::Goal,
+            seed: u64,
         ) -> armoury::Result<armoury::AttackResult> {
-            self.run_eps(model, x, labels, goal, &self.eps)
+            self.run_eps(model, x, labels, goal, &self.eps, seed)
         }
 
         fn sweep(
@@ -41,8 +43,11 @@ macro_rules! budget_entry_points {
             labels: &[usize],
             goal: &armoury::Goal,
             eps: &[f32],
+            seed: u64,
         ) -> armoury::Result<Vec<armoury::AttackResult>> {
-            eps.iter().map(|&e| self.run_eps(model, x, labels, goal, &$crate::budget::Epsilon::Scalar(e))).collect()
+            eps.iter()
+                .map(|&e| self.run_eps(model, x, labels, goal, &$crate::budget::Epsilon::Scalar(e), seed))
+                .collect()
         }
     };
 }
@@ -410,5 +415,5 @@ pub(crate) fn rand_sign(rng: &mut impl Rng) -> f32 {
 
 /// The standard-normal vector of length `d` (Box–Muller, as the core's generator).
 pub(crate) fn normal(rng: &mut impl Rng, d: usize) -> Vec<f32> {
-    armoury::normal_vec(rng, d)
+    armoury::seed::normal_vec(rng, d)
 }

@@ -69,8 +69,6 @@ pub struct Nes {
     /// Plateau schedule of the official code: when the current point's loss has not improved for this many
     /// estimates, the step halves (down to η_max/20). 0 turns it off.
     pub plateau: usize,
-    /// Seed of the samples.
-    pub seed: u64,
 }
 
 impl Nes {
@@ -85,7 +83,6 @@ impl Nes {
             step: 0.2,
             momentum: 0.9,
             plateau: 5,
-            seed: 0,
         }
     }
 
@@ -151,13 +148,14 @@ impl Nes {
         labels: &[usize],
         goal: &Goal,
         eps: &Epsilon,
+        seed: u64,
     ) -> Result<AttackResult> {
         self.validate(model)?;
         let topk = match self.setting {
             NesSetting::PartialInfo { k, .. } => Some(k),
             _ => None,
         };
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk };
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk };
         run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 

@@ -47,8 +47,6 @@ pub struct ParticleSwarm {
     pub turbulence: f32,
     /// Queries the reduction step may spend after success.
     pub reduction_queries: u64,
-    /// Seed of the swarm.
-    pub seed: u64,
 }
 
 impl ParticleSwarm {
@@ -67,7 +65,6 @@ impl ParticleSwarm {
             patience: 20,
             turbulence: 0.01,
             reduction_queries: 500,
-            seed: 0,
         }
     }
 
@@ -78,6 +75,7 @@ impl ParticleSwarm {
         labels: &[usize],
         goal: &Goal,
         eps: &Epsilon,
+        seed: u64,
     ) -> Result<AttackResult> {
         if self.particles == 0 {
             return Err(Error::invalid("pso", "at least one particle"));
@@ -89,7 +87,7 @@ impl ParticleSwarm {
                 return Err(Error::invalid("pso", format!("{what} = {v} must be finite and ≥ 0")));
             }
         }
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
         run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 

@@ -43,14 +43,12 @@ pub struct SimBA {
     pub step: Option<f32>,
     /// Queries per sample, including the clean query.
     pub max_queries: u64,
-    /// Seed of the coordinate order.
-    pub seed: u64,
 }
 
 impl SimBA {
     /// SimBA in the pixel basis, step ε, 10,000 queries.
     pub fn pixel(eps: f32) -> SimBA {
-        SimBA { basis: SimbaBasis::Pixel, eps: Epsilon::Scalar(eps), step: None, max_queries: 10_000, seed: 0 }
+        SimBA { basis: SimbaBasis::Pixel, eps: Epsilon::Scalar(eps), step: None, max_queries: 10_000 }
     }
 
     /// SimBA-DCT: 14×14 low frequencies first (half the side of a 28×28 image), then rings of 7.
@@ -65,6 +63,7 @@ impl SimBA {
         labels: &[usize],
         goal: &Goal,
         eps: &Epsilon,
+        seed: u64,
     ) -> Result<AttackResult> {
         if let Some(s) = self.step {
             crate::budget::check_positive("simba", "step", s)?;
@@ -74,7 +73,7 @@ impl SimBA {
                 return Err(Error::invalid("simba", "DCT freq and stride must be positive"));
             }
         }
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
         run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 

@@ -29,14 +29,12 @@ pub struct Spsa {
     pub lr: f32,
     /// Perturbation pairs per estimate (a batch of 2·pairs + 1 queries).
     pub pairs: usize,
-    /// Seed of the directions.
-    pub seed: u64,
 }
 
 impl Spsa {
     /// δ = 0.01, Adam lr = ε/10, 32 pairs per step, 10,000 queries.
     pub fn new(eps: f32) -> Spsa {
-        Spsa { eps: Epsilon::Scalar(eps), max_queries: 10_000, delta: 0.01, lr: 0.1, pairs: 32, seed: 0 }
+        Spsa { eps: Epsilon::Scalar(eps), max_queries: 10_000, delta: 0.01, lr: 0.1, pairs: 32 }
     }
 
     fn run_eps(
@@ -46,13 +44,14 @@ impl Spsa {
         labels: &[usize],
         goal: &Goal,
         eps: &Epsilon,
+        seed: u64,
     ) -> Result<AttackResult> {
         check_positive("spsa", "delta", self.delta)?;
         check_positive("spsa", "lr", self.lr)?;
         if self.pairs == 0 {
             return Err(armoury::Error::invalid("spsa", "at least one perturbation pair per step"));
         }
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed: self.seed, topk: None };
+        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
         run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 

@@ -26,8 +26,6 @@ pub struct SquareAttack {
     pub max_queries: u64,
     /// Initial fraction of pixels in a square (`p_init`).
     pub p_init: f32,
-    /// Seed of the random search.
-    pub seed: u64,
 }
 
 impl SquareAttack {
@@ -35,7 +33,7 @@ impl SquareAttack {
     /// test images, ε = 0.1) `p_init` 0.8 leaves 0.105–0.11 robust accuracy over seeds, 0.3 0.10–0.115 and 0.1
     /// 0.13–0.14.
     pub fn linf(eps: f32) -> SquareAttack {
-        SquareAttack { norm: Norm::Linf, eps: Epsilon::Scalar(eps), max_queries: 1000, p_init: 0.8, seed: 0 }
+        SquareAttack { norm: Norm::Linf, eps: Epsilon::Scalar(eps), max_queries: 1000, p_init: 0.8 }
     }
 
     /// L2 Square Attack with `p_init` = 0.1 and 1,000 queries.
@@ -60,9 +58,10 @@ impl SquareAttack {
         labels: &[usize],
         goal: &Goal,
         eps: &Epsilon,
+        seed: u64,
     ) -> Result<AttackResult> {
         self.validate()?;
-        let budget = Budget { norm: self.norm, max_queries: self.max_queries, seed: self.seed, topk: None };
+        let budget = Budget { norm: self.norm, max_queries: self.max_queries, seed, topk: None };
         run_scored(model, x, labels, goal, eps, budget, |ctx| match self.norm {
             Norm::L2 => self.attack_l2(ctx),
             _ => self.attack_linf(ctx),

@@ -58,6 +58,7 @@ fn replace_with_adversarial(
     ratio: f32,
     x: &Tensor,
     y: &[usize],
+    seed: u64,
 ) -> Result<Tensor> {
     let n = y.len();
     let k = ((ratio * n as f32).ceil() as usize).min(n);
@@ -71,7 +72,7 @@ fn replace_with_adversarial(
         let end = (start + per).min(k);
         if end > start {
             let xs = x.narrow(0, start, end - start)?;
-            parts.push(a.generate(clf, &xs, &y[start..end], &Goal::Untargeted)?);
+            parts.push(a.generate(clf, &xs, &y[start..end], &Goal::Untargeted, seed)?);
         }
         start = end;
     }
@@ -105,7 +106,7 @@ impl Method for AdversarialDefenseWithAttacks {
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
         check_ratio(self.replace_ratio)?;
         let attacks: Vec<&dyn Attack> = self.attacks.iter().map(|a| a.as_ref()).collect();
-        let mixed = replace_with_adversarial(ctx.classifier, &attacks, self.replace_ratio, x, y)?;
+        let mixed = replace_with_adversarial(ctx.classifier, &attacks, self.replace_ratio, x, y, ctx.step_seed())?;
         ce_step(ctx, &mixed, y)
     }
 }
@@ -131,7 +132,7 @@ impl Method for NaturalAdversarialDefense {
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
         check_ratio(self.replace_ratio)?;
         let fgsm = Pgd::fgsm(self.eps);
-        let mixed = replace_with_adversarial(ctx.classifier, &[&fgsm], self.replace_ratio, x, y)?;
+        let mixed = replace_with_adversarial(ctx.classifier, &[&fgsm], self.replace_ratio, x, y, ctx.step_seed())?;
         ce_step(ctx, &mixed, y)
     }
 }
@@ -159,8 +160,7 @@ impl Method for ProjectedAdversarialDefense {
     }
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
         check_ratio(self.replace_ratio)?;
-        let pgd = Pgd { seed: ctx.step_seed(), ..self.pgd.clone() };
-        let mixed = replace_with_adversarial(ctx.classifier, &[&pgd], self.replace_ratio, x, y)?;
+        let mixed = replace_with_adversarial(ctx.classifier, &[&self.pgd], self.replace_ratio, x, y, ctx.step_seed())?;
         ce_step(ctx, &mixed, y)
     }
 }
@@ -186,9 +186,8 @@ impl Method for FastAt {
         format!("fast-at(eps {}, alpha {})", self.eps, self.alpha)
     }
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        let pgd =
-            Pgd { steps: 1, step_size: self.alpha, random_start: true, seed: ctx.step_seed(), ..Pgd::linf(self.eps) };
-        let adv = pgd.generate(ctx.classifier, x, y, &Goal::Untargeted)?;
+        let pgd = Pgd { steps: 1, step_size: self.alpha, random_start: true, ..Pgd::linf(self.eps) };
+        let adv = pgd.generate(ctx.classifier, x, y, &Goal::Untargeted, ctx.step_seed())?;
         ce_step(ctx, &adv, y)
     }
 }
@@ -285,7 +284,7 @@ impl Method for EnsembleAdversarialDefense {
         check_ratio(self.replace_ratio)?;
         let source = ctx.batch % (self.static_models.len() + 1);
         let clf: &dyn Classifier = if source == 0 { ctx.classifier } else { self.static_models[source - 1].as_ref() };
-        let mixed = replace_with_adversarial(clf, &[self.attack.as_ref()], self.replace_ratio, x, y)?;
+        let mixed = replace_with_adversarial(clf, &[self.attack.as_ref()], self.replace_ratio, x, y, ctx.step_seed())?;
         ce_step(ctx, &mixed, y)
     }
 }

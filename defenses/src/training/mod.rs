@@ -21,7 +21,7 @@ use std::time::Instant;
 use armoury::data::Dataset;
 use armoury::nn::Module;
 use armoury::optim::{LrSchedule, Optimizer};
-use armoury::train::epoch_order;
+use armoury::seed::shuffled;
 use armoury::{Error, ModuleClassifier, Result, Tensor};
 
 pub use checkpoint::{load_checkpoint, save_checkpoint};
@@ -52,7 +52,7 @@ pub struct StepContext<'a> {
 impl StepContext<'_> {
     /// A seed for random choices of this step (the same on a resumed run).
     pub fn step_seed(&self) -> u64 {
-        armoury::attack::sample_seed(self.seed, ((self.epoch as u64) << 32) | self.batch as u64, &[])
+        armoury::seed::sample_seed(self.seed, ((self.epoch as u64) << 32) | self.batch as u64, &[])
     }
 }
 
@@ -190,7 +190,7 @@ impl AdversarialTrainer {
         let mut out = Vec::new();
         for epoch in start_epoch..epochs {
             let start = Instant::now();
-            let order = epoch_order(n, c.seed, epoch);
+            let order = shuffled(n, c.seed, epoch as u64);
             let (mut loss, mut correct, mut seen) = (0.0f64, 0usize, 0usize);
             for (b, idx) in order.chunks(c.batch_size).enumerate() {
                 optimizer.set_lr(c.schedule.lr_at(base_lr, epoch as f32 + b as f32 / batches as f32));

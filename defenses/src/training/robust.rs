@@ -47,7 +47,7 @@ fn accuracy_under(model: &dyn Classifier, attack: &dyn Attack, data: &Dataset, n
     for s in (0..n).step_by(batch.max(1)) {
         let e = (s + batch).min(n);
         let (x, y) = data.batch(s..e)?;
-        let r = attack.run(model, &x, &y, &Goal::Untargeted)?;
+        let r = attack.run(model, &x, &y, &Goal::Untargeted, 0)?;
         correct += r.predictions.iter().zip(&y).filter(|(p, l)| p == l).count();
     }
     Ok(correct as f32 / n.max(1) as f32)

@@ -1,7 +1,7 @@
 //! TRADES (Zhang et al. 2019) and MART (Wang et al. 2020): losses that trade clean accuracy against robustness
 //! through a KL term between the clean and the adversarial predictions.
 
-use armoury::attack::sample_seed;
+use armoury::seed::sample_seed;
 use armoury::{Attack, Classifier, Error, Goal, Reduction, Result, Tensor};
 use armoury_attacks::budget::{enforce, rows, sign, unrows, Norm};
 use armoury_attacks::Pgd;
@@ -83,7 +83,7 @@ impl Method for Trades {
         // Rows in parallel, each from its own generator (so the thread count does not matter).
         adv.axis_iter_mut(Axis(0)).into_par_iter().zip(x2.axis_iter(Axis(0))).for_each(|(mut r, xr)| {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(sample_seed(seed, 1, xr.as_slice().expect("rows")));
-            let z = armoury::normal_vec(&mut rng, d);
+            let z = armoury::seed::normal_vec(&mut rng, d);
             r.iter_mut().zip(&z).for_each(|(v, g)| *v += 0.001 * g);
         });
         enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
@@ -150,8 +150,7 @@ impl Method for Mart {
     }
 
     fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        let pgd = Pgd { seed: ctx.step_seed(), ..self.pgd.clone() };
-        let x_adv = pgd.generate(ctx.classifier, x, y, &Goal::Untargeted)?;
+        let x_adv = self.pgd.generate(ctx.classifier, x, y, &Goal::Untargeted, ctx.step_seed())?;
         let n = y.len();
         let model = ctx.model;
         let (loss, correct) = optimise_pieces(model, ctx.optimizer, n, |r| {

@@ -15,7 +15,7 @@
 //!   the gradient through them is the average of the per-draw gradients.
 //!
 //! Draws are seeded per sample from the seed, the draw number and the sample's own values
-//! ([`armoury::attack::sample_seed`]), so results do not depend on batch size, sample order or thread count.
+//! ([`armoury::seed::sample_seed`]), so results do not depend on batch size, sample order or thread count.
 //!
 //! [`RandomizedSmoothing`] is Cohen, Rosenfeld & Kolter (2019): Monte-Carlo prediction with abstention and a
 //! certified L2 radius from a Clopper–Pearson bound.
@@ -156,7 +156,7 @@ impl Defended {
 
     /// The `draw` argument [`Defended`] passes to the transform for draw number `k`.
     pub fn draw_seed(&self, k: usize) -> u64 {
-        splitmix(self.seed ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        armoury::seed::mix(self.seed ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
     /// `T(x)` for draw `k` as the classifier sees it (no graph).
@@ -240,14 +240,6 @@ impl Classifier for Defended {
             }
         }
     }
-}
-
-/// SplitMix64's finaliser: a well-mixed 64-bit value from any input.
-pub(crate) fn splitmix(mut h: u64) -> u64 {
-    h = h.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
 }
 
 /// Checks that bounds are finite with min < max.

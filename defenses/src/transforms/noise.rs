@@ -1,7 +1,8 @@
 //! Additive Gaussian noise: the random transform behind randomized smoothing.
 
-use armoury::attack::sample_seed;
-use armoury::{normal_vec, Error, Result, Tensor};
+use armoury::seed::normal_vec;
+use armoury::seed::sample_seed;
+use armoury::{Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 

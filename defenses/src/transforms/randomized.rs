@@ -5,21 +5,23 @@
 
 use std::sync::Arc;
 
-use armoury::attack::{sample, sample_seed};
+use armoury::attack::sample;
 use armoury::classifier::Classifier;
-use armoury::{normal_vec, Error, Result, Tensor};
+use armoury::seed::normal_vec;
+use armoury::seed::sample_seed;
+use armoury::{Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use super::stats::{binomial_test_half, clopper_pearson_lower, normal_ppf};
-use super::{splitmix, Defended, EotAverage, GaussianNoise};
+use super::{Defended, EotAverage, GaussianNoise};
 
 /// Settings of randomized smoothing. Noise is never clipped to the bounds (as in the paper).
 ///
 /// Each sample's noise is drawn from its own ChaCha8 generators, one per draw, seeded from `seed`, a stream
 /// (selection, estimation or prediction), the draw number and the sample's values
-/// ([`armoury::attack::sample_seed`]) — so results do not depend on `batch`, the batch composition or the thread
+/// ([`armoury::seed::sample_seed`]) — so results do not depend on `batch`, the batch composition or the thread
 /// count.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RandomizedSmoothing {
@@ -96,7 +98,7 @@ impl RandomizedSmoothing {
                 let b = self.batch.min(num - start);
                 let mut buf = vec![0.0f32; b * d];
                 buf.par_chunks_mut(d).enumerate().for_each(|(j, out)| {
-                    let mut rng = ChaCha8Rng::seed_from_u64(splitmix(base ^ (start + j) as u64));
+                    let mut rng = ChaCha8Rng::seed_from_u64(armoury::seed::mix(base ^ (start + j) as u64));
                     let z = normal_vec(&mut rng, d);
                     for ((o, &xv), zv) in out.iter_mut().zip(&v).zip(z) {
                         *o = xv + self.sigma * zv;

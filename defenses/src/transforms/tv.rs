@@ -1,7 +1,7 @@
 //! Total-variation minimisation (Guo, Rana, Cissé & van der Maaten 2018, "Countering adversarial images using
 //! input transformations", §3.2), solved with Chambolle & Pock's primal–dual algorithm (2011).
 
-use armoury::attack::sample_seed;
+use armoury::seed::sample_seed;
 use armoury::{Error, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -1,6 +1,6 @@
-//! Norms, budgets and projections shared by the attacks.
+//! Norms, budgets and projections shared by the attacks, the attack template and the training methods.
 
-use armoury::{Error, Result, Tensor};
+use crate::{Error, Result, Tensor};
 use ndarray::{Axis, IxDyn};
 use rayon::prelude::*;
 
@@ -346,7 +346,7 @@ pub fn random_in_ball(n: usize, d: usize, norm: Norm, eps: &[f32], seeds: &[u64]
         match norm {
             Norm::Linf => row.iter_mut().for_each(|v| *v = e * (2.0 * rng.random::<f32>() - 1.0)),
             Norm::L2 => {
-                let z = armoury::normal_vec(&mut rng, d);
+                let z = crate::seed::normal_vec(&mut rng, d);
                 let zn = Norm::L2.of(&z).max(1e-12);
                 let radius = e as f64 * rng.random::<f64>().powf(1.0 / d as f64);
                 row.iter_mut().zip(&z).for_each(|(v, &g)| *v = (g as f64 / zn * radius) as f32);
@@ -373,13 +373,7 @@ pub fn check_positive(op: &'static str, what: &str, v: f32) -> Result<()> {
     Ok(())
 }
 
-/// A per-sample seed for every row of `x` (content-derived; see [`armoury::attack::sample_seed`]).
-pub fn row_seeds(x: &ndarray::Array2<f32>, seed: u64, stream: u64) -> Vec<u64> {
-    x.axis_iter(Axis(0))
-        .into_par_iter()
-        .map(|r| armoury::attack::sample_seed(seed, stream, r.as_slice().expect("rows")))
-        .collect()
-}
+pub use crate::seed::row_seeds;
 
 #[cfg(test)]
 mod tests {
@@ -390,7 +384,7 @@ mod tests {
         // Deltas that sit on or a hair over the sphere, at small and large ε, where f32 rounding of x + δ bites.
         for (seed, &e) in [0.02f32, 1e-3, 0.5, 3.0].iter().enumerate() {
             for norm in [Norm::L1, Norm::L2, Norm::Linf] {
-                let x = crate::budget::rows(&Tensor::uniform(&[8, 1, 7, 7], 0.1, 0.9, seed as u64));
+                let x = rows(&Tensor::uniform(&[8, 1, 7, 7], 0.1, 0.9, seed as u64));
                 let d = random_in_ball(8, 49, norm, &[e; 8], &[seed as u64; 8]);
                 let mut delta = d.clone();
                 for mut r in delta.axis_iter_mut(Axis(0)) {

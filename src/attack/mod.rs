@@ -2,13 +2,25 @@
 //! [`Goal`], and returns per-sample results whose success is re-evaluated on the returned inputs.
 //!
 //! It lives in the core so that defenses, detectors, the evaluator and the fuzzer can take any attack as
-//! `&dyn Attack` without depending on the attack crate's concrete types.
+//! `&dyn Attack` without depending on the attack crate's concrete types. Every call takes a seed, so a trainer
+//! can ask for a fresh random start at every step and a sweep or a shard can be reproduced alone.
+//!
+//! - [`budget`]: norms, budgets, the exact projections and [`budget::enforce`];
+//! - [`template`]: the [`Algorithm`] trait behind which an attack writes its algorithm alone, and the blanket
+//!   [`Attack`] implementation that validates, resolves the goal, enforces the budget, re-evaluates success,
+//!   counts work and sweeps ε.
+
+pub mod budget;
+pub mod template;
+
+pub use budget::{Epsilon, Norm};
+pub use template::{Access, Algorithm, Budget, Problem};
 
 use ndarray::{Array2, Axis};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
 use crate::classifier::{argmax_rows, Classifier};
+use crate::seed::sample_seed;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
@@ -19,13 +31,15 @@ pub enum Goal {
     Untargeted,
     /// Exactly the given class for each sample.
     Targeted(Vec<usize>),
-    /// A class drawn uniformly from those other than the true label, from a ChaCha8 generator per sample
-    /// seeded by [`sample_seed`] — the same target for the same image whatever the batch or its order.
+    /// A class drawn uniformly from those other than the true label (and the classifier's rejection class, if it
+    /// has one), from a ChaCha8 generator per sample seeded by [`crate::seed::sample_seed`] — the same target for
+    /// the same image whatever the batch or its order.
     RandomTarget {
         /// The seed.
         seed: u64,
     },
-    /// The class the model finds least likely on the clean input.
+    /// The class the model finds least likely on the clean input (one counted query of the scores; refused for
+    /// label-only attacks).
     LeastLikely,
 }
 
@@ -61,54 +75,66 @@ impl Resolved {
     }
 }
 
-/// Checks inputs and labels against the classifier and resolves the goal's targets.
+/// Checks inputs and labels against the classifier and resolves the goal's targets, for a white-box attack.
 pub fn resolve_goal(model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<Resolved> {
+    resolve_goal_for(model, x, labels, goal, Access::Gradients)
+}
+
+/// Checks inputs and labels against the classifier and resolves the goal's targets for an attack with `access`:
+/// the least-likely class needs the scores, so a label-only attack refuses it.
+pub fn resolve_goal_for(
+    model: &dyn Classifier,
+    x: &Tensor,
+    labels: &[usize],
+    goal: &Goal,
+    access: Access,
+) -> Result<Resolved> {
     let n = model.check_input(x)?;
     let k = model.num_classes();
     check_labels("attack labels", labels, n, k)?;
+    let reject = model.rejection_class();
     Ok(match goal {
         Goal::Untargeted => Resolved::Untargeted,
         Goal::Targeted(t) => {
             check_labels("attack targets", t, n, k)?;
+            if let Some(r) = reject.filter(|r| t.contains(r)) {
+                return Err(Error::invalid("attack targets", format!("class {r} is the classifier's rejection class")));
+            }
             Resolved::Targeted(t.clone())
         }
-        Goal::RandomTarget { seed } => Resolved::Targeted(
-            labels
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| {
-                    let mut rng = ChaCha8Rng::seed_from_u64(sample_seed(*seed, 0, &sample(x, i)));
-                    let t = rng.random_range(0..k - 1);
-                    if t >= l {
-                        t + 1
-                    } else {
-                        t
-                    }
-                })
-                .collect(),
-        ),
+        Goal::RandomTarget { seed } => {
+            // The classes a target may be: all but the rejection class; then all but the label.
+            let allowed: Vec<usize> = (0..k).filter(|&c| Some(c) != reject).collect();
+            if allowed.len() < 2 {
+                return Err(Error::invalid("random target", format!("{k} classes leave no other class to target")));
+            }
+            Resolved::Targeted(
+                labels
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| {
+                        let mut rng = crate::seed::rng(sample_seed(*seed, 0, &sample(x, i)));
+                        let others: Vec<usize> = allowed.iter().copied().filter(|&c| c != l).collect();
+                        // Without a rejection class: a draw from 0..k−1, shifted past the label.
+                        others[rng.random_range(0..others.len())]
+                    })
+                    .collect(),
+            )
+        }
         Goal::LeastLikely => {
+            if access == Access::Labels {
+                return Err(Error::invalid(
+                    "least-likely target",
+                    "a label-only attack cannot see which class is least likely (it needs the scores)",
+                ));
+            }
             let z = model.logits(x)?;
-            Resolved::Targeted(z.rows().into_iter().map(|r| argmin(r.iter().copied())).collect())
+            let least = |r: ndarray::ArrayView1<f32>| {
+                argmin(r.iter().enumerate().map(|(c, &v)| if Some(c) == reject { f32::INFINITY } else { v }))
+            };
+            Resolved::Targeted(z.rows().into_iter().map(least).collect())
         }
     })
-}
-
-/// A seed for one sample's random choices, derived from the attack's seed, a stream number (restart, …) and the
-/// sample's own values — so results are the same whatever the batch size, the sample's position in the batch
-/// or the thread count (SPEC §4.7).
-pub fn sample_seed(seed: u64, stream: u64, values: &[f32]) -> u64 {
-    // FNV-1a over the bit patterns, then a SplitMix64 finaliser.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.rotate_left(29);
-    for v in values {
-        h ^= u64::from(v.to_bits());
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
 }
 
 /// The values of sample `i` of a batch `[N, …]`, in row-major order (any layout).
@@ -175,10 +201,30 @@ pub struct AttackResult {
     pub queries: Vec<u64>,
     /// The goal the attack pursued, with targets resolved.
     pub goal: Resolved,
+    /// Gradient evaluations of each sample that were all zero or not finite: a sample that stays robust with
+    /// faults was not really attacked (gradient masking, a saturated softmax, a NaN in the model).
+    pub gradient_faults: Vec<GradientFaults>,
+}
+
+/// How many of a sample's gradient evaluations were degenerate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GradientFaults {
+    /// Gradients that were zero everywhere (sign(0) = 0: the step does nothing).
+    pub zero: u64,
+    /// Gradients with a NaN or an infinity.
+    pub non_finite: u64,
+}
+
+impl GradientFaults {
+    /// Whether any gradient was degenerate.
+    pub fn any(&self) -> bool {
+        self.zero > 0 || self.non_finite > 0
+    }
 }
 
 impl AttackResult {
-    /// Builds a result, re-running `model` on `adversarial` to decide success.
+    /// Builds a result, re-running `model` on `adversarial` to decide success (a prediction of the classifier's
+    /// rejection class is never a success). No gradient faults are recorded.
     pub fn evaluate(
         model: &dyn Classifier,
         x: &Tensor,
@@ -196,9 +242,12 @@ impl AttackResult {
             });
         }
         let predictions = argmax_rows(&model.logits(&adversarial)?);
-        let success = predictions.iter().enumerate().map(|(i, &p)| goal.is_success(i, labels[i], p)).collect();
+        let reject = model.rejection_class();
+        let success =
+            predictions.iter().enumerate().map(|(i, &p)| template::fulfils(&goal, reject, i, labels[i], p)).collect();
         let norms = per_sample_norms(x, &adversarial);
-        Ok(AttackResult { adversarial, success, predictions, norms, gradients, queries, goal })
+        let gradient_faults = vec![GradientFaults::default(); labels.len()];
+        Ok(AttackResult { adversarial, success, predictions, norms, gradients, queries, goal, gradient_faults })
     }
 
     /// Fraction of samples where the attack succeeded.
@@ -233,22 +282,26 @@ pub fn per_sample_norms(x: &Tensor, adv: &Tensor) -> Vec<Norms> {
         .collect()
 }
 
-/// An adversarial attack.
+/// An adversarial attack. Implement [`Algorithm`] to get this trait from the template; implement it directly
+/// only for an attack that is not one (an ensemble or cascade of attacks).
 pub trait Attack: Send + Sync {
     /// A short name with the main settings, e.g. `PGD-Linf(eps=0.1, steps=40)`.
     fn name(&self) -> String;
 
-    /// Attacks `x` (true labels `labels`) toward `goal`. Never mutates `x`.
-    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<AttackResult>;
+    /// Attacks `x` (true labels `labels`) toward `goal`, every random choice drawn from `seed`: the same seed
+    /// gives bit-identical results whatever the thread count, the batch size or the order of the samples.
+    /// Never mutates `x`.
+    fn run(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal, seed: u64)
+        -> Result<AttackResult>;
 
     /// Only the adversarial inputs of [`run`](Attack::run) (ART's `generate`): attacks that can skip the
     /// re-evaluation forward pass and the norms do so — adversarial training calls this on every batch.
-    fn generate(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<Tensor> {
-        Ok(self.run(model, x, labels, goal)?.adversarial)
+    fn generate(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal, seed: u64) -> Result<Tensor> {
+        Ok(self.run(model, x, labels, goal, seed)?.adversarial)
     }
 
-    /// Runs the attack once per budget in `eps` (a sweep), results in the same order. Budget-free attacks
-    /// return an error.
+    /// Runs the attack once per budget in `eps` (a sweep), results in the same order; a sample broken at one ε
+    /// stays broken at every larger ε. Budget-free attacks return an error.
     fn sweep(
         &self,
         _model: &dyn Classifier,
@@ -256,6 +309,7 @@ pub trait Attack: Send + Sync {
         _labels: &[usize],
         _goal: &Goal,
         _eps: &[f32],
+        _seed: u64,
     ) -> Result<Vec<AttackResult>> {
         Err(Error::invalid("sweep", format!("{} has no perturbation budget to sweep", self.name())))
     }
