@@ -12,6 +12,8 @@
 
 pub mod budget;
 pub mod template;
+#[cfg(test)]
+mod tests;
 
 pub use budget::{Epsilon, Norm};
 pub use template::{Access, Algorithm, Budget, Problem};
