@@ -165,8 +165,8 @@ fn least_likely_targets_need_the_scores() {
     assert_eq!(r.goal, Resolved::Targeted(least));
 }
 
-/// The tiny model with class 2 declared the rejection class (a detector in front of it).
-struct Rejecting(ModuleClassifier);
+/// The tiny model with one class declared the rejection class (as if a detector stood in front of it).
+struct Rejecting(ModuleClassifier, usize);
 
 impl Classifier for Rejecting {
     fn input_shape(&self) -> &[usize] {
@@ -185,22 +185,29 @@ impl Classifier for Rejecting {
         self.0.counters()
     }
     fn rejection_class(&self) -> Option<usize> {
-        Some(2)
+        Some(self.1)
     }
 }
 
 #[test]
 fn the_rejection_class_is_never_a_success_nor_a_target() {
-    let (x, y) = inputs();
-    let m = Rejecting(model());
+    let (x, clean) = inputs();
+    let y: Vec<usize> = clean.iter().map(|c| (c + 1) % 3).collect(); // labels the model misses
+                                                                     // The rejection class: one that the pushed inputs reach without it being their label.
+    let plain = push(Budget::Unbounded).run(&model(), &x, &y, &Goal::Untargeted, 0).unwrap();
+    let i = plain.success.iter().position(|&s| s).expect("the push must break a sample for this test");
+    let reject = plain.predictions[i];
+    let m = Rejecting(model(), reject);
     let r = push(Budget::Unbounded).run(&m, &x, &y, &Goal::Untargeted, 0).unwrap();
-    for i in 0..6 {
-        assert_eq!(r.success[i], r.predictions[i] != y[i] && r.predictions[i] != 2, "sample {i}");
+    assert_eq!(r.predictions, plain.predictions);
+    assert!(!r.success[i], "reaching the rejection class is no success");
+    for (i, (&p, &l)) in r.predictions.iter().zip(&y).enumerate() {
+        assert_eq!(r.success[i], p != l && p != reject, "sample {i}");
     }
     let r = push(Budget::Unbounded).run(&m, &x, &y, &Goal::RandomTarget { seed: 9 }, 0).unwrap();
     let Resolved::Targeted(t) = &r.goal else { panic!("targeted") };
-    assert!(t.iter().zip(&y).all(|(&t, &l)| t != 2 && t != l), "{t:?}");
-    assert!(push(Budget::Unbounded).run(&m, &x, &y, &Goal::Targeted(vec![2; 6]), 0).is_err());
+    assert!(t.iter().zip(&y).all(|(&t, &l)| t != reject && t != l), "{t:?}");
+    assert!(push(Budget::Unbounded).run(&m, &x, &y, &Goal::Targeted(vec![reject; 6]), 0).is_err());
     // Without a rejection class the random targets are the draws they always were: one of the two other classes.
     let r = push(Budget::Unbounded).run(&model(), &x, &y, &Goal::RandomTarget { seed: 9 }, 0).unwrap();
     let Resolved::Targeted(t) = &r.goal else { panic!("targeted") };
