@@ -35,5 +35,5 @@ pub mod optim;
 pub mod train;
 
 pub use attack::{Attack, AttackResult, Goal, Norms, Resolved};
-pub use classifier::{Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
+pub use classifier::{Activations, Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
 pub use nn::{Module, ModuleExt, Param, Sequential};
