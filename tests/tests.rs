@@ -15,4 +15,5 @@ mod gradcheck;
 mod nn;
 mod onnx;
 mod ops;
+mod taps;
 mod train;
