@@ -384,7 +384,8 @@ fn to_matrix(z: &Tensor, n: usize, classes: usize) -> Result<Array2<f32>> {
             got: z.shape().to_vec(),
         });
     }
-    Ok(z.value().to_owned().into_shape_with_order((n, classes)).expect("shape checked"))
+    // Row-major whatever the layout the forward pass produced (a concatenation along the class axis is not).
+    Ok(z.value().as_standard_layout().into_owned().into_shape_with_order((n, classes)).expect("shape checked"))
 }
 
 /// Row-wise softmax of a logit matrix (stable).
