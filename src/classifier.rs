@@ -126,6 +126,12 @@ pub trait Classifier: Send + Sync {
         }
     }
 
+    /// The class meaning "rejected" when this classifier has one (a detector in front of a classifier:
+    /// [`crate::detector::Guarded`]). Attacks must not count it as a success and must not aim at it.
+    fn rejection_class(&self) -> Option<usize> {
+        None
+    }
+
     /// Checks that `x` is a non-empty, finite batch of the right shape.
     fn check_input(&self, x: &Tensor) -> Result<usize> {
         let shape = self.input_shape();

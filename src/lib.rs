@@ -28,6 +28,7 @@ pub use tensor::{enable_grad, grad_enabled, no_grad, normal_vec, Array, Tensor, 
 pub mod attack;
 pub mod classifier;
 pub mod data;
+pub mod detector;
 pub mod io;
 pub mod nn;
 pub mod onnx;
@@ -36,4 +37,5 @@ pub mod train;
 
 pub use attack::{Attack, AttackResult, Goal, Norms, Resolved};
 pub use classifier::{Activations, Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
+pub use detector::{calibrate_threshold, Detector, Guarded};
 pub use nn::{Module, ModuleExt, Param, Sequential};

@@ -10,6 +10,7 @@ mod common;
 mod data;
 mod defenses_training;
 mod defenses_transforms;
+mod detector;
 mod fixtures_xcheck;
 mod gradcheck;
 mod nn;
