@@ -137,7 +137,7 @@ pub fn calibrate_threshold(scores: &[f32], target_fpr: f32) -> Result<f32> {
 /// itself.
 ///
 /// Shape, bounds, [`Classifier::check_input`] and [`Classifier::chunk_size`] are the classifier's; the detector's
-/// scores must be per sample. Layer taps ([`Classifier::activations`]) are the classifier's, on the purified
+/// scores must be per sample, and a non-finite score is an [`Error::NonFinite`]. Layer taps ([`Classifier::activations`]) are the classifier's, on the purified
 /// input. The pair counts its own passes; the classifier's counters do not see them.
 pub struct Guarded {
     classifier: Arc<dyn Classifier>,
