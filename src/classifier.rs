@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use crate::nn::Module;
 use crate::ops::Reduction;
-use crate::tensor::{enable_grad, no_grad, Tensor};
+use crate::tensor::{enable_grad, grad_enabled, no_grad, Tensor};
 use crate::{Error, Result};
 
 /// Forward and backward passes a classifier has run, in calls and in samples.
@@ -66,11 +66,31 @@ impl Counters {
     }
 }
 
+/// What [`Classifier::activations`] returns: the logits and the requested intermediate activations of one forward
+/// pass.
+#[derive(Clone, Debug)]
+pub struct Activations {
+    /// Logits [N, classes]: the same values as [`Classifier::logits`].
+    pub logits: Tensor,
+    /// The requested activations, in the order asked, each with its name; every one has the batch axis first.
+    pub layers: Vec<(String, Tensor)>,
+}
+
+impl Activations {
+    /// The activation named `name`, if it was asked for.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.layers.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
 /// An image classifier with known input bounds, input shape and class count.
 ///
 /// Implementors provide [`Classifier::forward`] (differentiable logits, evaluation mode) and the metadata; the
 /// rest — validated prediction, probabilities, loss gradients, gradients of any function of the logits and
-/// pass counting — is provided.
+/// pass counting — is provided. Implementors that can expose intermediate activations (layer taps, for coverage
+/// metrics and feature-space detectors such as LID, Ma et al. 2018, or Mahalanobis, Lee et al. 2018) also
+/// provide [`Classifier::layer_names`] and [`Classifier::forward_activations`]; [`Classifier::activations`] is
+/// then provided.
 pub trait Classifier: Send + Sync {
     /// Shape of one input, e.g. `[1, 28, 28]` (C, H, W).
     fn input_shape(&self) -> &[usize];
@@ -88,8 +108,27 @@ pub trait Classifier: Send + Sync {
     /// Pass counters.
     fn counters(&self) -> &Counters;
 
-    /// The class that means "rejected" (a detector in front of the classifier flagged the input), if the
-    /// classifier has one: attacks never count reaching it as a success and never pick it as a random target.
+    /// The names [`Classifier::activations`] accepts, in the order the forward pass computes them (for a native
+    /// model the [`crate::Sequential`] child names, e.g. `conv1_relu`; for an ONNX model the graph's value
+    /// names). Empty (the default) for a classifier that cannot tap.
+    fn layer_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Logits and the named activations of a batch from one forward pass, like [`Classifier::forward`]: on the
+    /// graph, not validated, not counted, names not checked against [`Classifier::layer_names`] (the provided
+    /// [`Classifier::activations`] does all that). The default taps nothing: it runs `forward` when no layer is
+    /// asked for and is an error otherwise.
+    fn forward_activations(&self, x: &Tensor, layers: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        match layers.first() {
+            None => Ok((self.forward(x)?, Vec::new())),
+            Some(name) => Err(crate::nn::unknown_layer("Classifier::activations", name, &self.layer_names())),
+        }
+    }
+
+    /// The class meaning "rejected" when this classifier has one (a detector in front of a classifier:
+    /// [`crate::detector::Guarded`]): attacks never count reaching it as a success and never pick it as a
+    /// target.
     fn rejection_class(&self) -> Option<usize> {
         None
     }
@@ -139,6 +178,87 @@ pub trait Classifier: Send + Sync {
         })?;
         self.counters().add_forward(n);
         Ok(concat_rows(parts, n, classes))
+    }
+
+    /// The logits and the activations named in `layers` (each one of [`Classifier::layer_names`]; in the order
+    /// asked) from one forward pass, counted as one pass over N samples like [`Classifier::logits`], validated by
+    /// [`Classifier::check_input`] and split into pieces of [`Classifier::chunk_size`] samples the same way, so
+    /// the logits are bit for bit those of `logits`.
+    ///
+    /// Under [`no_grad`], or for an input that is not tracked, nothing is recorded: the tensors are constants.
+    /// For a tracked input (e.g. [`Tensor::variable`]) with gradients enabled, every returned tensor is on the
+    /// graph and differentiable with respect to `x`: `act.grad_wrt(&[&x])` gives ∂(a function of an activation)/∂x.
+    /// That backward pass is the caller's and is not counted.
+    ///
+    /// An unknown name is an [`Error::InvalidArgument`] listing the valid ones; a classifier that cannot tap
+    /// says so. An activation without the batch axis first (e.g. an ONNX shape computation) is an error.
+    fn activations(&self, x: &Tensor, layers: &[&str]) -> Result<Activations> {
+        let n = self.check_input(x)?;
+        let valid = self.layer_names();
+        if let Some(bad) = layers.iter().find(|l| !valid.iter().any(|v| v == *l)) {
+            return Err(crate::nn::unknown_layer("Classifier::activations", bad, &valid));
+        }
+        let classes = self.num_classes();
+        let tracked = grad_enabled() && x.is_tracked();
+        let run = |xc: &Tensor, len: usize| -> Result<(Tensor, Vec<Tensor>)> {
+            let (z, acts) = self.forward_activations(xc, layers)?;
+            if z.shape() != [len, classes] {
+                return Err(Error::ShapeMismatch {
+                    op: "classifier output",
+                    expected: vec![len, classes],
+                    got: z.shape().to_vec(),
+                });
+            }
+            if acts.len() != layers.len() {
+                return Err(Error::invalid(
+                    "Classifier::activations",
+                    format!("{} activations returned for {} names", acts.len(), layers.len()),
+                ));
+            }
+            if let Some((name, a)) = layers.iter().zip(&acts).find(|(_, a)| a.shape().first() != Some(&len)) {
+                return Err(Error::invalid(
+                    "Classifier::activations",
+                    format!("'{name}' has shape {:?}, not one row per sample of the {len}", a.shape()),
+                ));
+            }
+            Ok((z, acts))
+        };
+        let parts = if tracked {
+            // On the graph: each piece is a differentiable slice of `x`, and the pieces are joined on the graph.
+            match self.chunk_size() {
+                Some(c) if c > 0 && n > c => {
+                    let ranges: Vec<Range<usize>> = (0..n).step_by(c).map(|s| s..(s + c).min(n)).collect();
+                    ranges
+                        .into_par_iter()
+                        .map(|r| enable_grad(|| run(&x.narrow(0, r.start, r.len())?, r.len())))
+                        .collect::<Result<Vec<_>>>()?
+                }
+                _ => vec![run(x, n)?],
+            }
+        } else {
+            in_chunks(x, n, self.chunk_size(), |xc, r| no_grad(|| run(&xc, r.len())))?
+        };
+        self.counters().add_forward(n);
+        let join = || -> Result<Activations> {
+            if parts.len() == 1 {
+                let (logits, acts) = parts.into_iter().next().expect("one part");
+                let layers = layers.iter().map(|l| l.to_string()).zip(acts).collect();
+                return Ok(Activations { logits, layers });
+            }
+            let (zs, acts): (Vec<Tensor>, Vec<Vec<Tensor>>) = parts.into_iter().unzip();
+            let logits = Tensor::concat(&zs, 0)?;
+            let mut out = Vec::with_capacity(layers.len());
+            for (k, name) in layers.iter().enumerate() {
+                let pieces: Vec<Tensor> = acts.iter().map(|a| a[k].clone()).collect();
+                out.push((name.to_string(), Tensor::concat(&pieces, 0)?));
+            }
+            Ok(Activations { logits, layers: out })
+        };
+        if tracked {
+            enable_grad(join)
+        } else {
+            no_grad(join)
+        }
     }
 
     /// Softmax probabilities [N, classes].
@@ -271,7 +391,8 @@ fn to_matrix(z: &Tensor, n: usize, classes: usize) -> Result<Array2<f32>> {
             got: z.shape().to_vec(),
         });
     }
-    Ok(z.value().to_owned().into_shape_with_order((n, classes)).expect("shape checked"))
+    // Row-major whatever the layout the forward pass produced (a concatenation along the class axis is not).
+    Ok(z.value().as_standard_layout().into_owned().into_shape_with_order((n, classes)).expect("shape checked"))
 }
 
 /// Row-wise softmax of a logit matrix (stable).
@@ -366,6 +487,14 @@ impl Classifier for ModuleClassifier {
     }
     fn counters(&self) -> &Counters {
         &self.counters
+    }
+    /// The module's [`Module::tap_names`].
+    fn layer_names(&self) -> Vec<String> {
+        self.module.tap_names()
+    }
+    /// The module's [`Module::forward_taps`], in the classifier's mode.
+    fn forward_activations(&self, x: &Tensor, layers: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        self.module.forward_taps(x, self.train_mode, layers)
     }
     fn chunk_size(&self) -> Option<usize> {
         // Training mode may use batch statistics, which couple the samples: run the batch whole.

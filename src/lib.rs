@@ -28,6 +28,7 @@ pub use tensor::{enable_grad, grad_enabled, no_grad, Array, Tensor, TensorId};
 pub mod attack;
 pub mod classifier;
 pub mod data;
+pub mod detector;
 pub mod io;
 pub mod nn;
 pub mod onnx;
@@ -36,5 +37,6 @@ pub mod seed;
 pub mod train;
 
 pub use attack::{Attack, AttackResult, Goal, Norms, Resolved};
-pub use classifier::{Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
+pub use classifier::{Activations, Classifier, CountSnapshot, Counters, LabelOracle, ModuleClassifier, ScoreOracle};
+pub use detector::{calibrate_threshold, Detector, Guarded};
 pub use nn::{Module, ModuleExt, Param, Sequential};

@@ -137,6 +137,37 @@ pub trait Module: Send + Sync {
     fn max_pool(&self) -> Option<crate::ops::Pool2dParams> {
         None
     }
+
+    /// The names of the intermediate values (taps) [`Module::forward_taps`] can return, in the order a forward
+    /// pass computes them. A [`Sequential`] names its children as PyTorch's `named_modules` does (`conv1`,
+    /// `conv1_relu`, …; `block.conv` inside a nested container); an [`crate::onnx::OnnxModel`] names the graph's
+    /// values. Empty for a module that cannot tap (the leaf layers: their only value is their output).
+    fn tap_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// One forward pass in the given mode that returns the output and the intermediate values named in `names`
+    /// (each one of [`Module::tap_names`]; in the order asked, repeats allowed), with the same values as
+    /// `forward_t` and as the unfused layer-by-layer computation. The values are on the graph like the output:
+    /// differentiable with respect to a tracked input when gradients are enabled, constants under
+    /// [`crate::no_grad`].
+    ///
+    /// An unknown name is an [`Error::InvalidArgument`] listing the valid ones. The default (a module that
+    /// cannot tap) runs `forward_t` when nothing is asked and rejects any name.
+    fn forward_taps(&self, x: &Tensor, train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        match names.first() {
+            None => Ok((self.forward_t(x, train)?, Vec::new())),
+            Some(name) => Err(unknown_layer("Module::forward_taps", name, &self.tap_names())),
+        }
+    }
+}
+
+/// The error for a tap name that is not one of `valid`: lists the valid names, or says that there are none.
+pub(crate) fn unknown_layer(op: &'static str, name: &str, valid: &[String]) -> Error {
+    if valid.is_empty() {
+        return Error::invalid(op, format!("no layer '{name}': this model exposes no intermediate activations"));
+    }
+    Error::invalid(op, format!("unknown layer '{name}'; valid layers: {}", valid.join(", ")))
 }
 
 /// Conveniences over [`Module::visit`].
@@ -205,6 +236,12 @@ impl<M: Module + ?Sized> Module for Arc<M> {
     fn max_pool(&self) -> Option<crate::ops::Pool2dParams> {
         (**self).max_pool()
     }
+    fn tap_names(&self) -> Vec<String> {
+        (**self).tap_names()
+    }
+    fn forward_taps(&self, x: &Tensor, train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        (**self).forward_taps(x, train, names)
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {
@@ -241,6 +278,12 @@ impl<M: Module + ?Sized> Module for Box<M> {
     fn max_pool(&self) -> Option<crate::ops::Pool2dParams> {
         (**self).max_pool()
     }
+    fn tap_names(&self) -> Vec<String> {
+        (**self).tap_names()
+    }
+    fn forward_taps(&self, x: &Tensor, train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        (**self).forward_taps(x, train, names)
+    }
 }
 
 /// Children run in order; parameter names are `child.param` as in a PyTorch `nn.Sequential` with named children.
@@ -267,7 +310,9 @@ impl Sequential {
         self.children.iter().map(|(n, m)| (n.as_str(), m.as_ref()))
     }
 
-    /// Runs the children up to and including the one named `last`, returning every named intermediate output.
+    /// Runs every child on its own, without fusing any, and returns each child's output with its name: the
+    /// layer-by-layer reference computation that [`Module::forward_taps`] (which keeps the fused ops wherever
+    /// nothing is asked from inside them) agrees with.
     pub fn forward_collect(&self, x: &Tensor, train: bool) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::with_capacity(self.children.len());
         let mut h = x.clone();
@@ -277,6 +322,71 @@ impl Sequential {
         }
         Ok(out)
     }
+
+    /// Runs the children in order, fusing a child with the `ReLU` (and 2×2 max pooling) after it where it has a
+    /// fused op and `plan` asks for none of the outputs the fused op skips. Returns the output, the kept outputs
+    /// of the children `plan` asks for, and what each child asked for by a nested name returned.
+    fn run(&self, x: &Tensor, train: bool, plan: Option<&TapPlan>) -> Result<Tapped> {
+        let len = self.children.len();
+        let own = |i: usize| plan.is_some_and(|p| p.own.get(i).copied().unwrap_or(false));
+        let deep = |i: usize| plan.and_then(|p| p.inner.get(i)).filter(|v| !v.is_empty());
+        let (mut kept, mut nested) = match plan {
+            Some(_) => (vec![None; len], vec![Vec::new(); len]),
+            None => (Vec::new(), Vec::new()),
+        };
+        let mut h = x.clone();
+        let mut i = 0;
+        while i < len {
+            let m = &self.children[i].1;
+            // A fused op never produces the outputs it runs through: fuse only across outputs nobody asked for.
+            let through = |j: usize| !own(j) && deep(j).is_none();
+            let next_is_relu = through(i) && self.children.get(i + 1).is_some_and(|(_, r)| r.is_relu());
+            let then_pool = self.children.get(i + 2).and_then(|(_, p)| p.max_pool()).filter(|_| through(i + 1));
+            let mut step = 1;
+            if next_is_relu && then_pool == Some(crate::ops::Pool2dParams::square(2)) && deep(i + 2).is_none() {
+                if let Some(fused) = m.forward_relu_max_pool2(&h, train) {
+                    h = fused?;
+                    step = 3;
+                }
+            }
+            if step == 1 && next_is_relu && deep(i + 1).is_none() {
+                if let Some(fused) = m.forward_relu(&h, train) {
+                    h = fused?;
+                    step = 2;
+                }
+            }
+            if step == 1 {
+                match deep(i) {
+                    Some(names) => {
+                        let (y, taps) = m.forward_taps(&h, train, names)?;
+                        h = y;
+                        nested[i] = taps;
+                    }
+                    None => h = m.forward_t(&h, train)?,
+                }
+            }
+            i += step;
+            if own(i - 1) {
+                kept[i - 1] = Some(h.clone());
+            }
+        }
+        Ok(Tapped { output: h, kept, nested })
+    }
+}
+
+/// What a tapped forward pass of a [`Sequential`] keeps: per child, whether its own output is asked for and the
+/// names asked for inside it.
+struct TapPlan<'a> {
+    own: Vec<bool>,
+    inner: Vec<Vec<&'a str>>,
+}
+
+/// What a tapped forward pass of a [`Sequential`] returns: the output, the kept outputs of the children (by
+/// child), and the values each child returned for the names asked inside it (by child).
+struct Tapped {
+    output: Tensor,
+    kept: Vec<Option<Tensor>>,
+    nested: Vec<Vec<Tensor>>,
 }
 
 impl Module for Sequential {
@@ -284,30 +394,55 @@ impl Module for Sequential {
     /// fused op when it has one (the same values and gradients; [`Sequential::forward_collect`] keeps every
     /// intermediate separate).
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut h = x.clone();
-        let mut i = 0;
-        while i < self.children.len() {
-            let m = &self.children[i].1;
-            let next_is_relu = self.children.get(i + 1).is_some_and(|(_, r)| r.is_relu());
-            let then_pool = self.children.get(i + 2).and_then(|(_, p)| p.max_pool());
-            if next_is_relu && then_pool == Some(crate::ops::Pool2dParams::square(2)) {
-                if let Some(fused) = m.forward_relu_max_pool2(&h, train) {
-                    h = fused?;
-                    i += 3;
-                    continue;
-                }
-            }
-            if next_is_relu {
-                if let Some(fused) = m.forward_relu(&h, train) {
-                    h = fused?;
-                    i += 2;
-                    continue;
-                }
-            }
-            h = m.forward_t(&h, train)?;
-            i += 1;
+        Ok(self.run(x, train, None)?.output)
+    }
+
+    /// Every child's name, each followed by the names inside it prefixed with `child.` (a nested container's).
+    fn tap_names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, m) in &self.children {
+            out.push(name.clone());
+            out.extend(m.tap_names().into_iter().map(|inner| format!("{name}.{inner}")));
         }
-        Ok(h)
+        out
+    }
+
+    /// A child's name is its output; `child.inner` asks the child for its tap `inner`. A fused conv → ReLU
+    /// (→ pool) runs unfused exactly where an output inside it is asked for, so a tap has the layer-by-layer
+    /// value and everything else runs as in `forward_t`.
+    fn forward_taps(&self, x: &Tensor, train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        let len = self.children.len();
+        let mut plan = TapPlan { own: vec![false; len], inner: vec![Vec::new(); len] };
+        // Per request: the child, and the position of its nested name in `plan.inner[child]`.
+        let mut wanted: Vec<(usize, Option<usize>)> = Vec::with_capacity(names.len());
+        for &name in names {
+            if let Some(i) = self.children.iter().position(|(n, _)| n == name) {
+                plan.own[i] = true;
+                wanted.push((i, None));
+                continue;
+            }
+            let nested = self.children.iter().enumerate().find_map(|(i, (n, m))| {
+                let rest = name.strip_prefix(n.as_str())?.strip_prefix('.')?;
+                m.tap_names().iter().any(|t| t == rest).then_some((i, rest))
+            });
+            let Some((i, rest)) = nested else {
+                return Err(unknown_layer("Sequential::forward_taps", name, &self.tap_names()));
+            };
+            wanted.push((i, Some(plan.inner[i].len())));
+            plan.inner[i].push(rest);
+        }
+        let Tapped { output: y, kept, nested } = self.run(x, train, Some(&plan))?;
+        let taps = wanted
+            .into_iter()
+            .map(|(i, k)| match k {
+                None => kept[i].clone(),
+                Some(k) => nested[i].get(k).cloned(),
+            })
+            .map(|t| {
+                t.ok_or_else(|| Error::invalid("Sequential::forward_taps", "a child returned fewer taps than asked"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((y, taps))
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {

@@ -1,4 +1,5 @@
-//! The reference models of SPEC §1, with PyTorch's parameter names.
+//! The two reference models (a multilayer perceptron and a small LeNet-style CNN, LeCun et al. 1998), with
+//! PyTorch's parameter names and child names.
 
 use std::str::FromStr;
 

@@ -57,6 +57,7 @@ use crate::tensor::{no_grad, Tensor};
 use crate::{Error, Result};
 
 /// One node of the graph, ready to run.
+#[derive(Clone)]
 struct Step {
     info: NodeInfo,
     kind: Kind,
@@ -64,6 +65,9 @@ struct Step {
     outputs: Vec<usize>,
     /// Slots whose last reader is this step: freed after it runs.
     free: Vec<usize>,
+    /// For a Conv with a Relu (and a pooling) fused in by [`fuse`]: the original steps, run instead when a
+    /// value the fused op skips is tapped.
+    unfused: Vec<Step>,
 }
 
 /// Where a slot's value comes from before the first node runs.
@@ -83,6 +87,9 @@ struct Graph {
     input_slot: usize,
     output_slot: usize,
     steps: Vec<Step>,
+    /// The values [`Module::forward_taps`] can return: the input, then every node output computed at run time
+    /// (constant-folded ones excluded), in execution order, with their slots.
+    taps: Vec<(String, usize)>,
 }
 
 /// An imported ONNX graph: a [`Module`] (differentiable, with named parameters) and, with input bounds, a
@@ -223,6 +230,84 @@ impl OnnxModel {
         }
         Ok(())
     }
+
+    /// Runs the graph; the values of the slots in `taps` are kept as they are computed (integer values become
+    /// constant float tensors).
+    fn run(&self, x: &Tensor, taps: &[usize]) -> Result<(Tensor, Vec<Tensor>)> {
+        self.check_input(x)?;
+        let g = &self.0;
+        let mut kept: Vec<Option<Tensor>> = vec![None; taps.len()];
+        let mut keep = |slot: usize, v: &Value| -> Result<()> {
+            for (k, _) in taps.iter().enumerate().filter(|(_, &t)| t == slot) {
+                kept[k] = Some(v.to_tensor()?);
+            }
+            Ok(())
+        };
+        let mut slots: Vec<Option<Value>> = vec![None; g.slots];
+        for (slot, src) in &g.sources {
+            slots[*slot] = Some(match src {
+                Source::Param(i) => Value::F(g.params[*i].1.tensor()),
+                Source::Const(v) => v.clone(),
+            });
+        }
+        let input = Value::F(x.clone());
+        keep(g.input_slot, &input)?;
+        slots[g.input_slot] = Some(input);
+        for step in &g.steps {
+            let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
+            let skipped = step.unfused.iter().take(step.unfused.len().saturating_sub(1));
+            let outs = if skipped.flat_map(|s| &s.outputs).any(|o| taps.contains(o)) {
+                exec_unfused(step, &ins, taps, &mut keep)?
+            } else {
+                exec::exec(&step.kind, &step.info, &ins)?
+            };
+            for (&slot, v) in step.outputs.iter().zip(outs) {
+                keep(slot, &v)?;
+                slots[slot] = Some(v);
+            }
+            for &slot in &step.free {
+                slots[slot] = None;
+            }
+        }
+        match slots[g.output_slot].take() {
+            Some(v) => {
+                let kept = kept
+                    .into_iter()
+                    .map(|t| t.ok_or_else(|| Error::invalid("onnx", "a tapped value was not computed")));
+                Ok((v.to_tensor()?, kept.collect::<Result<Vec<_>>>()?))
+            }
+            None => Err(Error::invalid("onnx", "the graph output was not computed")),
+        }
+    }
+}
+
+/// Runs a fused step as the steps it replaced, keeping the tapped values the fused op skips: the Conv alone when
+/// its own output is tapped, else the Conv with its Relu fused and the pooling on its own (the same values: a fused
+/// op computes exactly what the separate ones do). Returns the fused step's outputs.
+fn exec_unfused(
+    step: &Step,
+    ins: &[Option<&Value>],
+    taps: &[usize],
+    keep: &mut impl FnMut(usize, &Value) -> Result<()>,
+) -> Result<Vec<Value>> {
+    let (Some(conv), Kind::Conv { window, group, .. }) = (step.unfused.first(), &step.kind) else {
+        return exec::exec(&step.kind, &step.info, ins);
+    };
+    let conv_tapped = conv.outputs.iter().any(|o| taps.contains(o));
+    let then = if conv_tapped { Fused::Nothing } else { Fused::Relu };
+    let kind = Kind::Conv { window: window.clone(), group: *group, then };
+    let mut h = exec::exec(&kind, &conv.info, ins)?;
+    let from = if conv_tapped { 1 } else { 2 };
+    let mut prev = &step.unfused[from - 1];
+    for s in step.unfused.iter().skip(from) {
+        let (Some(&slot), Some(v)) = (prev.outputs.first(), h.first()) else {
+            return Err(Error::invalid("onnx", format!("node '{}' computed no output", prev.info.name)));
+        };
+        keep(slot, v)?;
+        h = exec::exec(&s.kind, &s.info, &[Some(v)])?;
+        prev = s;
+    }
+    Ok(h)
 }
 
 impl Module for OnnxModel {
@@ -233,30 +318,30 @@ impl Module for OnnxModel {
 
     /// Runs the graph (always in inference mode: see the module docs).
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        self.check_input(x)?;
-        let g = &self.0;
-        let mut slots: Vec<Option<Value>> = vec![None; g.slots];
-        for (slot, src) in &g.sources {
-            slots[*slot] = Some(match src {
-                Source::Param(i) => Value::F(g.params[*i].1.tensor()),
-                Source::Const(v) => v.clone(),
-            });
-        }
-        slots[g.input_slot] = Some(Value::F(x.clone()));
-        for step in &g.steps {
-            let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
-            let outs = exec::exec(&step.kind, &step.info, &ins)?;
-            for (&slot, v) in step.outputs.iter().zip(outs) {
-                slots[slot] = Some(v);
-            }
-            for &slot in &step.free {
-                slots[slot] = None;
-            }
-        }
-        match slots[g.output_slot].take() {
-            Some(v) => v.to_tensor(),
-            None => Err(Error::invalid("onnx", "the graph output was not computed")),
-        }
+        Ok(self.run(x, &[])?.0)
+    }
+
+    /// The graph's input, then the output of every node that runs (a name as in the file, e.g. PyTorch's
+    /// `/conv1/Conv_output_0`), in execution order; constant-folded values (shape arithmetic) are not taps.
+    fn tap_names(&self) -> Vec<String> {
+        self.0.taps.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Any value of [`Module::tap_names`]; a Conv → Relu (→ MaxPool) fused at load time runs unfused in the
+    /// passes that tap a value inside it.
+    fn forward_taps(&self, x: &Tensor, _train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        let slots = names
+            .iter()
+            .map(|name| {
+                self.0
+                    .taps
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|&(_, s)| s)
+                    .ok_or_else(|| crate::nn::unknown_layer("OnnxModel::forward_taps", name, &self.tap_names()))
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        self.run(x, &slots)
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
@@ -286,19 +371,24 @@ fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
     let mut out = Vec::with_capacity(steps.len());
     let mut rest = std::mem::take(steps).into_iter().peekable();
     while let Some(mut step) = rest.next() {
-        if let Kind::Conv { then, .. } = &mut step.kind {
-            if let Some(relu) =
-                rest.next_if(|n| matches!(n.kind, Kind::Unary(UnaryKind::Relu)) && sole_input(step.outputs[0], n))
-            {
-                (*then, step.outputs) = (Fused::Relu, relu.outputs);
-                let pool = |n: &Step| {
-                    matches!(&n.kind, Kind::MaxPool(w) if w.is_max_pool2()) && sole_input(step.outputs[0], n)
-                };
-                if let Some(pool) = rest.next_if(pool) {
-                    (*then, step.outputs) = (Fused::ReluMaxPool2, pool.outputs);
-                }
-            }
-        }
+        let Kind::Conv { window, group, .. } = &step.kind else {
+            out.push(step);
+            continue;
+        };
+        let (window, group) = (window.clone(), *group);
+        let relu = |n: &Step| matches!(n.kind, Kind::Unary(UnaryKind::Relu)) && sole_input(step.outputs[0], n);
+        let Some(relu) = rest.next_if(relu) else {
+            out.push(step);
+            continue;
+        };
+        let pool = |n: &Step| matches!(&n.kind, Kind::MaxPool(w) if w.is_max_pool2()) && sole_input(relu.outputs[0], n);
+        let pool = rest.next_if(pool);
+        let then = if pool.is_some() { Fused::ReluMaxPool2 } else { Fused::Relu };
+        let mut unfused = vec![step.clone(), relu];
+        unfused.extend(pool);
+        step.kind = Kind::Conv { window, group, then };
+        step.outputs = unfused.last().map(|s| s.outputs.clone()).unwrap_or_default();
+        step.unfused = unfused;
         out.push(step);
     }
     *steps = out;
@@ -399,7 +489,7 @@ fn build(model: &ModelProto) -> Result<Graph> {
             let done: Vec<(usize, Value)> = outputs.iter().copied().zip(outs).collect();
             consts.extend(done);
         } else {
-            steps.push(Step { info, kind, inputs, outputs, free: Vec::new() });
+            steps.push(Step { info, kind, inputs, outputs, free: Vec::new(), unfused: Vec::new() });
         }
     }
     let output_slot =
@@ -409,6 +499,18 @@ fn build(model: &ModelProto) -> Result<Graph> {
     }
 
     fuse(&mut steps, output_slot);
+
+    // The tappable values: the input, then what the steps (and the steps a fused one stands for) compute.
+    let slot_names: HashMap<usize, &str> = names.iter().map(|(n, &s)| (s, n.as_str())).collect();
+    let mut taps = vec![(input.name.clone(), input_slot)];
+    for step in &steps {
+        let parts = if step.unfused.is_empty() { std::slice::from_ref(step) } else { &step.unfused[..] };
+        for &slot in parts.iter().flat_map(|s| &s.outputs) {
+            if let Some(name) = slot_names.get(&slot) {
+                taps.push((name.to_string(), slot));
+            }
+        }
+    }
 
     // Free every slot after its last reader; load only the constants and parameters that some step reads.
     let mut last: HashMap<usize, usize> = HashMap::new();
@@ -439,5 +541,6 @@ fn build(model: &ModelProto) -> Result<Graph> {
         input_slot,
         output_slot,
         steps,
+        taps,
     })
 }

@@ -204,6 +204,41 @@ impl Classifier for Defended {
         self.inner.chunk_size()
     }
 
+    /// The inner classifier's: a defense wrapped around a detector-guarded classifier keeps its rejection class.
+    fn rejection_class(&self) -> Option<usize> {
+        self.inner.rejection_class()
+    }
+
+    /// The inner classifier's layers, for a deterministic transform (one draw); none for a randomised one.
+    fn layer_names(&self) -> Vec<String> {
+        if self.draws() == 1 {
+            self.inner.layer_names()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The inner classifier's activations on the transformed input. A randomised transform (several EOT draws)
+    /// has no single activation per input: asking for a layer is then an error.
+    fn forward_activations(&self, x: &Tensor, layers: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        if layers.is_empty() {
+            return Ok((self.forward(x)?, Vec::new()));
+        }
+        if self.draws() != 1 {
+            return Err(Error::invalid(
+                "Defended::activations",
+                "a randomised defense averages several draws, so an input has no single activation; tap the inner \
+                 classifier on one transformed draw instead",
+            ));
+        }
+        let (z, acts) = self.inner.forward_activations(&self.through(x, 0)?, layers)?;
+        let z = match self.average {
+            EotAverage::Logits => z,
+            EotAverage::Probabilities => z.log_softmax(1)?,
+        };
+        Ok((z, acts))
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let k = self.draws();
         let mut outs = Vec::with_capacity(k);
