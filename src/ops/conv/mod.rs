@@ -21,7 +21,14 @@ use super::{record, Op};
 use crate::tensor::{grad_enabled, Tensor};
 use crate::{Error, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod plan;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "no_plan.rs"]
+mod plan;
 mod sparse;
+
+use plan::{DirectConv, InputGrad, WeightGrad};
 
 /// Stride, zero padding, dilation and groups of a convolution (PyTorch's meaning).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -324,9 +331,33 @@ fn direct_unfold(g: &Geom) -> simd::Unfold {
     simd::Unfold { h: g.h + 2 * ph, w: g.w + 2 * pw, ph: 0, pw: 0, ..g.unfold() }
 }
 
-/// Whether the forward runs straight from the image ([`simd::conv_direct`]) rather than unfolding it.
-fn runs_direct(g: &Geom) -> bool {
-    g.p.stride.1 == 1 && !g.is_pointwise() && simd::conv_direct_fits(&direct_unfold(g))
+/// The plan of the forward straight from the image ([`DirectConv`]), or `None` where it unfolds the image.
+fn direct_plan(g: &Geom) -> Option<DirectConv> {
+    if g.p.stride.1 == 1 && !g.is_pointwise() {
+        DirectConv::plan(&direct_unfold(g))
+    } else {
+        None
+    }
+}
+
+/// The plan of the input gradient added straight into the image gradient ([`InputGrad`], where the forward runs
+/// direct), or `None` where it takes col2im.
+fn input_grad_plan(g: &Geom, ws: &[f32]) -> Option<InputGrad> {
+    if g.p.stride.1 == 1 && !g.is_pointwise() {
+        InputGrad::plan(&direct_unfold(g), g.og(), ws)
+    } else {
+        None
+    }
+}
+
+/// The plan of the weight gradient with the unfolded image read in place ([`WeightGrad`], on the vector kernels'
+/// transposed product), or `None` where it unfolds the image.
+fn weight_grad_plan(g: &Geom) -> Option<WeightGrad> {
+    if simd::accelerated() && g.p.stride.1 == 1 && !g.is_pointwise() {
+        WeightGrad::plan(&direct_unfold(g))
+    } else {
+        None
+    }
 }
 
 /// `img` zero-padded by the geometry's padding into `pad` (or `img` itself when there is none): the image the
@@ -347,7 +378,7 @@ fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
     pad
 }
 
-/// Direct forward for one image (see [`runs_direct`]) with the geometry's `plan`: `img` is zero-padded into `pad`
+/// Direct forward for one image (see [`direct_plan`]) with the geometry's `plan`: `img` is zero-padded into `pad`
 /// when the geometry has padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when
 /// `relu`, the ReLU.
 #[allow(clippy::too_many_arguments)]
@@ -356,7 +387,7 @@ fn forward_image_direct(
     wt: &[f32],
     bias: Option<&[f32]>,
     g: &Geom,
-    plan: &simd::DirectConv,
+    plan: &DirectConv,
     pad: &mut Vec<f32>,
     out: &mut [MaybeUninit<f32>],
     relu: bool,
@@ -372,17 +403,10 @@ fn forward_image_direct(
     }
 }
 
-/// Input gradient of one image on the direct kernels (see [`runs_direct`]): `dimg[C, H, W]` (zeroed) from the
-/// masked output gradient `gimg[O, Ho·Wo]` with each group's plan, through a zero-padded scratch image `pad` when
-/// the geometry has padding.
-fn input_grad_image_direct(
-    gimg: &[f32],
-    plans: &[simd::InputGrad],
-    g: &Geom,
-    pad: &mut Vec<f32>,
-    dimg: &mut [f32],
-    par: bool,
-) {
+/// Input gradient of one image on the direct kernels (see [`input_grad_plan`]): `dimg[C, H, W]` (zeroed) from the
+/// masked output gradient `gimg[O, Ho·Wo]`, group by group, through a zero-padded scratch image `pad` when the
+/// geometry has padding.
+fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut Vec<f32>, dimg: &mut [f32], par: bool) {
     let (og, hw) = (g.og(), g.hw_out());
     let u = direct_unfold(g);
     let (ph, pw) = g.p.padding;
@@ -392,9 +416,9 @@ fn input_grad_image_direct(
         pad.resize(g.c * u.h * u.w, 0.0);
     }
     let target: &mut [f32] = if padded { pad } else { dimg };
-    for (grp, plan) in plans.iter().enumerate() {
+    for grp in 0..g.p.groups {
         let planes = &mut target[grp * g.cg() * u.h * u.w..(grp + 1) * g.cg() * u.h * u.w];
-        plan.run(&gimg[grp * og * hw..(grp + 1) * og * hw], planes, par);
+        plan.run(grp, &gimg[grp * og * hw..(grp + 1) * og * hw], planes, par);
     }
     if padded {
         for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(u.h * u.w)) {
@@ -413,7 +437,7 @@ fn pooled_image_direct(
     wt: &[f32],
     bias: Option<&[f32]>,
     g: &Geom,
-    plan: &simd::DirectConv,
+    plan: &DirectConv,
     pad: &mut Vec<f32>,
     (out, idx): (&mut [f32], &mut [u32]),
     par: bool,
@@ -492,9 +516,8 @@ fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: boo
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
-    let out = if runs_direct(&g) {
+    let out = if let Some(plan) = direct_plan(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
-        let plan = simd::DirectConv::new(&direct_unfold(&g));
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];
         let run = |pad: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], par: bool| {
@@ -551,7 +574,7 @@ fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dPa
     let (ph, pw) = (g.ho / 2, g.wo / 2);
     let pooled_len = g.o * ph * pw;
     let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
-    let plan = runs_direct(&g).then(|| simd::DirectConv::new(&direct_unfold(&g)));
+    let plan = direct_plan(&g);
     let one = |(conv, scratch): &mut (Vec<f32>, Vec<f32>), img: &[f32], o: &mut [f32], idx: &mut [u32], par: bool| {
         if let Some(plan) = &plan {
             // Pooled in registers as the tiles are stored: the convolution's output is never written.
@@ -712,21 +735,12 @@ fn backward(
 
     // Input gradient: where the forward runs direct, so does this — each register tile of Wᵀ·dout is added
     // straight into the (padded) image gradient, with no unfolded gradient matrix and no col2im pass.
-    let direct = need_x && runs_direct(&g);
-    let mut wt_t = vec![0.0f32; if direct { w_len } else { 0 }];
-    for (wg, packed) in ws.chunks_exact(og * k).zip(wt_t.chunks_exact_mut(og * k)) {
-        simd::pack_input_grad(wg, og, k, packed);
-    }
-    let plans: Vec<simd::InputGrad> =
-        wt_t.chunks_exact(og * k).filter_map(|wg| simd::InputGrad::new(&u, og, wg)).collect();
-    let direct = direct && plans.len() == g.p.groups;
+    let dx_plan = if need_x { input_grad_plan(&g, ws) } else { None };
     // Weight gradient: with the vector kernels each group's is accumulated transposed, dWᵀ[K, Og] += col · doutᵀ,
     // so the product runs on the register-tiled kernel (doutᵀ has contiguous rows); otherwise dW += dout · colᵀ on
     // `gemm`. And with a column stride of 1 the unfolded image is read straight from the image.
     let transposed = simd::accelerated();
-    let implicit = need_w && transposed && g.p.stride.1 == 1 && !g.is_pointwise();
-    let wgrad = if implicit { simd::WeightGrad::new(&u) } else { None };
-    let implicit = wgrad.is_some();
+    let dw_plan = if need_w { weight_grad_plan(&g) } else { None };
 
     // Images go in fixed chunks (when weight or bias gradients are summed, so their partial sums, added chunk
     // after chunk, do not depend on the thread count), and each image's output gradient is masked (or expanded
@@ -735,7 +749,8 @@ fn backward(
     let run = |ci: usize, mut dx: Option<&mut [f32]>| -> (Vec<f32>, Vec<f32>) {
         let mut acc = vec![0.0f32; if need_w { w_len } else { 0 }];
         let mut bacc = vec![0.0f32; if need_b { g.o } else { 0 }];
-        let mut col = vec![0.0f32; if need_x && !direct || need_w && !implicit { col_len } else { 0 }];
+        let mut col =
+            vec![0.0f32; if need_x && dx_plan.is_none() || need_w && dw_plan.is_none() { col_len } else { 0 }];
         let mut gt = vec![0.0f32; if need_w && transposed { og * hw } else { 0 }];
         let (mut gm, mut pad, mut eb) = (Vec::new(), Vec::new(), Vec::new());
         for i in ci * chunk..((ci + 1) * chunk).min(n) {
@@ -743,8 +758,8 @@ fn backward(
             if let Some(dx) = dx.as_deref_mut() {
                 let dimg = &mut dx[(i - ci * chunk) * in_len..][..in_len];
                 let gimg = relu_masked(graw, yimg, &mut gm);
-                if direct {
-                    input_grad_image_direct(gimg, &plans, &g, &mut pad, dimg, par_inside);
+                if let Some(plan) = &dx_plan {
+                    input_grad_image_direct(gimg, plan, &g, &mut pad, dimg, par_inside);
                 } else {
                     for grp in 0..g.p.groups {
                         let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
@@ -763,14 +778,14 @@ fn backward(
                 let img = &xs[i * in_len..(i + 1) * in_len];
                 // The transposed path masks while it transposes; the `gemm` path needs the masked copy.
                 let gimg = if transposed { graw } else { relu_masked(graw, yimg, &mut gm) };
-                let src_img = if implicit { padded(img, &g, &mut pad) } else { img };
+                let src_img = if dw_plan.is_some() { padded(img, &g, &mut pad) } else { img };
                 for grp in 0..g.p.groups {
                     let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
                     if transposed {
                         let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
                         transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut gt);
                     }
-                    if let Some(plan) = &wgrad {
+                    if let Some(plan) = &dw_plan {
                         // The unfolded image is read in place, never written out.
                         plan.run(&src_img[grp * g.cg() * u.h * u.w..], &gt, og, dst);
                         continue;
