@@ -84,7 +84,7 @@ impl DirectConv {
     /// Wo/2]` and, unless `idx` is empty, each window's first arg-max, flat in the channel's `Ho × Wo` plane — or,
     /// with `tall`, in the image's output taken as one `O·Ho × Wo` plane, this group's channels starting at
     /// `idx_offset`. The same values and indices as
-    /// [`DirectConv::run`] with the ReLU followed by [`max_pool_2x2`]; the convolution's output is never stored.
+    /// [`DirectConv::run`] with the ReLU followed by `simd::max_pool_2x2`; the convolution's output is never stored.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run_pooled(
         &self,
@@ -244,7 +244,7 @@ impl DirectConv {
 /// straight from the image instead of written out: each register tile broadcasts its taps' inputs at the output
 /// positions' offsets. Built once per backward (the offsets), then [`WeightGrad::run`] per image group. The
 /// geometry must be unpadded (the caller pads) with a column stride of 1. Every element is the same fused
-/// multiply-add chain over the positions, in order, as [`gemm_nn`] on the unfolded image, so the bits agree.
+/// multiply-add chain over the positions, in order, as `simd::gemm_nn` on the unfolded image, so the bits agree.
 pub(super) struct WeightGrad {
     u: Unfold,
     level: Level,

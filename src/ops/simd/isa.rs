@@ -3,10 +3,10 @@
 //! vectors), and the macros that compile one generic kernel body per instruction set behind a
 //! `#[target_feature]` entry point and pick the one [`Level`](super::Level) names at run time.
 //!
-//! A kernel family (`gemm`, `conv`, `pool`, `layout`, `rows`) writes its bodies once, as `body::<S: Isa>`, and
+//! A kernel family (`gemm`, `conv`, `layout`, `pool`, `rows`) writes its bodies once, as `body::<S: Isa>`, and
 //! exposes them through [`entry_points!`] (one body, any signature) or [`tile_dispatch!`] (register-tile bodies
-//! specialised for their row and vector counts). Everything here is x86-64 only; other targets never reach the
-//! kernels (their level is always `Portable`).
+//! specialised for their row and vector counts; `rows` matches its vector count the same way). Everything here
+//! is x86-64 only; other targets never reach the kernels (their level is always `Portable`).
 
 use std::arch::x86_64::*;
 
