@@ -2,6 +2,19 @@
 //!
 //! Each op family lives in its own file with its forward and backward side by side. Adding a variant fails to
 //! compile until it names its inputs and its backward.
+//!
+//! A map of the kernel house, from the ops down to the vector kernels:
+//! - `elementwise`, `reduce`, `shape`, `index`, `loss`: plain loops over `ndarray`, split across threads above
+//!   `PAR_THRESHOLD` elements;
+//! - `matmul`: products on `simd::gemm_nn` or the `gemm` crate; `pool`: max and average pooling, 2×2 windows on
+//!   `simd::pool`;
+//! - `conv/`: the convolution — `forward.rs`, `backward.rs`, `sparse.rs` (the fused pooling's sparse backward),
+//!   `unfold.rs` (im2col, col2im, product, transpose with their fallbacks) and `plan.rs` (the planners of the
+//!   direct kernels: each `plan` returns `None` where they do not run, and the caller unfolds);
+//! - `simd/`: the hand-written AVX2/AVX-512 kernels by family — `gemm.rs`, `conv.rs` (the direct tiles the
+//!   planners drive), `layout.rs`, `pool.rs`, `rows.rs` — each written once over `isa.rs`'s `Isa` trait and
+//!   dispatched at run time on `simd::level()` (the CPU, capped by `ARMOURY_SIMD`). Without the vector
+//!   instruction sets, or off x86-64, every entry returns `false` or no plan, and the callers' portable paths run.
 
 pub(crate) mod conv;
 pub(crate) mod elementwise;

@@ -1,0 +1,397 @@
+//! The backward of a convolution: `dcol = Wᵀ · dout` scattered back into the image for ∂L/∂x (tile by tile on the
+//! direct kernels, else by col2im), `dW = Σₙ dout · colᵀ` for ∂L/∂W (on the vector kernels transposed,
+//! `dWᵀ += col · doutᵀ`, with the unfolded image read in place where it can) and the bias gradient as plane sums —
+//! only the gradients whose inputs are tracked. Through the fused ReLU each image's output gradient is masked once,
+//! in cache; through the fused 2×2 pooling it is expanded from the windows' arg-max, or the whole backward goes
+//! sparse ([`super::sparse`]).
+//!
+//! Dispatch: [`InputGrad`] and [`WeightGrad`] plan the direct paths (`None`: unfold instead). Images go in fixed
+//! chunks whose weight and bias partial sums are added chunk after chunk, so the results do not depend on the
+//! thread count.
+
+use ndarray::{Array1, ArrayD};
+use rayon::prelude::*;
+
+use super::forward::for_each_pooling_plane;
+use super::plan::{InputGrad, WeightGrad};
+use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose};
+use super::{geometry, mat, mat_mut, sparse, sum_in_order, Conv2dParams, Geom, WGRAD_CHUNK};
+use crate::ops::matmul::gemm;
+use crate::ops::simd;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// The gradients a backward returns: input, weight and (with a bias) bias, each `None` when not asked for.
+type Grads = Vec<Option<ArrayD<f32>>>;
+
+/// The backward of a convolution (with the fused ReLU when `relu_out` is its output).
+pub(crate) fn conv2d_backward(
+    x: &Tensor,
+    w: &Tensor,
+    has_bias: bool,
+    p: &Conv2dParams,
+    gout: &ArrayD<f32>,
+    relu_out: Option<&crate::tensor::Array>,
+    need: &[bool],
+) -> Result<Vec<Option<ArrayD<f32>>>> {
+    // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
+    // each image's output gradient as it is used, in cache.
+    let ys = relu_out.map(|y| y.as_standard_layout());
+    let gs = gout.as_standard_layout();
+    let relu = ys.as_ref().map(|y| y.as_slice().expect("std"));
+    backward(x, w, has_bias, p, &OutGrad::Dense { g: gs.as_slice().expect("std"), relu }, need)
+}
+
+/// The backward of [`Tensor::conv2d_relu_max_pool2`], from the pooled output `out`, its gradient and the
+/// windows' arg-max.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv2d_pool_backward(
+    x: &Tensor,
+    w: &Tensor,
+    has_bias: bool,
+    p: &Conv2dParams,
+    gout: &ArrayD<f32>,
+    out: &crate::tensor::Array,
+    argmax: &[u32],
+    need: &[bool],
+) -> Result<Vec<Option<ArrayD<f32>>>> {
+    let (gs, os) = (gout.as_standard_layout(), out.as_standard_layout());
+    let (g, out) = (gs.as_slice().expect("std"), os.as_slice().expect("std"));
+    backward(x, w, has_bias, p, &OutGrad::Pooled(sparse::Pooled { g, out, argmax }), need)
+}
+
+/// The backward of a convolution from the output gradient `src`, `need` naming the gradients to compute.
+fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutGrad, need: &[bool]) -> Result<Grads> {
+    let g = geometry(x.shape(), w.shape(), None, *p)?;
+    let (need_x, need_w) = (need[0], need[1]);
+    let need_b = has_bias && need.get(2).copied().unwrap_or(false);
+    let xs = x.value().as_standard_layout();
+    let ws = w.value().as_standard_layout();
+    let (xs, ws) = (xs.as_slice().expect("std"), ws.as_slice().expect("std"));
+    if let OutGrad::Pooled(pooled) = src {
+        if sparse::applies(&g) {
+            let r = sparse::backward(xs, ws, &g, x.shape()[0], pooled, (need_x, need_w, need_b));
+            let dx = r.dx.map(|v| ArrayD::from_shape_vec(x.shape(), v).expect("input-sized"));
+            let dw = r.dw.map(|v| ArrayD::from_shape_vec(w.shape(), v).expect("weight-sized"));
+            let db = r.db.map(|v| Array1::from(v).into_dyn());
+            return Ok(grads(dx, dw, db, has_bias));
+        }
+    }
+    let dense = Dense::new(g, xs, ws, x.shape()[0], src, (need_x, need_w, need_b));
+    let (dx, dws, dbs) = dense.run();
+    let dw = need_w.then(|| ArrayD::from_shape_vec(w.shape(), dense.weight_grad(&dws)).expect("weight-sized"));
+    let db = need_b.then(|| Array1::from(sum_in_order(&dbs, g.o)).into_dyn());
+    let dx = need_x.then(|| ArrayD::from_shape_vec(x.shape(), dx).expect("input-sized"));
+    Ok(grads(dx, dw, db, has_bias))
+}
+
+/// `[dx, dw]`, then `db` when the convolution has a bias.
+fn grads(dx: Option<ArrayD<f32>>, dw: Option<ArrayD<f32>>, db: Option<ArrayD<f32>>, has_bias: bool) -> Grads {
+    let mut out = vec![dx, dw];
+    if has_bias {
+        out.push(db);
+    }
+    out
+}
+
+/// One dense backward: the inputs, the gradients asked for and the paths they take, shared by the chunks of images.
+struct Dense<'a> {
+    g: Geom,
+    xs: &'a [f32],
+    ws: &'a [f32],
+    n: usize,
+    src: &'a OutGrad<'a>,
+    need_x: bool,
+    need_w: bool,
+    need_b: bool,
+    /// Images per chunk: fixed when weight or bias gradients are summed, so that their partial sums, added chunk
+    /// after chunk, do not depend on the thread count.
+    chunk: usize,
+    /// One image: the kernels may split it across threads.
+    par_inside: bool,
+    /// The weight gradient accumulates transposed, `dWᵀ[K, Og] += col · doutᵀ`, so the product runs on the
+    /// register-tiled kernel (`doutᵀ` has contiguous rows); otherwise `dW += dout · colᵀ` on `gemm`.
+    transposed: bool,
+    /// Where the forward runs direct, so does the input gradient: each register tile of `Wᵀ·dout` is added
+    /// straight into the (padded) image gradient, with no unfolded gradient matrix and no col2im pass.
+    dx_plan: Option<InputGrad>,
+    /// With a column stride of 1, the weight gradient reads the unfolded image straight from the image.
+    dw_plan: Option<WeightGrad>,
+}
+
+/// A chunk's scratch: the unfolded matrix, the transposed output gradient, the masked output gradient and the
+/// padded image.
+struct Scratch {
+    col: Vec<f32>,
+    gt: Vec<f32>,
+    gm: Vec<f32>,
+    pad: Vec<f32>,
+}
+
+impl<'a> Dense<'a> {
+    fn new(g: Geom, xs: &'a [f32], ws: &'a [f32], n: usize, src: &'a OutGrad<'a>, need: (bool, bool, bool)) -> Self {
+        let (need_x, need_w, need_b) = need;
+        Dense {
+            g,
+            xs,
+            ws,
+            n,
+            src,
+            need_x,
+            need_w,
+            need_b,
+            chunk: if need_w || need_b { WGRAD_CHUNK } else { 1 },
+            par_inside: n == 1,
+            transposed: simd::accelerated(),
+            dx_plan: if need_x { input_grad_plan(&g, ws) } else { None },
+            dw_plan: if need_w { weight_grad_plan(&g) } else { None },
+        }
+    }
+
+    /// The input gradient (empty unless asked for) and each chunk's weight and bias partial sums.
+    fn run(&self) -> (Vec<f32>, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let (n, in_len) = (self.n, self.g.c * self.g.h * self.g.w);
+        let mut dx = if self.need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
+        let parts: Vec<(Vec<f32>, Vec<f32>)> = if n == 1 {
+            // Outside rayon's pool, so the kernels may split the one image across threads.
+            vec![self.chunk(0, self.need_x.then_some(&mut dx[..]))]
+        } else if self.need_x {
+            dx.par_chunks_mut(self.chunk * in_len).enumerate().map(|(ci, d)| self.chunk(ci, Some(d))).collect()
+        } else {
+            (0..n.div_ceil(self.chunk)).into_par_iter().map(|ci| self.chunk(ci, None)).collect()
+        };
+        let (dws, dbs) = parts.into_iter().unzip();
+        (dx, dws, dbs)
+    }
+
+    /// Chunk `ci`: its images' input gradients into `dx` (when asked for), and its weight and bias partial sums.
+    /// Each image's output gradient is masked (or expanded from the pooling) once, in cache, for all three.
+    fn chunk(&self, ci: usize, mut dx: Option<&mut [f32]>) -> (Vec<f32>, Vec<f32>) {
+        let g = &self.g;
+        let (k, hw, in_len) = (g.k(), g.hw_out(), g.c * g.h * g.w);
+        let mut acc = vec![0.0f32; if self.need_w { g.o * k } else { 0 }];
+        let mut bacc = vec![0.0f32; if self.need_b { g.o } else { 0 }];
+        let unfolds = self.need_x && self.dx_plan.is_none() || self.need_w && self.dw_plan.is_none();
+        let mut s = Scratch {
+            col: vec![0.0f32; if unfolds { k * hw } else { 0 }],
+            gt: vec![0.0f32; if self.need_w && self.transposed { g.og() * hw } else { 0 }],
+            gm: Vec::new(),
+            pad: Vec::new(),
+        };
+        let mut eb = Vec::new();
+        for i in ci * self.chunk..((ci + 1) * self.chunk).min(self.n) {
+            let (graw, yimg) = self.src.image(g, i, &mut eb);
+            if let Some(dx) = dx.as_deref_mut() {
+                let dimg = &mut dx[(i - ci * self.chunk) * in_len..][..in_len];
+                self.input_grad(graw, yimg, dimg, &mut s);
+            }
+            if self.need_w {
+                self.add_weight_grad(i, graw, yimg, &mut s, &mut acc);
+            }
+            if self.need_b {
+                // Per output channel, the sum of its plane (masked), image after image.
+                for (o, b) in bacc.iter_mut().enumerate() {
+                    *b += lane_sum(&graw[o * hw..(o + 1) * hw], yimg.map(|y| &y[o * hw..(o + 1) * hw]));
+                }
+            }
+        }
+        (acc, bacc)
+    }
+
+    /// One image's input gradient `dimg` (zeroed) from its output gradient `graw` and the fused ReLU's output
+    /// `yimg`, if any.
+    fn input_grad(&self, graw: &[f32], yimg: Option<&[f32]>, dimg: &mut [f32], s: &mut Scratch) {
+        let g = &self.g;
+        let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+        let gimg = relu_masked(graw, yimg, &mut s.gm);
+        if let Some(plan) = &self.dx_plan {
+            input_grad_image_direct(gimg, plan, g, &mut s.pad, dimg, self.par_inside);
+            return;
+        }
+        for grp in 0..g.p.groups {
+            let wg = mat(&self.ws[grp * og * k..(grp + 1) * og * k], og, k);
+            let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+            if g.is_pointwise() {
+                let dst = &mut dimg[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
+                product(wg.t(), gg, mat_mut(dst, k, hw), false, self.par_inside);
+            } else {
+                product(wg.t(), gg, mat_mut(&mut s.col, k, hw), false, self.par_inside);
+                col2im(&s.col, g, grp * g.cg(), dimg);
+            }
+        }
+    }
+
+    /// Adds image `i`'s weight gradient (transposed with [`Dense::transposed`]) into `acc`, from its output
+    /// gradient `graw` and the fused ReLU's output `yimg`, if any.
+    fn add_weight_grad(&self, i: usize, graw: &[f32], yimg: Option<&[f32]>, s: &mut Scratch, acc: &mut [f32]) {
+        let g = &self.g;
+        let (og, k, hw, in_len) = (g.og(), g.k(), g.hw_out(), g.c * g.h * g.w);
+        let u = direct_unfold(g);
+        let img = &self.xs[i * in_len..(i + 1) * in_len];
+        // The transposed path masks while it transposes; the `gemm` path needs the masked copy.
+        let gimg = if self.transposed { graw } else { relu_masked(graw, yimg, &mut s.gm) };
+        let src_img = if self.dw_plan.is_some() { padded(img, g, &mut s.pad) } else { img };
+        for grp in 0..g.p.groups {
+            let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
+            if self.transposed {
+                let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
+                transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut s.gt);
+            }
+            if let Some(plan) = &self.dw_plan {
+                // The unfolded image is read in place, never written out.
+                plan.run(&src_img[grp * g.cg() * u.h * u.w..], &s.gt, og, dst);
+                continue;
+            }
+            let src = if g.is_pointwise() {
+                &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw]
+            } else {
+                im2col(img, g, grp * g.cg(), &mut s.col);
+                &s.col[..]
+            };
+            if self.transposed {
+                product(mat(src, k, hw), mat(&s.gt, hw, og), mat_mut(dst, k, og), true, self.par_inside);
+            } else {
+                let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+                gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, self.par_inside);
+            }
+        }
+    }
+
+    /// The weight gradient `[O, K]` from the chunks' partial sums, added in order.
+    fn weight_grad(&self, parts: &[Vec<f32>]) -> Vec<f32> {
+        let (og, k) = (self.g.og(), self.g.k());
+        let mut total = sum_in_order(parts, self.g.o * k);
+        if self.transposed {
+            // The chunks accumulated each group's dWᵀ [K, Og]: transposed once, after the sum.
+            for grp in total.chunks_mut(og * k) {
+                let t = mat(grp, k, og).t().as_standard_layout().into_owned();
+                grp.copy_from_slice(t.as_slice().expect("standard layout"));
+            }
+        }
+        total
+    }
+}
+
+/// The plan of the input gradient added straight into the image gradient ([`InputGrad`], where the forward runs
+/// direct), or `None` where it takes col2im.
+fn input_grad_plan(g: &Geom, ws: &[f32]) -> Option<InputGrad> {
+    if g.p.stride.1 == 1 && !g.is_pointwise() {
+        InputGrad::plan(&direct_unfold(g), g.og(), ws)
+    } else {
+        None
+    }
+}
+
+/// The plan of the weight gradient with the unfolded image read in place ([`WeightGrad`], on the vector kernels'
+/// transposed product), or `None` where it unfolds the image.
+fn weight_grad_plan(g: &Geom) -> Option<WeightGrad> {
+    if simd::accelerated() && g.p.stride.1 == 1 && !g.is_pointwise() {
+        WeightGrad::plan(&direct_unfold(g))
+    } else {
+        None
+    }
+}
+
+/// Input gradient of one image on the direct kernels (see [`input_grad_plan`]): `dimg[C, H, W]` (zeroed) from the
+/// masked output gradient `gimg[O, Ho·Wo]`, group by group, through a zero-padded scratch image `pad` when the
+/// geometry has padding.
+fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut Vec<f32>, dimg: &mut [f32], par: bool) {
+    let (og, hw) = (g.og(), g.hw_out());
+    let u = direct_unfold(g);
+    let (ph, pw) = g.p.padding;
+    let padded = (ph, pw) != (0, 0);
+    if padded {
+        pad.clear();
+        pad.resize(g.c * u.h * u.w, 0.0);
+    }
+    let target: &mut [f32] = if padded { pad } else { dimg };
+    for grp in 0..g.p.groups {
+        let planes = &mut target[grp * g.cg() * u.h * u.w..(grp + 1) * g.cg() * u.h * u.w];
+        plan.run(grp, &gimg[grp * og * hw..(grp + 1) * og * hw], planes, par);
+    }
+    if padded {
+        for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(u.h * u.w)) {
+            for (drow, srow) in plane.chunks_exact_mut(g.w).zip(src[ph * u.w..].chunks_exact(u.w)) {
+                drow.copy_from_slice(&srow[pw..pw + g.w]);
+            }
+        }
+    }
+}
+
+/// `g` where the fused ReLU's output `y` is positive and 0 elsewhere, written into `buf` (or `g` itself when
+/// there is no ReLU).
+fn relu_masked<'a>(g: &'a [f32], y: Option<&[f32]>, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    let Some(y) = y else { return g };
+    buf.clear();
+    buf.extend(g.iter().zip(y).map(|(&g, &y)| if y > 0.0 { g } else { 0.0 }));
+    buf
+}
+
+/// The sum of `v` (where the fused ReLU's output `y`, if given, is positive) in sixteen interleaved partial sums
+/// (a fixed order, so deterministic, and not bound by the latency of one dependent chain of additions).
+fn lane_sum(v: &[f32], y: Option<&[f32]>) -> f32 {
+    let pass = |v: f32, y: f32| if y > 0.0 { v } else { 0.0 };
+    let mut acc = [0.0f32; 16];
+    let chunks = v.chunks_exact(16);
+    let rest: f32 = match y {
+        Some(y) => chunks.remainder().iter().zip(&y[v.len() / 16 * 16..]).map(|(&v, &y)| pass(v, y)).sum(),
+        None => chunks.remainder().iter().sum(),
+    };
+    match y {
+        Some(y) => {
+            for (c, m) in chunks.zip(y.chunks_exact(16)) {
+                for ((a, &x), &m) in acc.iter_mut().zip(c).zip(m) {
+                    *a += pass(x, m);
+                }
+            }
+        }
+        None => {
+            for c in chunks {
+                for (a, x) in acc.iter_mut().zip(c) {
+                    *a += x;
+                }
+            }
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// The output gradient a convolution's backward consumes, one image at a time, before the fused ReLU (and
+/// pooling) is undone.
+enum OutGrad<'a> {
+    /// `[N, O, Ho, Wo]`, masked where the fused ReLU's output `relu` (same layout), if any, is not positive.
+    Dense { g: &'a [f32], relu: Option<&'a [f32]> },
+    /// Through a fused ReLU and 2×2 max pooling: the pooled gradient and output `[N, O, Ho/2, Wo/2]` and each
+    /// window's flat arg-max in its `Ho × Wo` plane. The gradient goes to the arg-max where the pooled output is
+    /// positive — what the pooling's backward followed by the ReLU's gives.
+    Pooled(sparse::Pooled<'a>),
+}
+
+impl OutGrad<'_> {
+    /// Image `i`'s gradient `[O, Ho·Wo]` and the ReLU mask still to apply to it (`None`: none, or applied),
+    /// expanded into `buf` when pooled.
+    fn image<'s>(&'s self, geo: &Geom, i: usize, buf: &'s mut Vec<f32>) -> (&'s [f32], Option<&'s [f32]>) {
+        let len = geo.o * geo.hw_out();
+        match *self {
+            OutGrad::Dense { g, relu } => (&g[i * len..(i + 1) * len], relu.map(|y| &y[i * len..(i + 1) * len])),
+            OutGrad::Pooled(sparse::Pooled { g, out, argmax }) => {
+                let pooled = geo.o * (geo.ho / 2) * (geo.wo / 2);
+                let at = i * pooled;
+                let (g, out, argmax) = (&g[at..at + pooled], &out[at..at + pooled], &argmax[at..at + pooled]);
+                buf.resize(len, 0.0);
+                for_each_pooling_plane(geo, buf, |h, plane, range| {
+                    let (g, out, argmax) = (&g[range.clone()], &out[range.clone()], &argmax[range]);
+                    if !simd::relu_max_pool_2x2_expand(h, geo.wo, out, g, argmax, plane) {
+                        plane.fill(0.0);
+                        for ((&gv, &y), &j) in g.iter().zip(out).zip(argmax) {
+                            if y > 0.0 {
+                                plane[j as usize] = gv;
+                            }
+                        }
+                    }
+                });
+                (buf, None)
+            }
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The forward of a convolution, optionally fused with the ReLU after it, or with the ReLU and a 2×2 max pooling:
+//! per image and group, `out[Og, HoWo] = W[Og, K] · col[K, HoWo]` with `K = Cg·kh·kw`, where `col` is the unfolded
+//! image — read in place by the direct kernels, else written by im2col. Batch-parallel over images; one image
+//! splits its work across threads instead.
+//!
+//! Dispatch: [`DirectConv`] plans the direct path (`None`: unfold), which also pools in registers; otherwise each
+//! image's output goes to a buffer, in cache, and is pooled from there.
+
+use std::mem::MaybeUninit;
+
+use ndarray::Array4;
+use rayon::prelude::*;
+
+use super::plan::DirectConv;
+use super::unfold::{direct_unfold, im2col, padded, product};
+use super::{geometry, mat, mat_mut, Conv2dParams, Geom};
+use crate::ops::pool::{self, Pool2dParams};
+use crate::ops::{record, Op};
+use crate::tensor::{grad_enabled, Tensor};
+use crate::Result;
+
+/// The plan of the forward straight from the image ([`DirectConv`]), or `None` where it unfolds the image.
+fn direct_plan(g: &Geom) -> Option<DirectConv> {
+    if g.p.stride.1 == 1 && !g.is_pointwise() {
+        DirectConv::plan(&direct_unfold(g))
+    } else {
+        None
+    }
+}
+
+/// Direct forward for one image (see [`direct_plan`]) with the geometry's `plan`: `img` is zero-padded into `pad`
+/// when the geometry has padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when
+/// `relu`, the ReLU.
+#[allow(clippy::too_many_arguments)]
+fn forward_image_direct(
+    img: &[f32],
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    plan: &DirectConv,
+    pad: &mut Vec<f32>,
+    out: &mut [MaybeUninit<f32>],
+    relu: bool,
+    par: bool,
+) {
+    let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+    let u = direct_unfold(g);
+    let src = padded(img, g, pad);
+    for grp in 0..g.p.groups {
+        let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
+        let (wg, dst) = (&wt[grp * og * k..(grp + 1) * og * k], &mut out[grp * og * hw..(grp + 1) * og * hw]);
+        plan.run(&src[grp * g.cg() * u.h * u.w..], wg, og, b, relu, dst, par);
+    }
+}
+
+/// [`Tensor::conv2d_relu_max_pool2`] of one image on the direct kernels, pooled in registers: `out[O, Ho/2, Wo/2]`
+/// and, unless `idx` is empty, the windows' arg-max as [`for_each_pooling_plane`] numbers them.
+#[allow(clippy::too_many_arguments)]
+fn pooled_image_direct(
+    img: &[f32],
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    plan: &DirectConv,
+    pad: &mut Vec<f32>,
+    (out, idx): (&mut [f32], &mut [u32]),
+    par: bool,
+) {
+    let (og, k, hw, pp) = (g.og(), g.k(), g.hw_out(), (g.ho / 2) * (g.wo / 2));
+    let u = direct_unfold(g);
+    let src = padded(img, g, pad);
+    let tall = g.ho.is_multiple_of(2);
+    for grp in 0..g.p.groups {
+        let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
+        let wg = &wt[grp * og * k..(grp + 1) * og * k];
+        let dst = &mut out[grp * og * pp..(grp + 1) * og * pp];
+        let ids = if idx.is_empty() { &mut [][..] } else { &mut idx[grp * og * pp..(grp + 1) * og * pp] };
+        let offset = if tall { (grp * og * hw) as u32 } else { 0 };
+        plan.run_pooled(&src[grp * g.cg() * u.h * u.w..], wg, og, b, dst, ids, (tall, offset), par);
+    }
+}
+
+/// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]` (`out` zeroed).
+pub(super) fn forward_image(
+    img: &[f32],
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    col: &mut Vec<f32>,
+    out: &mut [f32],
+    par: bool,
+) {
+    let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+    // The bias is written first and the GEMM accumulates onto it (`b + Σ w·x`), saving a pass over the output.
+    if let Some(b) = bias {
+        for (plane, &bv) in out.chunks_mut(hw).zip(b) {
+            plane.fill(bv);
+        }
+    }
+    for grp in 0..g.p.groups {
+        let wg = mat(&wt[grp * og * k..(grp + 1) * og * k], og, k);
+        let dst = mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw);
+        if g.is_pointwise() {
+            let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
+            product(wg, mat(src, k, hw), dst, bias.is_some(), par);
+        } else {
+            col.resize(k * hw, 0.0);
+            im2col(img, g, grp * g.cg(), col);
+            product(wg, mat(col, k, hw), dst, bias.is_some(), par);
+        }
+    }
+}
+
+/// The values of a convolution's input, weight and bias, contiguous (copied only when not in standard layout).
+struct Operands<'a> {
+    x: ndarray::CowArray<'a, f32, ndarray::IxDyn>,
+    w: ndarray::CowArray<'a, f32, ndarray::IxDyn>,
+    b: Option<ndarray::CowArray<'a, f32, ndarray::IxDyn>>,
+}
+
+impl<'a> Operands<'a> {
+    fn new(x: &'a Tensor, w: &'a Tensor, b: Option<&'a Tensor>) -> Self {
+        let std = |t: &'a Tensor| t.value().as_standard_layout();
+        Operands { x: std(x), w: std(w), b: b.map(std) }
+    }
+
+    fn slices(&self) -> (&[f32], &[f32], Option<&[f32]>) {
+        let flat = "standard layout";
+        (
+            self.x.as_slice().expect(flat),
+            self.w.as_slice().expect(flat),
+            self.b.as_ref().map(|b| b.as_slice().expect(flat)),
+        )
+    }
+}
+
+pub(super) fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: bool) -> Result<Tensor> {
+    let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
+    let n = x.shape()[0];
+    let ops = Operands::new(x, w, b);
+    let (xs, ws, bias) = ops.slices();
+    let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
+    let out = if let Some(plan) = direct_plan(&g) {
+        // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
+        let mut out = Vec::with_capacity(n * out_len);
+        let slots = &mut out.spare_capacity_mut()[..n * out_len];
+        let run = |pad: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], par: bool| {
+            forward_image_direct(img, ws, bias, &g, &plan, pad, o, relu, par)
+        };
+        if n == 1 {
+            run(&mut Vec::new(), slots, xs, true);
+        } else {
+            slots
+                .par_chunks_mut(out_len)
+                .zip(xs.par_chunks(in_len))
+                .for_each_init(Vec::new, |pad, (o, img)| run(pad, o, img, false));
+        }
+        // SAFETY: `forward_image_direct` wrote every element of every image's output.
+        unsafe { out.set_len(n * out_len) };
+        out
+    } else {
+        let mut out = vec![0.0f32; n * out_len];
+        // The fused ReLU runs on each image's output while it is still in cache.
+        let run = |col: &mut Vec<f32>, o: &mut [f32], img: &[f32], par: bool| {
+            forward_image(img, ws, bias, &g, col, o, par);
+            if relu {
+                o.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+        };
+        if n == 1 {
+            run(&mut Vec::new(), &mut out, xs, true);
+        } else {
+            out.par_chunks_mut(out_len)
+                .zip(xs.par_chunks(in_len))
+                .for_each_init(Vec::new, |col, (o, img)| run(col, o, img, false));
+        }
+        out
+    };
+    let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
+    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu, pool: None }))
+}
+
+/// `max_pool2d(relu(conv2d(x)), 2×2, stride 2)` as one op: on the direct kernels each register tile is pooled as
+/// it is stored, elsewhere each image's convolution output stays in a per-thread buffer, in cache; only the pooled
+/// output is written — with each window's arg-max when the op is recorded, for the backward. The same values and
+/// gradients as the three ops.
+pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams) -> Result<Tensor> {
+    let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
+    let window = Pool2dParams::square(2);
+    if g.ho < 2 || g.wo < 2 {
+        // No whole window: the separate ops report the pooling's error.
+        return conv2d(x, w, b, p, true)?.max_pool2d(window);
+    }
+    let n = x.shape()[0];
+    let ops = Operands::new(x, w, b);
+    let (xs, ws, bias) = ops.slices();
+    let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
+    let (ph, pw) = (g.ho / 2, g.wo / 2);
+    let pooled_len = g.o * ph * pw;
+    let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
+    let plan = direct_plan(&g);
+    let one = |(conv, scratch): &mut (Vec<f32>, Vec<f32>), img: &[f32], o: &mut [f32], idx: &mut [u32], par: bool| {
+        if let Some(plan) = &plan {
+            // Pooled in registers as the tiles are stored: the convolution's output is never written.
+            pooled_image_direct(img, ws, bias, &g, plan, scratch, (o, idx), par);
+            return;
+        }
+        // Otherwise the image's convolution goes to a buffer, in cache, and is pooled from there.
+        conv.resize(out_len, 0.0);
+        forward_image(img, ws, bias, &g, scratch, conv, par);
+        conv.iter_mut().for_each(|v| *v = v.max(0.0));
+        for_each_pooling_plane(&g, conv, |h, plane, range| {
+            let idx = if idx.is_empty() { &mut [][..] } else { &mut idx[range.clone()] };
+            pool::max_pool_plane(plane, &mut o[range], idx, h, g.wo, pw, &window);
+        });
+    };
+    let mut out = vec![0.0f32; n * pooled_len];
+    let mut argmax = vec![0u32; if tracked { n * pooled_len } else { 0 }];
+    if n == 1 {
+        one(&mut Default::default(), xs, &mut out, &mut argmax, true);
+    } else if tracked {
+        out.par_chunks_mut(pooled_len)
+            .zip(argmax.par_chunks_mut(pooled_len))
+            .zip(xs.par_chunks(in_len))
+            .for_each_init(Default::default, |bufs, ((o, idx), img)| one(bufs, img, o, idx, false));
+    } else {
+        out.par_chunks_mut(pooled_len)
+            .zip(xs.par_chunks(in_len))
+            .for_each_init(Default::default, |bufs, (o, img)| one(bufs, img, o, &mut [], false));
+    }
+    let value = Array4::from_shape_vec((n, g.o, ph, pw), out).expect("sized above").into_dyn();
+    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu: true, pool: Some(argmax) };
+    Ok(record(value, op))
+}
+
+/// Calls `f(h, plane, range)` for the planes of one image's convolution output `[O, Ho, Wo]` that 2×2 pooling
+/// treats as one (`h` rows of `Wo`; `range`: their pooled outputs within the image's): the whole image as one
+/// tall plane when `Ho` is even (no window straddles two channels), else each channel. The fused op's arg-max is
+/// flat within these planes.
+pub(super) fn for_each_pooling_plane<T>(
+    geo: &Geom,
+    img: &mut [T],
+    mut f: impl FnMut(usize, &mut [T], std::ops::Range<usize>),
+) {
+    let (hw, pp) = (geo.hw_out(), (geo.ho / 2) * (geo.wo / 2));
+    if geo.ho.is_multiple_of(2) {
+        f(geo.o * geo.ho, &mut img[..geo.o * hw], 0..geo.o * pp);
+    } else {
+        for (c, plane) in img[..geo.o * hw].chunks_exact_mut(hw).enumerate() {
+            f(geo.ho, plane, c * pp..(c + 1) * pp);
+        }
+    }
+}

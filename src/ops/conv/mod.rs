@@ -1,0 +1,190 @@
+//! 2-D convolution (cross-correlation, as PyTorch), batch-parallel, with its backward; optionally fused with the
+//! ReLU after it, or with the ReLU and a 2×2 max pooling.
+//!
+//! - [`forward`]: `out[Og, HoWo] = W[Og, K] · col[K, HoWo]` per image and group, `K = Cg·kh·kw`, where `col` is
+//!   the unfolded image — read in place by the direct kernels when the column stride is 1, else written by im2col;
+//! - [`backward`]: `dcol = Wᵀ · dout` scattered back into the image for ∂L/∂x (tile by tile on the direct kernels,
+//!   else by col2im), and `dW = Σₙ dout · colᵀ` for ∂L/∂W — only the gradients whose inputs are tracked;
+//! - [`sparse`]: the backward through the fused ReLU and 2×2 max pooling from the windows' arg-max alone;
+//! - `plan` (x86-64; `no_plan.rs` elsewhere): the planners of the direct kernels, `None` where they do not run;
+//! - [`unfold`]: im2col, col2im, the product and the transpose, on the vector kernels or scalar loops.
+//!
+//! Weight and bias gradients are summed per fixed chunk of images and the chunks added in order, so results do not
+//! depend on the thread count. This file holds the parameters, the geometry and the [`Tensor`] methods.
+
+use ndarray::{ArrayView2, ArrayViewMut2};
+
+use super::simd;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+mod backward;
+mod forward;
+#[cfg(target_arch = "x86_64")]
+mod plan;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "no_plan.rs"]
+mod plan;
+mod sparse;
+mod unfold;
+
+pub(crate) use backward::{conv2d_backward, conv2d_pool_backward};
+
+/// Stride, zero padding, dilation and groups of a convolution (PyTorch's meaning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dParams {
+    /// Step between output positions (rows, columns).
+    pub stride: (usize, usize),
+    /// Zeros added on each side (rows, columns).
+    pub padding: (usize, usize),
+    /// Spacing between kernel taps (rows, columns).
+    pub dilation: (usize, usize),
+    /// Channel groups: input and output channels split into this many independent convolutions.
+    pub groups: usize,
+}
+
+impl Default for Conv2dParams {
+    fn default() -> Self {
+        Conv2dParams { stride: (1, 1), padding: (0, 0), dilation: (1, 1), groups: 1 }
+    }
+}
+
+/// Geometry shared by the forward and backward kernels.
+#[derive(Clone, Copy)]
+struct Geom {
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    ho: usize,
+    wo: usize,
+    p: Conv2dParams,
+}
+
+impl Geom {
+    fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+    fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+    fn k(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    fn hw_out(&self) -> usize {
+        self.ho * self.wo
+    }
+    fn unfold(&self) -> simd::Unfold {
+        let p = &self.p;
+        simd::Unfold {
+            cg: self.cg(),
+            h: self.h,
+            w: self.w,
+            kh: self.kh,
+            kw: self.kw,
+            ho: self.ho,
+            wo: self.wo,
+            sh: p.stride.0,
+            ph: p.padding.0,
+            pw: p.padding.1,
+            dh: p.dilation.0,
+            dw: p.dilation.1,
+        }
+    }
+    fn is_pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.p.stride == (1, 1) && self.p.padding == (0, 0)
+    }
+}
+
+/// Images per chunk for weight-gradient partial sums: fixed, so the summation order is too.
+const WGRAD_CHUNK: usize = 8;
+
+/// Output size of a convolution or pooling window along one axis, or `None` if the window does not fit.
+pub(crate) fn out_size(len: usize, k: usize, stride: usize, pad: usize, dil: usize) -> Option<usize> {
+    let span = dil * (k - 1) + 1;
+    (len + 2 * pad).checked_sub(span).map(|r| r / stride + 1)
+}
+
+fn geometry(x: &[usize], w: &[usize], b: Option<&[usize]>, p: Conv2dParams) -> Result<Geom> {
+    let op = "conv2d";
+    let [_, c, h, wd] = *x else {
+        return Err(Error::RankMismatch { op, expected: 4, got: x.len(), shape: x.to_vec() });
+    };
+    let [o, cg, kh, kw] = *w else {
+        return Err(Error::RankMismatch { op, expected: 4, got: w.len(), shape: w.to_vec() });
+    };
+    if p.groups == 0
+        || p.stride.0 == 0
+        || p.stride.1 == 0
+        || p.dilation.0 == 0
+        || p.dilation.1 == 0
+        || kh == 0
+        || kw == 0
+    {
+        return Err(Error::invalid(op, format!("stride, dilation, kernel and groups must be positive: {p:?}")));
+    }
+    if c == 0 || o == 0 {
+        return Err(Error::invalid(op, format!("{c} input and {o} output channels: both must be positive")));
+    }
+    if c % p.groups != 0 || o % p.groups != 0 || cg * p.groups != c {
+        return Err(Error::ShapeMismatch { op, expected: vec![o, c / p.groups.max(1), kh, kw], got: w.to_vec() });
+    }
+    if let Some(b) = b {
+        if b != [o] {
+            return Err(Error::ShapeMismatch { op, expected: vec![o], got: b.to_vec() });
+        }
+    }
+    let ho = out_size(h, kh, p.stride.0, p.padding.0, p.dilation.0);
+    let wo = out_size(wd, kw, p.stride.1, p.padding.1, p.dilation.1);
+    let (Some(ho), Some(wo)) = (ho, wo) else {
+        return Err(Error::invalid(op, format!("kernel {kh}x{kw} does not fit input {h}x{wd} with {p:?}")));
+    };
+    Ok(Geom { c, h, w: wd, o, kh, kw, ho, wo, p })
+}
+
+fn mat(s: &[f32], r: usize, c: usize) -> ArrayView2<'_, f32> {
+    ArrayView2::from_shape((r, c), s).expect("slice length is r·c")
+}
+
+fn mat_mut(s: &mut [f32], r: usize, c: usize) -> ArrayViewMut2<'_, f32> {
+    ArrayViewMut2::from_shape((r, c), s).expect("slice length is r·c")
+}
+
+/// The chunks' partial sums (`len` values each) added chunk after chunk: a fixed order, whatever the threads.
+fn sum_in_order(parts: &[Vec<f32>], len: usize) -> Vec<f32> {
+    let mut total = vec![0.0f32; len];
+    for part in parts {
+        total.iter_mut().zip(part).for_each(|(t, v)| *t += v);
+    }
+    total
+}
+
+/// Convolution.
+impl Tensor {
+    /// 2-D cross-correlation of `self` [N, C, H, W] with `weight` [O, C/groups, kh, kw] plus an optional
+    /// `bias` [O]; output [N, O, Ho, Wo] with Ho = ⌊(H + 2p − d(kh−1) − 1)/s⌋ + 1.
+    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
+        forward::conv2d(self, weight, bias, params, false)
+    }
+
+    /// `relu(conv2d(…))` as one op: the same values and gradients, one pass over the output fewer each way.
+    pub fn conv2d_relu(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
+        forward::conv2d(self, weight, bias, params, true)
+    }
+
+    /// `max_pool2d(relu(conv2d(…)), 2×2 windows, stride 2)` as one op: the same values and gradients, with the
+    /// convolution's output kept in cache instead of written out and read back each way.
+    pub fn conv2d_relu_max_pool2(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        params: Conv2dParams,
+    ) -> Result<Tensor> {
+        forward::conv2d_relu_max_pool2(self, weight, bias, params)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,457 @@
+//! Planners for the convolution tile kernels (`simd::conv`): each works out once per op what the register tiles of
+//! one image group read and write — kernel taps' offsets in the image, vectors of output positions, tiles of
+//! output channels or of `Wᵀ` rows — then runs them image group by image group.
+//! - [`DirectConv`]: the forward straight from the image (implicit GEMM), with the bias and ReLU, or pooled 2×2;
+//! - [`WeightGrad`]: `dWᵀ += col · doutᵀ` with the unfolded image read in place;
+//! - [`InputGrad`]: `Wᵀ·dout` added tile by tile straight into the image gradient (no col2im pass).
+//!
+//! Each planner's `plan` returns `None` when its kernels do not run (no vector instruction set, or a geometry they
+//! do not take), and the caller takes the unfolding path. x86-64 only; elsewhere `no_plan.rs` stands in, whose
+//! planners never plan.
+
+use std::mem::MaybeUninit;
+
+use crate::ops::simd::conv::{self as kernels, Direct, Gather, Pos, Scatter};
+use crate::ops::simd::{level, run_jobs, tile_bias, tile_rows, Level, Unfold, BLOCK_M};
+
+/// Whether the direct kernels ([`DirectConv`], [`InputGrad`]) take this geometry: the vector kernels are present,
+/// the geometry is unpadded (the caller pads) with a column stride of 1, and output rows fill the vectors well (at
+/// least 3/4 of the lanes; an 8-wide row on 16 lanes is better served by unfolding).
+fn direct_fits(u: &Unfold) -> bool {
+    let lanes = match level() {
+        Level::Portable => return false,
+        Level::Avx2 => 8,
+        Level::Avx512 => 16,
+    };
+    let fits = u.h > (u.ho.max(1) - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo.max(1) - 1 + (u.kw - 1) * u.dw;
+    u.ph == 0 && u.pw == 0 && u.ho > 0 && u.wo > 0 && fits && 4 * u.wo >= 3 * u.wo.div_ceil(lanes) * lanes
+}
+
+/// A convolution of one image group computed straight from the image (implicit GEMM), without unfolding it:
+/// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` plus the bias, then the ReLU when `relu`, where `col` is never
+/// written — each register tile loads its input runs from the image at the kernel taps' offsets. Built once per
+/// op (the taps' offsets and the vectors of output positions), then [`DirectConv::run`] per image group.
+///
+/// Each output element is the same fused multiply-add chain as `simd::gemm_nn` over the im2col matrix with the
+/// output prefilled by the bias, so both paths give identical bits.
+pub(super) struct DirectConv {
+    u: Unfold,
+    level: Level,
+    max_vecs: usize,
+    /// Image offset of each row of the virtual im2col matrix (channel, kernel row, kernel column).
+    koff: Vec<isize>,
+    /// (input offset, output offset, lanes) of every vector of output positions, row by row.
+    vecs: Vec<(usize, usize, usize)>,
+    /// For [`DirectConv::run_pooled`]: the vectors of each pair of output rows `2i, 2i + 1` (input offsets of both,
+    /// lanes, the pooled output's offset in a channel, the window's flat offset in a channel's `Ho × Wo` plane).
+    pairs: Vec<(usize, usize, usize, usize, usize)>,
+}
+
+impl DirectConv {
+    /// The plan for `u`; `None` without the vector kernels or for a geometry they do not take ([`direct_fits`]).
+    pub(super) fn plan(u: &Unfold) -> Option<DirectConv> {
+        if !direct_fits(u) {
+            return None;
+        }
+        let level = level();
+        let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
+        let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
+        for c in 0..u.cg {
+            for ki in 0..u.kh {
+                for kj in 0..u.kw {
+                    koff.push((c * u.h * u.w + ki * u.dh * u.w + kj * u.dw) as isize);
+                }
+            }
+        }
+        let mut vecs = Vec::with_capacity(u.ho * u.wo.div_ceil(lanes));
+        for oh in 0..u.ho {
+            for ow in (0..u.wo).step_by(lanes) {
+                vecs.push((oh * u.sh * u.w + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
+            }
+        }
+        let mut pairs = Vec::new();
+        for oh in (0..u.ho / 2 * 2).step_by(2) {
+            for ow in (0..u.wo / 2 * 2).step_by(lanes) {
+                let n = (u.wo - ow).min(lanes);
+                let (top, pooled) = (oh * u.sh * u.w + ow, oh / 2 * (u.wo / 2) + ow / 2);
+                pairs.push((top, top + u.sh * u.w, n, pooled, oh * u.wo + ow));
+            }
+        }
+        Some(DirectConv { u: *u, level, max_vecs, koff, vecs, pairs })
+    }
+
+    /// `max_pool2d(relu(conv), 2×2, stride 2)` of one image group straight from the registers: `pooled[Og, Ho/2,
+    /// Wo/2]` and, unless `idx` is empty, each window's first arg-max, flat in the channel's `Ho × Wo` plane — or,
+    /// with `tall`, in the image's output taken as one `O·Ho × Wo` plane, this group's channels starting at
+    /// `idx_offset`. The same values and indices as
+    /// [`DirectConv::run`] with the ReLU followed by `simd::max_pool_2x2`; the convolution's output is never stored.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_pooled(
+        &self,
+        img: &[f32],
+        wt: &[f32],
+        og: usize,
+        bias: Option<&[f32]>,
+        pooled: &mut [f32],
+        idx: &mut [u32],
+        (tall, idx_offset): (bool, u32),
+        parallel: bool,
+    ) {
+        let u = &self.u;
+        let (k, hw, pp) = (u.cg * u.kh * u.kw, u.ho * u.wo, (u.ho / 2) * (u.wo / 2));
+        let with_idx = !idx.is_empty();
+        assert!(
+            og > 0
+                && wt.len() >= og * k
+                && pooled.len() >= og * pp
+                && (!with_idx || idx.len() >= og * pp)
+                && bias.is_none_or(|b| b.len() >= og)
+                && img.len() >= u.cg * u.h * u.w
+                && hw * og < 1 << 31,
+            "conv_direct pooled: sizes"
+        );
+        let rsi = if tall { hw as u32 } else { 0 };
+        // Each tile of output channels owns its pooled rows (and indices).
+        let (mut rest, mut rest_idx) = (&mut pooled[..og * pp], &mut idx[..if with_idx { og * pp } else { 0 }]);
+        let jobs: Vec<_> = tile_rows(og)
+            .map(|(i, mr)| {
+                let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * pp);
+                let (irows, itail) = std::mem::take(&mut rest_idx).split_at_mut(if with_idx { mr * pp } else { 0 });
+                (rest, rest_idx) = (tail, itail);
+                (i, mr, rows, irows)
+            })
+            .collect();
+        let run = |(i, mr, rows, irows): (usize, usize, &mut [f32], &mut [u32])| {
+            let bias_rows = tile_bias(bias, i, mr);
+            let (dst, idst) = (rows.as_mut_ptr(), irows.as_mut_ptr());
+            for group in self.pairs.chunks(self.max_vecs / 2) {
+                let mut t = Direct {
+                    k,
+                    a: wt[i * k..].as_ptr(),
+                    rsa: k,
+                    koff: self.koff.as_ptr(),
+                    src: [img.as_ptr(); 4],
+                    dst: [std::ptr::null_mut(); 4],
+                    lanes: [0; 4],
+                    rsc: 0,
+                    bias: bias_rows,
+                    relu: true,
+                    pool: true,
+                    pooled: [std::ptr::null_mut(); 2],
+                    idx: [std::ptr::null_mut(); 2],
+                    idx_base: [0; 2],
+                    rsp: pp,
+                    rsi,
+                    w: u.wo as u32,
+                };
+                for (p, &(top, bottom, n, at, flat)) in group.iter().enumerate() {
+                    // Every tap of every lane stays inside the image (`direct_fits`); each pair's windows
+                    // stay inside its rows' pooled outputs.
+                    t.src[2 * p] = img.as_ptr().wrapping_add(top);
+                    t.src[2 * p + 1] = img.as_ptr().wrapping_add(bottom);
+                    (t.lanes[2 * p], t.lanes[2 * p + 1]) = (n, n);
+                    t.pooled[p] = dst.wrapping_add(at);
+                    if with_idx {
+                        t.idx[p] = idst.wrapping_add(at);
+                    }
+                    t.idx_base[p] = idx_offset + (i as u32) * rsi + flat as u32;
+                }
+                // SAFETY: the level's instructions are present; loads stay inside `img`, stores inside the tile's
+                // pooled rows and indices (masked lanes never touch memory).
+                unsafe {
+                    kernels::direct(self.level, &t, mr, 2 * group.len());
+                }
+            }
+        };
+        run_jobs(jobs, parallel, og * hw * k, run);
+    }
+
+    /// `out[Og, Ho·Wo]` (every element written; it need not be initialised) from one image group `img` and its
+    /// weights `wt[Og, K]`. With `parallel` (and enough work, outside a rayon task) the tiles of output channels
+    /// are split across threads.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        img: &[f32],
+        wt: &[f32],
+        og: usize,
+        bias: Option<&[f32]>,
+        relu: bool,
+        out: &mut [MaybeUninit<f32>],
+        parallel: bool,
+    ) {
+        let u = &self.u;
+        let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
+        assert!(
+            og > 0
+                && wt.len() >= og * k
+                && out.len() >= og * hw
+                && bias.is_none_or(|b| b.len() >= og)
+                && img.len() >= u.cg * u.h * u.w,
+            "conv_direct: sizes"
+        );
+        // Each tile of output channels owns its output rows.
+        let mut rest = &mut out[..og * hw];
+        let jobs: Vec<_> = tile_rows(og)
+            .map(|(i, mr)| {
+                let (rows, tail) = std::mem::take(&mut rest).split_at_mut(mr * hw);
+                rest = tail;
+                (i, mr, rows)
+            })
+            .collect();
+        let run = |(i, mr, rows): (usize, usize, &mut [MaybeUninit<f32>])| {
+            let bias_rows = tile_bias(bias, i, mr);
+            let dst = rows.as_mut_ptr().cast::<f32>();
+            for group in self.vecs.chunks(self.max_vecs) {
+                let mut t = Direct {
+                    k,
+                    a: wt[i * k..].as_ptr(),
+                    rsa: k,
+                    koff: self.koff.as_ptr(),
+                    src: [img.as_ptr(); 4],
+                    dst: [dst; 4],
+                    lanes: [0; 4],
+                    rsc: hw,
+                    bias: bias_rows,
+                    relu,
+                    pool: false,
+                    pooled: [std::ptr::null_mut(); 2],
+                    idx: [std::ptr::null_mut(); 2],
+                    idx_base: [0; 2],
+                    rsp: 0,
+                    rsi: 0,
+                    w: 0,
+                };
+                for (v, &(src, out_at, n)) in group.iter().enumerate() {
+                    // Every tap of every lane stays inside the image (`direct_fits`), every store inside
+                    // `rows`.
+                    t.src[v] = img.as_ptr().wrapping_add(src);
+                    t.dst[v] = dst.wrapping_add(out_at);
+                    t.lanes[v] = n;
+                }
+                // SAFETY: the level's instructions are present; loads stay inside `img` and stores inside `rows`
+                // (masked lanes never touch memory).
+                unsafe {
+                    kernels::direct(self.level, &t, mr, group.len());
+                }
+            }
+        };
+        run_jobs(jobs, parallel, og * hw * k, run);
+    }
+}
+
+/// `dWᵀ[K, Og] += col[K, Ho·Wo] · doutᵀ[Ho·Wo, Og]` for one image group, with `col` (the im2col matrix) read
+/// straight from the image instead of written out: each register tile broadcasts its taps' inputs at the output
+/// positions' offsets. Built once per backward (the offsets), then [`WeightGrad::run`] per image group. The
+/// geometry must be unpadded (the caller pads) with a column stride of 1. Every element is the same fused
+/// multiply-add chain over the positions, in order, as `simd::gemm_nn` on the unfolded image, so the bits agree.
+pub(super) struct WeightGrad {
+    u: Unfold,
+    level: Level,
+    /// Image offset of each output position.
+    aoff: Vec<isize>,
+    /// Image offset of each row of the virtual im2col matrix (channel, kernel row, kernel column).
+    koff: Vec<usize>,
+}
+
+impl WeightGrad {
+    /// The plan for `u`; `None` without the vector kernels or for a geometry they do not take.
+    pub(super) fn plan(u: &Unfold) -> Option<WeightGrad> {
+        let level = level();
+        if level == Level::Portable || u.ph != 0 || u.pw != 0 || u.ho == 0 || u.wo == 0 {
+            return None;
+        }
+        let inside = u.h > (u.ho - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo - 1 + (u.kw - 1) * u.dw;
+        assert!(inside, "conv_weight_grad: geometry");
+        let mut aoff = Vec::with_capacity(u.ho * u.wo);
+        for oh in 0..u.ho {
+            for ow in 0..u.wo {
+                aoff.push((oh * u.sh * u.w + ow) as isize);
+            }
+        }
+        let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
+        for c in 0..u.cg {
+            for ki in 0..u.kh {
+                for kj in 0..u.kw {
+                    koff.push(c * u.h * u.w + ki * u.dh * u.w + kj * u.dw);
+                }
+            }
+        }
+        Some(WeightGrad { u: *u, level, aoff, koff })
+    }
+
+    /// `acc += ` one image group's `dWᵀ` from the image group `img` and `gt = doutᵀ` (rows of `og` contiguous;
+    /// `acc` likewise).
+    pub(super) fn run(&self, img: &[f32], gt: &[f32], og: usize, acc: &mut [f32]) {
+        let u = &self.u;
+        let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
+        assert!(
+            og > 0 && img.len() >= u.cg * u.h * u.w && gt.len() >= hw * og && acc.len() >= k * og,
+            "conv_weight_grad: sizes"
+        );
+        let (lanes, block_n) = if self.level == Level::Avx512 { (16, 64) } else { (8, 16) };
+        for j in (0..og).step_by(block_n) {
+            let nb = (og - j).min(block_n);
+            let nv = nb.div_ceil(lanes);
+            for (i, mr) in tile_rows(k) {
+                let mut t = Gather {
+                    k: hw,
+                    a: [img.as_ptr(); BLOCK_M],
+                    aoff: self.aoff.as_ptr(),
+                    b: gt[j..].as_ptr(),
+                    rsb: og as isize,
+                    c: acc[i * og + j..].as_mut_ptr(),
+                    rsc: og as isize,
+                    tail: nb - (nv - 1) * lanes,
+                };
+                for (r, a) in t.a.iter_mut().enumerate().take(mr) {
+                    *a = img[self.koff[i + r]..].as_ptr();
+                }
+                // SAFETY: the level's instructions are present; every tap at every position lies inside the image
+                // (checked by `plan`), every row of `gt` and `acc` touched inside them (masked lanes never touch
+                // memory).
+                unsafe {
+                    kernels::gather(self.level, &t, mr, nv);
+                }
+            }
+        }
+    }
+}
+
+/// `Wᵀ` of one group's weights `W[Og, K]` as [`InputGrad`] reads it: row `r` (the `r`-th row of the unfolded
+/// matrix, a kernel tap of one input channel) holds its `og` weights contiguously.
+fn pack_input_grad(wg: &[f32], og: usize, k: usize, out: &mut [f32]) {
+    for (o, wrow) in wg[..og * k].chunks_exact(k).enumerate() {
+        for (r, &v) in wrow.iter().enumerate() {
+            out[r * og + o] = v;
+        }
+    }
+}
+
+/// The rows of `Wᵀ` one register tile of [`InputGrad`] covers: their indices and tap offsets in the image.
+#[derive(Clone, Copy)]
+struct TileRows {
+    mr: usize,
+    rows: [usize; BLOCK_M],
+    roff: [isize; BLOCK_M],
+}
+
+/// Input channels per independent piece of [`InputGrad`]: a fixed number, so the order of additions into the
+/// image gradient does not depend on how pieces are shared among threads.
+const INPUT_GRAD_CHANNELS: usize = 12;
+
+/// The input gradient of a convolution, group by group, computed without the unfolded matrix: the product
+/// `dcol = Wᵀ·dout` is formed a register tile at a time and each tile is added straight into the image gradient
+/// at its rows' kernel taps — what `simd::col2im` does with the whole product, with nothing written in between.
+/// Built once per backward (`Wᵀ` packed, tiles and position vectors — the same for every group), then
+/// [`InputGrad::run`] per image group.
+///
+/// Input channels are taken in fixed pieces; within a piece the rows are ordered by kernel column, kernel row, then
+/// channel, so the rows of one tile add into different planes or rows, never into partly overlapping runs. Each
+/// element of the image gradient takes its contributions in an order set by the geometry alone, so the result is
+/// the same whether the pieces run on one thread or several.
+pub(super) struct InputGrad {
+    u: Unfold,
+    og: usize,
+    /// `Wᵀ` of each group in turn, packed by [`pack_input_grad`].
+    wt_t: Vec<f32>,
+    level: Level,
+    max_vecs: usize,
+    pos: Vec<Pos>,
+    masked: bool,
+    /// Per piece: its channel count and its tiles.
+    pieces: Vec<(usize, Vec<TileRows>)>,
+}
+
+impl InputGrad {
+    /// The plan for geometry `u` (unpadded — the caller pads) with `og` output channels per group and the weights
+    /// `w[G·Og, K]` of every group; `None` without the vector kernels or for a geometry they do not take
+    /// ([`direct_fits`]).
+    pub(super) fn plan(u: &Unfold, og: usize, w: &[f32]) -> Option<InputGrad> {
+        let level = level();
+        let k = u.cg * u.kh * u.kw;
+        if level == Level::Portable || !direct_fits(u) || og == 0 {
+            return None;
+        }
+        let mut wt_t = vec![0.0f32; w.len()];
+        for (wg, packed) in w.chunks_exact(og * k).zip(wt_t.chunks_exact_mut(og * k)) {
+            pack_input_grad(wg, og, k, packed);
+        }
+        let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
+        let mut pos = Vec::with_capacity(u.ho * u.wo.div_ceil(lanes));
+        for oh in 0..u.ho {
+            for ow in (0..u.wo).step_by(lanes) {
+                pos.push(Pos { src: oh * u.wo + ow, dst: oh * u.sh * u.w + ow, lanes: (u.wo - ow).min(lanes) });
+            }
+        }
+        let masked = pos.iter().any(|p| p.lanes < lanes);
+        let plane = u.h * u.w;
+        let mut pieces = Vec::new();
+        for c0 in (0..u.cg).step_by(INPUT_GRAD_CHANNELS) {
+            let cn = (u.cg - c0).min(INPUT_GRAD_CHANNELS);
+            let mut rows = Vec::with_capacity(u.kh * u.kw * cn);
+            for kj in 0..u.kw {
+                for ki in 0..u.kh {
+                    for c in 0..cn {
+                        let r = ((c0 + c) * u.kh + ki) * u.kw + kj;
+                        rows.push((r, (c * plane + ki * u.dh * u.w + kj * u.dw) as isize));
+                    }
+                }
+            }
+            let list = tile_rows(rows.len())
+                .map(|(i, mr)| {
+                    let mut t = TileRows { mr, rows: [0; BLOCK_M], roff: [0; BLOCK_M] };
+                    for (r, &(row, off)) in rows[i..i + mr].iter().enumerate() {
+                        (t.rows[r], t.roff[r]) = (row, off);
+                    }
+                    t
+                })
+                .collect();
+            pieces.push((cn, list));
+        }
+        Some(InputGrad { u: *u, og, wt_t, level, max_vecs, pos, masked, pieces })
+    }
+
+    /// `dx[Cg, H, W] +=` the input gradient of image group `grp` from its output gradient `gout[Og, Ho·Wo]`. With
+    /// `parallel` (and enough work, outside a rayon task) the pieces of input channels run on several threads.
+    pub(super) fn run(&self, grp: usize, gout: &[f32], dx: &mut [f32], parallel: bool) {
+        let (u, og) = (&self.u, self.og);
+        let (hw, plane, k) = (u.ho * u.wo, u.h * u.w, u.cg * u.kh * u.kw);
+        let wt_t = &self.wt_t[grp * og * k..(grp + 1) * og * k];
+        assert!(gout.len() >= og * hw && dx.len() >= u.cg * plane, "InputGrad::run: sizes");
+        let full = self.pos.len() / self.max_vecs * self.max_vecs;
+        let run = |(cn, tiles): &(usize, Vec<TileRows>), dst: &mut [f32]| {
+            debug_assert!(dst.len() == cn * plane);
+            for tr in tiles {
+                let mut t = Scatter {
+                    k: og,
+                    a: [wt_t.as_ptr(); BLOCK_M],
+                    roff: tr.roff,
+                    gout: gout.as_ptr(),
+                    rsb: hw,
+                    dx: dst.as_mut_ptr(),
+                    pos: self.pos.as_ptr(),
+                    groups: full / self.max_vecs,
+                };
+                for (a, &row) in t.a.iter_mut().zip(&tr.rows[..tr.mr]) {
+                    *a = wt_t[row * og..].as_ptr();
+                }
+                // SAFETY: the level's instructions are present; loads stay inside `gout` and `wt_t`, and every tap
+                // of every position vector lands inside the piece's planes (`direct_fits`); masked lanes never
+                // touch memory.
+                unsafe {
+                    if t.groups > 0 {
+                        kernels::scatter(self.level, &t, tr.mr, self.max_vecs, self.masked);
+                    }
+                    if full < self.pos.len() {
+                        t.pos = self.pos[full..].as_ptr();
+                        t.groups = 1;
+                        kernels::scatter(self.level, &t, tr.mr, self.pos.len() - full, self.masked);
+                    }
+                }
+            }
+        };
+        let jobs: Vec<_> = self.pieces.iter().zip(dx[..u.cg * plane].chunks_mut(INPUT_GRAD_CHANNELS * plane)).collect();
+        run_jobs(jobs, parallel, og * hw * u.cg * u.kh * u.kw, |(piece, d)| run(piece, d));
+    }
+}

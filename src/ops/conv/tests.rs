@@ -1,0 +1,345 @@
+//! Tests of the convolution against direct loops and of its paths against each other: the unfolded product, the
+//! direct kernels and the fused ops, bit for bit where they promise it.
+
+use ndarray::{Array4, Ix4};
+
+use super::backward::conv2d_backward;
+use super::unfold::{im2col, product, transpose};
+use super::*;
+use crate::ops::pool::Pool2dParams;
+
+/// The direct seven-loop convolution: the oracle for the im2col kernel.
+fn naive(x: &Array4<f32>, w: &Array4<f32>, b: &[f32], p: Conv2dParams) -> Array4<f32> {
+    let (n, c, h, wd) = x.dim();
+    let (o, cg, kh, kw) = w.dim();
+    let ho = out_size(h, kh, p.stride.0, p.padding.0, p.dilation.0).unwrap();
+    let wo = out_size(wd, kw, p.stride.1, p.padding.1, p.dilation.1).unwrap();
+    let og = o / p.groups;
+    let mut out = Array4::zeros((n, o, ho, wo));
+    for ni in 0..n {
+        for oc in 0..o {
+            let grp = oc / og;
+            for i in 0..ho {
+                for j in 0..wo {
+                    let mut s = b[oc] as f64;
+                    for ci in 0..cg {
+                        for a in 0..kh {
+                            for bb in 0..kw {
+                                let ih = (i * p.stride.0 + a * p.dilation.0) as isize - p.padding.0 as isize;
+                                let iw = (j * p.stride.1 + bb * p.dilation.1) as isize - p.padding.1 as isize;
+                                if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < wd {
+                                    s += (x[[ni, grp * cg + ci, ih as usize, iw as usize]] * w[[oc, ci, a, bb]]) as f64;
+                                }
+                            }
+                        }
+                    }
+                    out[[ni, oc, i, j]] = s as f32;
+                }
+            }
+        }
+    }
+    let _ = c;
+    out
+}
+
+#[test]
+fn im2col_gemm_matches_direct_convolution() {
+    let cases = [
+        (2, 4, 9, 8, 6, 3, 3, Conv2dParams::default()),
+        (3, 4, 9, 8, 6, 3, 2, Conv2dParams { stride: (2, 1), padding: (1, 2), dilation: (1, 2), groups: 2 }),
+        (1, 6, 5, 5, 6, 1, 1, Conv2dParams { groups: 3, ..Default::default() }),
+        (2, 3, 7, 7, 4, 1, 1, Conv2dParams::default()),
+        (2, 2, 9, 37, 3, 3, 5, Conv2dParams { padding: (2, 1), ..Default::default() }),
+        (1, 4, 11, 20, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
+        (3, 16, 12, 12, 32, 5, 5, Conv2dParams::default()),
+    ];
+    for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+        let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed as u64);
+        let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 100 + seed as u64);
+        let b = Tensor::uniform(&[o], -1.0, 1.0, 200 + seed as u64);
+        let got = x.conv2d(&wt, Some(&b), p).unwrap();
+        let x4 = x.to_array().into_dimensionality::<Ix4>().unwrap();
+        let w4 = wt.to_array().into_dimensionality::<Ix4>().unwrap();
+        let want = naive(&x4, &w4, &b.to_vec(), p);
+        assert_eq!(got.shape(), want.shape());
+        for (a, b) in got.value().iter().zip(want.iter()) {
+            assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()), "case {seed}: {a} vs {b}");
+        }
+    }
+}
+
+/// The direct (implicit-GEMM) forward gives the same bits as unfolding the image and running the product
+/// onto the bias, with and without the fused ReLU: each output is the same multiply-add chain. Geometries
+/// with full and partial vectors, padding, row stride, dilation and groups.
+#[test]
+fn direct_forward_equals_unfolded_product() {
+    let cases = [
+        (2, 1, 28, 28, 16, 5, 5, Conv2dParams::default()),
+        (2, 16, 12, 12, 32, 5, 5, Conv2dParams::default()),
+        (2, 3, 13, 30, 7, 3, 3, Conv2dParams { padding: (1, 1), ..Default::default() }),
+        (1, 4, 11, 21, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
+        (1, 2, 6, 45, 13, 2, 4, Conv2dParams::default()),
+    ];
+    for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+        let seed = seed as u64;
+        let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
+        let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 10 + seed);
+        let b = Tensor::uniform(&[o], -1.0, 1.0, 20 + seed);
+        let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+        let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+        let (xs, ws, bs) = (x.to_vec(), wt.to_vec(), b.to_vec());
+        let mut want = vec![0.0f32; n * o * hw];
+        let mut col = vec![0.0f32; k * hw];
+        for (img, out) in xs.chunks(c * h * w).zip(want.chunks_mut(o * hw)) {
+            for (plane, &bv) in out.chunks_mut(hw).zip(&bs) {
+                plane.fill(bv);
+            }
+            for grp in 0..p.groups {
+                im2col(img, &g, grp * g.cg(), &mut col);
+                let wg = mat(&ws[grp * og * k..(grp + 1) * og * k], og, k);
+                product(
+                    wg,
+                    mat(&col, k, hw),
+                    mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw),
+                    true,
+                    false,
+                );
+            }
+        }
+        let got = x.conv2d(&wt, Some(&b), p).unwrap().to_vec();
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "case {seed}");
+        let fused = x.conv2d_relu(&wt, Some(&b), p).unwrap().to_vec();
+        assert!(fused.iter().zip(&want).all(|(a, b)| a.to_bits() == b.max(0.0).to_bits()), "case {seed} relu");
+    }
+}
+
+/// The weight gradient read straight from the image gives the same bits as unfolding it and running the
+/// product (`dWᵀ += col · doutᵀ`), on the geometries of the forward test. (Without the vector kernels there
+/// is no implicit path: the adjoint test covers the `gemm` one.)
+#[test]
+fn implicit_weight_gradient_equals_unfolded_product() {
+    if !simd::accelerated() {
+        return;
+    }
+    let cases = [
+        (3, 1, 28, 28, 16, 5, 5, Conv2dParams::default()),
+        (3, 16, 12, 12, 32, 5, 5, Conv2dParams::default()),
+        (2, 3, 13, 30, 7, 3, 3, Conv2dParams { padding: (1, 1), ..Default::default() }),
+        (1, 4, 11, 21, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
+    ];
+    for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+        let seed = seed as u64;
+        let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
+        let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 10 + seed);
+        let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+        let (og, k, hw) = (g.og(), g.k(), g.hw_out());
+        let gout = Tensor::uniform(&[n, o, g.ho, g.wo], -1.0, 1.0, 20 + seed).to_array();
+        let got = conv2d_backward(&x, &wt, false, &p, &gout, None, &[false, true]).unwrap()[1].clone().unwrap();
+        let (xs, gs) = (x.to_vec(), gout.iter().copied().collect::<Vec<f32>>());
+        let mut acc = vec![0.0f32; o * k];
+        let (mut col, mut gt) = (vec![0.0f32; k * hw], vec![0.0f32; og * hw]);
+        for (img, gimg) in xs.chunks(c * h * w).zip(gs.chunks(o * hw)) {
+            for grp in 0..p.groups {
+                im2col(img, &g, grp * g.cg(), &mut col);
+                transpose(&gimg[grp * og * hw..(grp + 1) * og * hw], None, og, hw, &mut gt);
+                let dst = mat_mut(&mut acc[grp * og * k..(grp + 1) * og * k], k, og);
+                product(mat(&col, k, hw), mat(&gt, hw, og), dst, true, false);
+            }
+        }
+        let mut want: Vec<f32> = Vec::with_capacity(o * k);
+        for grp in acc.chunks(og * k) {
+            want.extend(mat(grp, k, og).t().iter());
+        }
+        let got: Vec<f32> = got.iter().copied().collect();
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "case {seed}");
+    }
+}
+
+/// The backward (input, weight and bias gradients) against the direct adjoint sums in f64, over the
+/// geometries the vectorised im2col/col2im distinguish: padding, row stride, dilation, groups, rows wider
+/// than one 16-lane vector, and a column stride that takes the scalar path.
+#[test]
+fn backward_matches_direct_adjoint() {
+    let cases = [
+        (2, 3, 10, 9, 4, 3, 3, Conv2dParams::default()),
+        (2, 2, 9, 37, 3, 3, 5, Conv2dParams { padding: (2, 1), ..Default::default() }),
+        (1, 4, 11, 20, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
+        (2, 2, 8, 8, 2, 3, 2, Conv2dParams { stride: (1, 2), padding: (1, 1), ..Default::default() }),
+        (3, 16, 12, 12, 32, 5, 5, Conv2dParams::default()),
+    ];
+    for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+        let seed = seed as u64;
+        let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
+        let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 10 + seed);
+        let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+        let gout = Tensor::uniform(&[n, o, g.ho, g.wo], -1.0, 1.0, 20 + seed).to_array();
+        let grads = conv2d_backward(&x, &wt, true, &p, &gout, None, &[true, true, true]).unwrap();
+        let (dx, dw, db) = (grads[0].as_ref().unwrap(), grads[1].as_ref().unwrap(), grads[2].as_ref().unwrap());
+        let (x4, w4) = (x.to_array(), wt.to_array());
+        let mut want_dx = ndarray::ArrayD::<f64>::zeros(x4.shape());
+        let mut want_dw = ndarray::ArrayD::<f64>::zeros(w4.shape());
+        let mut want_db = vec![0.0f64; o];
+        let (og, cg) = (o / p.groups, c / p.groups);
+        for ni in 0..n {
+            for oc in 0..o {
+                for i in 0..g.ho {
+                    for j in 0..g.wo {
+                        let gv = gout[[ni, oc, i, j]] as f64;
+                        want_db[oc] += gv;
+                        for ci in 0..cg {
+                            for a in 0..kh {
+                                for b in 0..kw {
+                                    let ih = (i * p.stride.0 + a * p.dilation.0) as isize - p.padding.0 as isize;
+                                    let iw = (j * p.stride.1 + b * p.dilation.1) as isize - p.padding.1 as isize;
+                                    if ih < 0 || iw < 0 || ih as usize >= h || iw as usize >= w {
+                                        continue;
+                                    }
+                                    let xc = oc / og * cg + ci;
+                                    let (ih, iw) = (ih as usize, iw as usize);
+                                    want_dx[[ni, xc, ih, iw]] += gv * w4[[oc, ci, a, b]] as f64;
+                                    want_dw[[oc, ci, a, b]] += gv * x4[[ni, xc, ih, iw]] as f64;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let close = |a: f32, b: f64| (a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs());
+        assert!(dx.iter().zip(&want_dx).all(|(&a, &b)| close(a, b)), "case {seed}: input gradient");
+        assert!(dw.iter().zip(&want_dw).all(|(&a, &b)| close(a, b)), "case {seed}: weight gradient");
+        assert!(db.iter().zip(&want_db).all(|(&a, &b)| close(a, b)), "case {seed}: bias gradient");
+    }
+}
+
+/// The input gradient of an image is the same bits whether the image is alone (its pieces of input channels
+/// split across threads) or one of a batch (each image on one thread): the direct kernel's order of additions
+/// into the image gradient depends on the geometry only. Large enough for the split (two and three pieces,
+/// one padded), and the one-channel case.
+#[test]
+fn input_gradient_does_not_depend_on_the_batch_or_threads() {
+    let padded = Conv2dParams { padding: (2, 1), ..Default::default() };
+    for (c, hw, o, p) in
+        [(16, 40, 32, Conv2dParams::default()), (1, 120, 16, Conv2dParams::default()), (30, 20, 8, padded)]
+    {
+        let x = Tensor::uniform(&[3, c, hw, hw], -1.0, 1.0, 1);
+        let wt = Tensor::uniform(&[o, c, 5, 5], -1.0, 1.0, 2);
+        let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+        let gout = Tensor::uniform(&[3, o, g.ho, g.wo], -1.0, 1.0, 3).to_array();
+        let batch = conv2d_backward(&x, &wt, false, &p, &gout, None, &[true, false]).unwrap()[0].clone().unwrap();
+        for i in 0..3 {
+            let xi = Tensor::new(x.value().slice(ndarray::s![i..i + 1, .., .., ..]).to_owned().into_dyn());
+            let gi = gout.slice(ndarray::s![i..i + 1, .., .., ..]).to_owned().into_dyn();
+            let one = conv2d_backward(&xi, &wt, false, &p, &gi, None, &[true, false]).unwrap()[0].clone().unwrap();
+            let want = batch.slice(ndarray::s![i..i + 1, .., .., ..]);
+            assert!(one.iter().zip(want.iter()).all(|(a, b)| a.to_bits() == b.to_bits()), "c {c}, image {i}");
+        }
+    }
+}
+
+/// `conv2d_relu` is `relu(conv2d(…))` bit for bit: values, and the gradients of input, weight and bias.
+#[test]
+fn fused_relu_equals_conv_then_relu() {
+    let padded = Conv2dParams { padding: (1, 1), ..Default::default() };
+    for (n, p) in [(3, Conv2dParams::default()), (11, Conv2dParams::default()), (1, padded)] {
+        let x = Tensor::uniform(&[n, 2, 9, 9], -1.0, 1.0, 1).variable();
+        let w = Tensor::uniform(&[4, 2, 3, 3], -1.0, 1.0, 2).variable();
+        let b = Tensor::uniform(&[4], -0.5, 0.5, 3).variable();
+        let r = Tensor::uniform(&[n, 4, 9 - 2 + 2 * p.padding.0, 9 - 2 + 2 * p.padding.1], -1.0, 1.0, 4);
+        let fused = x.conv2d_relu(&w, Some(&b), p).unwrap();
+        let plain = x.conv2d(&w, Some(&b), p).unwrap().relu();
+        assert_eq!(fused.to_array(), plain.to_array());
+        let gf = fused.mul(&r).unwrap().sum_all().grad_wrt(&[&x, &w, &b]).unwrap();
+        let gp = plain.mul(&r).unwrap().sum_all().grad_wrt(&[&x, &w, &b]).unwrap();
+        for (a, b) in gf.iter().zip(&gp) {
+            assert_eq!(a.to_array(), b.to_array());
+        }
+    }
+}
+
+/// `conv2d_relu_max_pool2` is `max_pool2d(relu(conv2d(…)), 2×2)`: values bit for bit (recorded or not), and
+/// the gradients of input, weight and bias — bit for bit on the dense backward, to rounding on the sparse one
+/// (which adds in another order). Odd output sizes (an unpooled last row and column), padding, groups, one
+/// image (the split inside the image) and many, the cnn's two layers, and a NaN input (the ReLU maps it to 0
+/// in both); on the direct kernels' pooled store (rows that fill the vectors) and on the buffered path.
+#[test]
+fn fused_pool_equals_conv_relu_then_pool() {
+    let padded = Conv2dParams { padding: (1, 1), ..Default::default() };
+    let grouped = Conv2dParams { padding: (1, 2), groups: 2, ..Default::default() };
+    let cases = [
+        (3, 2, 9, 9, 4, 3, Conv2dParams::default()),
+        (1, 2, 9, 10, 4, 3, padded),
+        (2, 4, 11, 9, 6, 3, grouped),
+        (5, 1, 28, 28, 16, 5, Conv2dParams::default()),
+        (5, 16, 12, 12, 32, 5, Conv2dParams::default()),
+        (2, 4, 10, 14, 6, 3, Conv2dParams { padding: (1, 1), groups: 2, ..Default::default() }),
+        (1, 16, 30, 30, 32, 5, Conv2dParams::default()),
+        (2, 3, 11, 17, 5, 3, Conv2dParams::default()),
+        // Sparse only: padded (runs of 24 values), and runs of 200 (more than one block of vectors).
+        (2, 8, 10, 11, 6, 3, Conv2dParams { padding: (1, 2), ..Default::default() }),
+        (9, 40, 8, 8, 3, 5, Conv2dParams::default()),
+    ];
+    let pool = Pool2dParams::square(2);
+    for (seed, &(n, c, h, w, o, k, p)) in cases.iter().enumerate() {
+        let seed = seed as u64;
+        let mut xv = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed).to_array();
+        xv[[0, 0, 1, 1]] = f32::NAN;
+        let x = Tensor::new(xv).variable();
+        let wt = Tensor::uniform(&[o, c / p.groups, k, k], -1.0, 1.0, 10 + seed).variable();
+        let b = Tensor::uniform(&[o], -0.5, 0.5, 20 + seed).variable();
+        let fused = x.conv2d_relu_max_pool2(&wt, Some(&b), p).unwrap();
+        let plain = x.conv2d(&wt, Some(&b), p).unwrap().relu().max_pool2d(pool).unwrap();
+        let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&plain), "case {seed}: values");
+        let untracked = crate::no_grad(|| x.conv2d_relu_max_pool2(&wt, Some(&b), p).unwrap());
+        assert_eq!(bits(&untracked), bits(&plain), "case {seed}: values, not recorded");
+        let r = Tensor::uniform(plain.shape(), -1.0, 1.0, 30 + seed);
+        let gf = fused.mul(&r).unwrap().sum_all().grad_wrt(&[&x, &wt, &b]).unwrap();
+        let gp = plain.mul(&r).unwrap().sum_all().grad_wrt(&[&x, &wt, &b]).unwrap();
+        let sparse = sparse::applies(&geometry(&[n, c, h, w], wt.shape(), None, p).unwrap());
+        for (i, (a, b)) in gf.iter().zip(&gp).enumerate() {
+            if !sparse {
+                assert_eq!(bits(a), bits(b), "case {seed}: gradient {i}");
+                continue;
+            }
+            // The sparse backward adds in another order, and never forms the plain weight gradient's
+            // `0 · NaN` where the ReLU passed nothing.
+            for (j, (&f, &q)) in a.to_vec().iter().zip(&b.to_vec()).enumerate() {
+                let close = (f - q).abs() <= 1e-5 * (1.0 + q.abs());
+                assert!(close || q.is_nan() && i == 1 && f.is_finite(), "case {seed}: gradient {i}[{j}] {f} vs {q}");
+            }
+        }
+        assert_eq!(sparse, seed >= 8 || [4, 6, 7].contains(&seed), "case {seed}: the backward it means to test");
+    }
+    // No whole window: the pooling's error, as from the separate ops.
+    let x = Tensor::zeros(&[1, 1, 5, 5]);
+    let w = Tensor::zeros(&[1, 1, 5, 5]);
+    assert!(x.conv2d_relu_max_pool2(&w, None, Conv2dParams::default()).is_err());
+}
+
+/// No input or no output channels is an error, not a panic; an empty batch is an empty output.
+#[test]
+fn zero_channels_are_an_error_and_an_empty_batch_is_empty() {
+    let p = Conv2dParams::default();
+    let (x, w) = (Tensor::zeros(&[2, 0, 5, 5]), Tensor::zeros(&[3, 0, 3, 3]));
+    assert!(matches!(x.conv2d(&w, None, p), Err(Error::InvalidArgument { .. })));
+    let (x, w) = (Tensor::zeros(&[2, 1, 5, 5]), Tensor::zeros(&[0, 1, 3, 3]));
+    assert!(matches!(x.conv2d_relu_max_pool2(&w, None, p), Err(Error::InvalidArgument { .. })));
+    let x = Tensor::zeros(&[0, 1, 6, 6]).variable();
+    let w = Tensor::uniform(&[2, 1, 3, 3], -1.0, 1.0, 1).variable();
+    for y in [x.conv2d(&w, None, p).unwrap(), x.conv2d_relu_max_pool2(&w, None, p).unwrap()] {
+        assert_eq!(y.shape()[0], 0);
+        let g = y.sum_all().grad_wrt(&[&x, &w]).unwrap();
+        assert_eq!(g[0].shape(), &[0, 1, 6, 6]);
+        assert!(g[1].to_vec().iter().all(|&v| v == 0.0));
+    }
+}
+
+#[test]
+fn kernel_larger_than_input_is_an_error() {
+    let x = Tensor::zeros(&[1, 1, 3, 3]);
+    let w = Tensor::zeros(&[1, 1, 5, 5]);
+    assert!(matches!(x.conv2d(&w, None, Conv2dParams::default()), Err(Error::InvalidArgument { .. })));
+    let w = Tensor::zeros(&[2, 2, 1, 1]);
+    assert!(matches!(x.conv2d(&w, None, Conv2dParams::default()), Err(Error::ShapeMismatch { .. })));
+}

@@ -1,0 +1,171 @@
+//! The unfolding path of a convolution and what it runs on: im2col and col2im (on the vector kernels when the column
+//! stride is 1, else scalar loops that copy whole rows between zero-filled margins), the product (the vector
+//! kernel or the `gemm` crate) and the transpose; and the zero-padded image the direct kernels read.
+//!
+//! Dispatch: each function tries `simd` first (`false`: no vector kernels or a layout they do not take) and falls
+//! back to its own loop or to `gemm`.
+
+use ndarray::{ArrayView2, ArrayViewMut2};
+
+use super::Geom;
+use crate::ops::matmul::gemm;
+use crate::ops::simd;
+
+/// The output columns `lo..hi` of one kernel tap whose input column `ow·stride + off` lies inside `0..w`.
+#[inline]
+fn valid_cols(off: isize, stride: usize, w: usize, wo: usize) -> (usize, usize) {
+    let s = stride as isize;
+    let lo = if off >= 0 { 0 } else { ((-off + s - 1) / s) as usize };
+    let hi = if (w as isize) <= off { 0 } else { ((w as isize - off + s - 1) / s) as usize };
+    let hi = hi.min(wo);
+    (lo.min(hi), hi)
+}
+
+/// Unfolds the channels `c0..c0+Cg` of one image `[C, H, W]` into `col[K, Ho·Wo]`.
+///
+/// Each (tap, output row) is a contiguous copy (a strided gather when the stride is not 1) between zero-filled
+/// margins, so the hot loop has no per-element bounds test.
+pub(super) fn im2col(img: &[f32], g: &Geom, c0: usize, col: &mut [f32]) {
+    let (hw_out, (sh, sw), (ph, pw), (dh, dw)) = (g.hw_out(), g.p.stride, g.p.padding, g.p.dilation);
+    if sw == 1 && simd::im2col(&img[c0 * g.h * g.w..], &g.unfold(), col) {
+        return;
+    }
+    if (sh, sw, ph, pw, dh, dw) == (1, 1, 0, 0, 1, 1) {
+        // The common unpadded, unit-stride case: every row is a plain window copy, nothing to test or zero.
+        let planes = img[c0 * g.h * g.w..(c0 + g.cg()) * g.h * g.w].chunks_exact(g.h * g.w);
+        let taps = col.chunks_exact_mut(g.kh * g.kw * hw_out);
+        for (plane, dst) in planes.zip(taps) {
+            for (t, tap) in dst.chunks_exact_mut(hw_out).enumerate() {
+                let (ki, kj) = (t / g.kw, t % g.kw);
+                for (oh, out_row) in tap.chunks_exact_mut(g.wo).enumerate() {
+                    let src = &plane[(oh + ki) * g.w + kj..][..g.wo];
+                    for (d, &v) in out_row.iter_mut().zip(src) {
+                        *d = v;
+                    }
+                }
+            }
+        }
+        return;
+    }
+    let mut row = 0;
+    for c in c0..c0 + g.cg() {
+        let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let dst = &mut col[row * hw_out..(row + 1) * hw_out];
+                row += 1;
+                let off = (kj * dw) as isize - pw as isize;
+                let (lo, hi) = valid_cols(off, sw, g.w, g.wo);
+                for (oh, out_row) in dst.chunks_exact_mut(g.wo).enumerate() {
+                    let ih = (oh * sh + ki * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= g.h as isize {
+                        out_row.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[ih as usize * g.w..(ih as usize + 1) * g.w];
+                    out_row[..lo].fill(0.0);
+                    out_row[hi..].fill(0.0);
+                    let start = (lo * sw) as isize + off;
+                    if sw == 1 {
+                        // An inline loop, not `copy_from_slice`: rows are a few floats and a memcpy call per row
+                        // costs more than the copy.
+                        for (d, &v) in out_row[lo..hi].iter_mut().zip(&src[start as usize..]) {
+                            *d = v;
+                        }
+                    } else {
+                        for (d, &v) in out_row[lo..hi].iter_mut().zip(src[start as usize..].iter().step_by(sw)) {
+                            *d = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds `col[K, Ho·Wo]` back into the channels `c0..c0+Cg` of one image gradient (the adjoint of [`im2col`]).
+pub(super) fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
+    let (hw_out, (sh, sw), (ph, pw), (dh, dw)) = (g.hw_out(), g.p.stride, g.p.padding, g.p.dilation);
+    if sw == 1 && simd::col2im(col, &g.unfold(), &mut img[c0 * g.h * g.w..]) {
+        return;
+    }
+    let mut row = 0;
+    for c in c0..c0 + g.cg() {
+        let plane = &mut img[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let src = &col[row * hw_out..(row + 1) * hw_out];
+                row += 1;
+                let off = (kj * dw) as isize - pw as isize;
+                let (lo, hi) = valid_cols(off, sw, g.w, g.wo);
+                if lo == hi {
+                    continue;
+                }
+                let start = ((lo * sw) as isize + off) as usize;
+                for (oh, src_row) in src.chunks_exact(g.wo).enumerate() {
+                    let ih = (oh * sh + ki * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= g.h as isize {
+                        continue;
+                    }
+                    let dst = &mut plane[ih as usize * g.w..(ih as usize + 1) * g.w];
+                    if sw == 1 {
+                        for (d, &v) in dst[start..start + (hi - lo)].iter_mut().zip(&src_row[lo..hi]) {
+                            *d += v;
+                        }
+                    } else {
+                        for (d, &v) in dst[start..].iter_mut().step_by(sw).zip(&src_row[lo..hi]) {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `c (+)= a·b` on the vector kernel when the CPU has one, else on the `gemm` crate.
+pub(super) fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32>, accumulate: bool, par: bool) {
+    if !simd::gemm_nn(a, b, c.view_mut(), accumulate, par) {
+        gemm(a, b, c, accumulate, par);
+    }
+}
+
+/// `dst[c, r] = src[r, c]` for a row-major `rows × cols` source, masked by the fused ReLU's output `y` (same
+/// layout as `src`) when given: 8×8 blocks in vector registers where the kernels allow, else each output row
+/// gathers one source column.
+pub(super) fn transpose(src: &[f32], y: Option<&[f32]>, rows: usize, cols: usize, dst: &mut [f32]) {
+    if simd::transpose(src, y, rows, cols, dst) {
+        return;
+    }
+    for (c, out) in dst[..rows * cols].chunks_exact_mut(rows).enumerate() {
+        for (r, d) in out.iter_mut().enumerate() {
+            let at = r * cols + c;
+            let pass = y.is_none_or(|y| y[at] > 0.0);
+            *d = if pass { src[at] } else { 0.0 };
+        }
+    }
+}
+
+/// The unpadded geometry the direct kernel sees: the image zero-padded by `padding` on each side.
+pub(super) fn direct_unfold(g: &Geom) -> simd::Unfold {
+    let (ph, pw) = g.p.padding;
+    simd::Unfold { h: g.h + 2 * ph, w: g.w + 2 * pw, ph: 0, pw: 0, ..g.unfold() }
+}
+
+/// `img` zero-padded by the geometry's padding into `pad` (or `img` itself when there is none): the image the
+/// direct kernels read, of the size [`direct_unfold`] gives.
+pub(super) fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
+    let (ph, pw) = g.p.padding;
+    if (ph, pw) == (0, 0) {
+        return img;
+    }
+    let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
+    pad.clear();
+    pad.resize(g.c * hp * wp, 0.0);
+    for (dst, plane) in pad.chunks_exact_mut(hp * wp).zip(img.chunks_exact(g.h * g.w)) {
+        for (drow, srow) in dst[ph * wp..].chunks_exact_mut(wp).zip(plane.chunks_exact(g.w)) {
+            drow[pw..pw + g.w].copy_from_slice(srow);
+        }
+    }
+    pad
+}

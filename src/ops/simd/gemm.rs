@@ -1,0 +1,272 @@
+//! The dense product kernel: `c (+)= a·b` for `b` and `c` with contiguous rows ([`gemm_nn`]). A register tile of
+//! up to 6 rows of `a` (broadcast) times up to four 16-lane vectors of columns of `b` (AVX-512) or two 8-lane ones
+//! (AVX2) runs over the whole reduction, with no packing — convolution operands (`W·col`, `Wᵀ·dout`) are already
+//! in that layout and small enough to stay in L2. Each output element is one fused multiply-add chain over `k` in
+//! order, whatever `m`, `n`, the tiling or the thread count, so results are deterministic and a row never depends
+//! on the other rows.
+//!
+//! Dispatch: [`gemm_nn`] checks the level and the layout (`false` sends the caller to the `gemm` crate), splits
+//! the columns into blocks (across threads for large products) and each block into register tiles, and runs the
+//! tile body specialised for the tile's rows and vectors (`tile_dispatch!`).
+
+use ndarray::{ArrayView2, ArrayViewMut2};
+
+use super::{level, Level};
+
+/// `c = a·b`, or `c += a·b` when `accumulate`, for `b` and `c` with contiguous rows; `a` may have any strides.
+/// Returns `false` without touching `c` when the CPU has neither instruction set or the layout does not fit.
+pub(crate) fn gemm_nn(
+    a: ArrayView2<f32>,
+    b: ArrayView2<f32>,
+    mut c: ArrayViewMut2<f32>,
+    accumulate: bool,
+    parallel: bool,
+) -> bool {
+    let ((m, k), n) = (a.dim(), b.ncols());
+    debug_assert!(b.nrows() == k && c.dim() == (m, n));
+    let level = level();
+    if level == Level::Portable {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return true;
+    }
+    if n > 1 && (b.strides()[1] != 1 || c.strides()[1] != 1) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::gemm_nn(level, a, b, c, accumulate, parallel);
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = parallel;
+        unreachable!("off x86-64 the level is always `Portable`")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use ndarray::{ArrayView2, ArrayViewMut2};
+    use rayon::prelude::*;
+
+    use super::super::isa::{ld, tile_dispatch, tile_match, Avx2, Avx512, Isa};
+    use super::super::{tile_rows, Level, PAR_WORK};
+
+    /// The product of operands [`super::gemm_nn`] validated, in column blocks, across threads when large enough.
+    pub(super) fn gemm_nn(
+        level: Level,
+        a: ArrayView2<f32>,
+        b: ArrayView2<f32>,
+        mut c: ArrayViewMut2<f32>,
+        accumulate: bool,
+        parallel: bool,
+    ) {
+        let ((m, k), n) = (a.dim(), b.ncols());
+        let ops = Operands {
+            a: a.as_ptr(),
+            rsa: a.strides()[0],
+            csa: a.strides()[1],
+            b: b.as_ptr(),
+            rsb: b.strides()[0],
+            c: c.as_mut_ptr(),
+            rsc: c.strides()[0],
+            m,
+            k,
+            accumulate,
+            level,
+        };
+        let block_n = if level == Level::Avx512 { 64 } else { 16 };
+        let blocks = n.div_ceil(block_n);
+        let nested = rayon::current_thread_index().is_some();
+        if parallel && !nested && blocks > 1 && m * n * k >= PAR_WORK {
+            (0..blocks).into_par_iter().for_each(|blk| {
+                let j = blk * block_n;
+                // SAFETY: blocks write disjoint column ranges of `c`; the operands outlive this call.
+                unsafe { ops.block(j, (n - j).min(block_n)) }
+            });
+        } else {
+            for blk in 0..blocks {
+                let j = blk * block_n;
+                // SAFETY: as above, sequentially.
+                unsafe { ops.block(j, (n - j).min(block_n)) }
+            }
+        }
+    }
+
+    /// Raw views of the three operands (validated by [`super::gemm_nn`]).
+    #[derive(Clone, Copy)]
+    struct Operands {
+        a: *const f32,
+        rsa: isize,
+        csa: isize,
+        b: *const f32,
+        rsb: isize,
+        c: *mut f32,
+        rsc: isize,
+        m: usize,
+        k: usize,
+        accumulate: bool,
+        level: Level,
+    }
+
+    // SAFETY: the pointers come from views borrowed for the duration of the product; concurrent tasks touch disjoint
+    // columns of `c` and only read `a` and `b`.
+    unsafe impl Send for Operands {}
+    unsafe impl Sync for Operands {}
+
+    impl Operands {
+        /// All rows of `c` for the `nb` columns (at most one block) starting at `j`.
+        unsafe fn block(&self, j: usize, nb: usize) {
+            let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
+            let nv = nb.div_ceil(lanes);
+            let tail = nb - (nv - 1) * lanes;
+            for (i, mr) in tile_rows(self.m) {
+                let t = Tile {
+                    k: self.k,
+                    a: self.a.offset(i as isize * self.rsa),
+                    rsa: self.rsa,
+                    csa: self.csa,
+                    b: self.b.add(j),
+                    rsb: self.rsb,
+                    c: self.c.offset(i as isize * self.rsc).add(j),
+                    rsc: self.rsc,
+                    tail,
+                    accumulate: self.accumulate,
+                };
+                tile(self.level, &t, mr, nv);
+            }
+        }
+    }
+
+    /// One register tile: `R ≤ 6` rows by `V` vectors of columns, the last vector holding `tail` columns.
+    struct Tile {
+        k: usize,
+        a: *const f32,
+        rsa: isize,
+        csa: isize,
+        b: *const f32,
+        rsb: isize,
+        c: *mut f32,
+        rsc: isize,
+        tail: usize,
+        accumulate: bool,
+    }
+
+    /// Runs the product tile kernel specialised for `r` rows and `v` vectors (with a partial last vector or not).
+    unsafe fn tile(level: Level, t: &Tile, r: usize, v: usize) {
+        let tail = t.tail < if level == Level::Avx512 { 16 } else { 8 };
+        tile_dispatch!(tile_body, Tile, level, t, r, v, tail)
+    }
+
+    /// `R` rows × `V` vectors of `c`, one fused multiply-add chain per element over the whole reduction; with
+    /// `TAIL` the last vector holds only `t.tail` columns.
+    #[inline(always)]
+    unsafe fn tile_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Tile) {
+        let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
+        let mut acc = [[S::zero(); V]; R];
+        if t.accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, a) in row.iter_mut().enumerate() {
+                    *a = ld::<S, V, TAIL>(last, t.c.offset(r as isize * t.rsc).add(S::LANES * v), v);
+                }
+            }
+        }
+        let (mut ap, mut bp) = (t.a, t.b);
+        for _ in 0..t.k {
+            let mut bv = [S::zero(); V];
+            for (v, b) in bv.iter_mut().enumerate() {
+                *b = ld::<S, V, TAIL>(last, bp.add(S::LANES * v), v);
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = S::splat(*ap.offset(r as isize * t.rsa));
+                for (a, &b) in row.iter_mut().zip(&bv) {
+                    *a = S::fmadd(av, b, *a);
+                }
+            }
+            ap = ap.offset(t.csa);
+            bp = bp.offset(t.rsb);
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &a) in row.iter().enumerate() {
+                let p = t.c.offset(r as isize * t.rsc).add(S::LANES * v);
+                if TAIL && v + 1 == V {
+                    S::store(last, p, a)
+                } else {
+                    S::storeu(p, a)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{s, Array2};
+
+    use super::super::{accelerated, tests::random};
+    use super::gemm_nn;
+
+    fn reference(a: &Array2<f32>, b: &Array2<f32>, c0: &Array2<f32>, acc: bool) -> Array2<f32> {
+        let mut c = if acc { c0.clone() } else { Array2::zeros(c0.raw_dim()) };
+        for i in 0..a.nrows() {
+            for j in 0..b.ncols() {
+                let mut s = c[[i, j]] as f64;
+                for p in 0..a.ncols() {
+                    s += a[[i, p]] as f64 * b[[p, j]] as f64;
+                }
+                c[[i, j]] = s as f32;
+            }
+        }
+        c
+    }
+
+    /// Every tile shape (rows 1–6 × vectors 1–4 with masked tails), accumulating or not, with a transposed `a`,
+    /// serial and split across threads — against an f64 triple loop.
+    #[test]
+    fn matches_reference_products() {
+        if !accelerated() {
+            return;
+        }
+        for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (6, 25, 64), (7, 40, 65), (13, 400, 130), (32, 400, 64), (3, 0, 9)] {
+            for acc in [false, true] {
+                for transposed in [false, true] {
+                    let a_own = if transposed { random(k, m, 1).reversed_axes() } else { random(m, k, 1) };
+                    let b = random(k, n, 2);
+                    let c0 = random(m, n, 3);
+                    let want = reference(&a_own, &b, &c0, acc);
+                    for par in [false, true] {
+                        let mut c = c0.clone();
+                        assert!(gemm_nn(a_own.view(), b.view(), c.view_mut(), acc, par));
+                        for (x, y) in c.iter().zip(&want) {
+                            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{m}x{k}x{n} acc {acc}: {x} vs {y}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row of the product is bit-identical whichever other rows are computed with it.
+    #[test]
+    fn rows_do_not_depend_on_other_rows() {
+        if !accelerated() {
+            return;
+        }
+        let (a, b) = (random(20, 77, 4), random(77, 70, 5));
+        let mut full = Array2::zeros((20, 70));
+        assert!(gemm_nn(a.view(), b.view(), full.view_mut(), false, false));
+        for (lo, hi) in [(0, 1), (3, 10), (19, 20)] {
+            let mut part = Array2::zeros((hi - lo, 70));
+            assert!(gemm_nn(a.slice(s![lo..hi, ..]), b.view(), part.view_mut(), false, false));
+            assert_eq!(part, full.slice(s![lo..hi, ..]));
+        }
+    }
+}
