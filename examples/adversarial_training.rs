@@ -24,7 +24,9 @@ use std::time::Instant;
 
 use armoury::nn::{ModuleExt, ReferenceModel};
 use armoury::optim::{Adam, AdamConfig, LrSchedule};
-use armoury::{io, Attack};
+use armoury::robustness::RobustnessConfig;
+use armoury::train::{EpochReport, Method, Standard, StepReport, TrainCallback, TrainConfig, Trainer};
+use armoury::{io, Attack, Classifier};
 use armoury_attacks::{Apgd, Pgd};
 use armoury_defenses::training::*;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -79,31 +81,31 @@ struct Bars {
     bar: Option<ProgressBar>,
 }
 
-impl TrainerCallback for Bars {
-    fn on_step(&mut self, epoch: usize, _b: usize, batches: usize, r: &StepReport) {
+impl TrainCallback for Bars {
+    fn on_step(&mut self, r: &StepReport) {
         let bar = self.bar.get_or_insert_with(|| {
-            let bar = ProgressBar::new(batches as u64);
+            let bar = ProgressBar::new(r.batches as u64);
             bar.set_style(
                 ProgressStyle::with_template("epoch {prefix:>2} [{bar:30}] {pos}/{len} {msg} ({elapsed}, eta {eta})")
                     .expect("static template")
                     .progress_chars("=> "),
             );
-            bar.set_prefix(format!("{}", epoch + 1));
+            bar.set_prefix(format!("{}", r.epoch + 1));
             bar
         });
         bar.set_message(format!("loss {:.3}", r.loss));
         bar.inc(1);
     }
-    fn on_epoch(&mut self, s: &EpochSummary) {
+    fn on_epoch(&mut self, s: &EpochReport) {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
-        let e = s.eval.as_ref().expect("evaluation configured");
+        let Some(e) = s.robust.as_ref() else { return };
         let robust: Vec<String> = e.robust_accuracy.iter().map(|(n, a)| format!("{n} {a:.4}")).collect();
         println!(
             "epoch {:>2}: loss {:.4}, train acc {:.4}, clean {:.4}, robust {}, {:.1} s{}",
             s.epoch + 1,
-            s.loss,
+            s.train_loss,
             s.train_accuracy,
             e.clean_accuracy,
             robust.join(", "),
@@ -130,19 +132,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         model::ModelChoice::Onnx(p) => Arc::new(armoury::onnx::OnnxModel::load(p)?),
     };
     let eps = args.eps;
-    let step = 0.025 * eps / 0.1; // SPEC §6: 7 steps of 0.025 at ε = 0.1
-    let mut schedule = LrSchedule::Constant;
+    let step = 0.025 * eps / 0.1; // Madry et al.'s MNIST recipe scaled to ε: 7 steps of 0.025 at ε = 0.1
+    let pgd = |steps: usize| Box::new(Pgd { step_size: step, steps, ..Pgd::linf(eps) });
     let method: Box<dyn Method> = match args.defense.as_str() {
-        "pgd" | "madry" => Box::new(ProjectedAdversarialDefense::madry(eps, step, 7)),
+        "pgd" | "madry" => Box::new(ProjectedAdversarialDefense::madry(pgd(7))),
         "trades" => Box::new(Trades::new(eps, step, 7)),
-        "mart" => Box::new(Mart::new(eps, step, 7)),
+        "mart" => Box::new(Mart::new(pgd(7))),
         "fast" => Box::new(FastAt::new(eps)),
         "free" => Box::new(FreeAt::new(eps, 4)),
         "nad" => Box::new(NaturalAdversarialDefense { eps, replace_ratio: 0.5 }),
         "standard" | "none" => Box::new(Standard),
         "ensemble" => {
             println!("ensemble: training two static models (1 epoch each, standard) to source adversarial examples");
-            let mut statics = Vec::new();
+            let mut statics: Vec<Arc<dyn Classifier>> = Vec::new();
             for (i, r) in [ReferenceModel::Cnn, ReferenceModel::Mlp].iter().enumerate() {
                 let net = r.build(args.seed + 100 + i as u64);
                 let mut opt = Adam::new(net.parameters(), AdamConfig::default())?;
@@ -151,16 +153,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     &mut opt,
                     &train,
                     None,
-                    &armoury::train::TrainConfig { epochs: 1, ..Default::default() },
+                    &TrainConfig { epochs: 1, ..Default::default() },
                     &mut (),
                 )?;
                 statics.push(Arc::new(armoury::ModuleClassifier::new(net, &[1, 28, 28], 10, args.bounds)?));
             }
-            Box::new(EnsembleAdversarialDefense {
-                static_models: statics,
-                attack: Arc::new(Pgd::fgsm(eps)),
-                replace_ratio: 0.5,
-            })
+            Box::new(EnsembleAdversarialDefense::new(statics, Box::new(Pgd::fgsm(eps))))
         }
         other => {
             return Err(
@@ -168,35 +166,34 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             )
         }
     };
-    if args.defense == "fast" {
-        schedule = LrSchedule::Constant; // SPEC §6's recipe uses Adam at a constant rate
-    }
     println!("defense: {} for {} epochs", method.name(), args.epochs);
-    let pgd40: Arc<dyn Attack> = Arc::new(Pgd { step_size: 0.01 * eps / 0.1, steps: 40, ..Pgd::linf(eps) });
-    let apgd: Arc<dyn Attack> = Arc::new(Apgd::linf(eps));
-    let [c, h, w] = set.test.image_shape();
-    let trainer = AdversarialTrainer {
-        config: TrainerConfig {
-            epochs: args.epochs,
-            seed: args.seed,
-            schedule,
-            input_shape: vec![c, h, w],
-            num_classes: set.test.num_classes(),
-            bounds: args.bounds,
-            ..TrainerConfig::mnist_like()
-        },
-        evaluation: Some(RobustnessConfig {
-            data: set.test.clone(),
-            robust_samples: args.robust_samples,
-            attacks: vec![("pgd40".into(), pgd40), ("apgd".into(), apgd)],
-            unbounded_check: true,
-            batch_size: 500,
-        }),
+    let pgd40: Box<dyn Attack> = Box::new(Pgd { step_size: 0.01 * eps / 0.1, steps: 40, ..Pgd::linf(eps) });
+    let apgd: Box<dyn Attack> = Box::new(Apgd::linf(eps));
+    let robustness = RobustnessConfig {
+        data: set.test.clone(),
+        robust_samples: args.robust_samples,
+        attacks: vec![("pgd40".into(), pgd40), ("apgd".into(), apgd)],
+        unbounded_check: true,
+        batch_size: 500,
+        seed: 0,
+    };
+    // Adam at a constant rate, as Madry et al.'s MNIST recipe.
+    let config = TrainConfig {
+        epochs: args.epochs,
+        seed: args.seed,
+        schedule: LrSchedule::Constant,
+        bounds: args.bounds,
+        ..TrainConfig::default()
     };
     let mut opt = Adam::new(module.parameters(), AdamConfig::default())?;
     let start = Instant::now();
-    let summaries = trainer.fit(module.clone(), &mut opt, method.as_ref(), &train, 0, &mut Bars { bar: None })?;
-    let last = summaries.last().and_then(|s| s.eval.clone()).ok_or("no epochs ran")?;
+    let summaries = Trainer::new(config).method(method.as_ref()).robustness(&robustness).fit(
+        module.as_ref(),
+        &mut opt,
+        &train,
+        &mut Bars { bar: None },
+    )?;
+    let last = summaries.last().and_then(|s| s.robust.clone()).ok_or("no epochs ran")?;
 
     std::fs::create_dir_all("out")?;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -204,20 +201,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     });
     io::save_module(module.as_ref(), &out)?;
     let series = vec![
-        ("clean".to_string(), summaries.iter().map(|s| s.eval.as_ref().map_or(0.0, |e| e.clean_accuracy)).collect()),
+        ("clean".to_string(), summaries.iter().map(|s| s.robust.as_ref().map_or(0.0, |e| e.clean_accuracy)).collect()),
         (
             "PGD-40".to_string(),
-            summaries.iter().map(|s| s.eval.as_ref().and_then(|e| e.robust("pgd40")).unwrap_or(0.0)).collect(),
+            summaries.iter().map(|s| s.robust.as_ref().and_then(|e| e.robust("pgd40")).unwrap_or(0.0)).collect(),
         ),
         (
             "APGD-CE".to_string(),
-            summaries.iter().map(|s| s.eval.as_ref().and_then(|e| e.robust("apgd")).unwrap_or(0.0)).collect(),
+            summaries.iter().map(|s| s.robust.as_ref().and_then(|e| e.robust("apgd")).unwrap_or(0.0)).collect(),
         ),
     ];
     let svg_path = out.with_extension("svg");
     svg::write_atomic(&svg_path, &svg::line_chart(&format!("{} (eps {eps})", method.name()), "epoch", &series))?;
 
-    let epoch_seconds: Vec<String> = summaries.iter().map(|s| format!("{:.2}", s.seconds)).collect();
     println!("\n{:<28} {:>10}", "figure", "value");
     println!("{:<28} {:>10.4}", "clean accuracy", last.clean_accuracy);
     println!("{:<28} {:>10.4}", "PGD-40 robust accuracy", last.robust("pgd40").unwrap_or(f32::NAN));
@@ -233,15 +229,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("WARNING: {w}");
     }
     println!("saved {} and {}", out.display(), svg_path.display());
-    println!(
-        "{{\"defense\":\"{}\",\"eps\":{eps},\"epochs\":{},\"clean_accuracy\":{:.4},\"robust_accuracy_pgd40\":{:.4},\"robust_accuracy_apgd\":{:.4},\"epoch_seconds\":[{}],\"warnings\":{}}}",
-        args.defense,
-        summaries.len(),
-        last.clean_accuracy,
-        last.robust("pgd40").unwrap_or(f32::NAN),
-        last.robust("apgd").unwrap_or(f32::NAN),
-        epoch_seconds.join(","),
-        last.warnings.len()
-    );
+    let line = serde_json::json!({
+        "defense": args.defense,
+        "eps": format!("{eps}").parse::<f64>().unwrap_or(f64::NAN), // as typed: 0.1, not 0.10000000149
+        "epochs": summaries.len(),
+        "clean_accuracy": round4(last.clean_accuracy),
+        "robust_accuracy_pgd40": last.robust("pgd40").map(round4),
+        "robust_accuracy_apgd": last.robust("apgd").map(round4),
+        "epoch_seconds": summaries.iter().map(|s| (s.seconds * 100.0).round() / 100.0).collect::<Vec<f64>>(),
+        "warnings": last.warnings.len(),
+    });
+    println!("{line}");
     Ok(())
+}
+
+/// `v` to 4 decimals, as the table prints it.
+fn round4(v: f32) -> f64 {
+    (v as f64 * 1e4).round() / 1e4
 }

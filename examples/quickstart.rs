@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use armoury::nn::{cnn, ModuleExt, Sequential};
 use armoury::optim::{Adam, AdamConfig};
-use armoury::train::{evaluate, fit, TrainConfig};
+use armoury::train::{evaluate, fit, TrainConfig, Trainer};
 use armoury::{data, io, Attack, Goal, ModuleClassifier, Tensor};
 use armoury_attacks::{CarliniWagnerL2, Pgd};
-use armoury_defenses::training::{AdversarialTrainer, ProjectedAdversarialDefense, TrainerConfig};
+use armoury_defenses::training::ProjectedAdversarialDefense;
 
 /// Robust accuracy, success rate and mean L2 of successes of `attack` on `x`.
 fn attack_row(
@@ -44,7 +44,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let set = data::load_default(std::env::var_os("ARMOURY_DATA").as_deref().map(std::path::Path::new))?;
     println!("data: {} — {} training / {} test images ({})", set.name, set.train.len(), set.test.len(), set.source);
 
-    // SPEC §2's recipe: 3 epochs of Adam, lr 1e-3, batch 128, seeded.
+    // The reference recipe: 3 epochs of Adam, lr 1e-3, batch 128, seeded.
     let model: Arc<Sequential> = Arc::new(cnn(0));
     println!("model: cnn, {} parameters", model.num_parameters());
     let mut opt = Adam::new(model.parameters(), AdamConfig::default())?;
@@ -78,14 +78,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("adversarial fine-tuning: 1 epoch of PGD-AT on {} images", set.train.len().min(2000));
     let sample_train = data::sample()?.train;
     let mut opt = Adam::new(model.parameters(), AdamConfig::default())?;
-    let trainer =
-        AdversarialTrainer { config: TrainerConfig { epochs: 1, ..TrainerConfig::mnist_like() }, evaluation: None };
-    let at = trainer.fit(
-        model.clone(),
+    let madry = ProjectedAdversarialDefense::madry(Box::new(Pgd { step_size: 0.025, steps: 7, ..Pgd::linf(0.1) }));
+    let at = Trainer::new(TrainConfig { epochs: 1, ..Default::default() }).method(&madry).fit(
+        model.as_ref(),
         &mut opt,
-        &ProjectedAdversarialDefense::madry(0.1, 0.025, 7),
         &sample_train,
-        0,
         &mut (),
     )?;
     let hardened_clean = evaluate(model.as_ref(), &set.test, 1000)?.accuracy;

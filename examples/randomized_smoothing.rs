@@ -16,8 +16,7 @@ use std::time::Instant;
 use armoury::data::{self, Dataset};
 use armoury::nn::{cnn, ModuleExt, Sequential};
 use armoury::optim::{Adam, AdamConfig};
-use armoury::seed::shuffled;
-use armoury::train::{evaluate, train_step};
+use armoury::train::{EpochReport, Method, StepContext, StepReport, TrainCallback, TrainConfig, Trainer};
 use armoury::{io, ModuleClassifier, Tensor};
 use armoury_defenses::transforms::{certified_accuracy, RandomizedSmoothing};
 
@@ -74,6 +73,42 @@ fn fixture_cnn() -> Result<Sequential, armoury::Error> {
     Ok(net)
 }
 
+/// Cohen et al.'s training recipe as a training method: cross-entropy on the batch with Gaussian noise N(0, σ²)
+/// added.
+struct GaussianNoise {
+    sigma: f32,
+    seed: u64,
+}
+
+impl Method for GaussianNoise {
+    fn kind(&self) -> &'static str {
+        "gaussian-noise"
+    }
+    fn name(&self) -> String {
+        format!("gaussian-noise(sigma {})", self.sigma)
+    }
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport, armoury::Error> {
+        let noise_seed = self.seed ^ ((ctx.epoch as u64) << 32) ^ ctx.batch as u64;
+        let noisy = x.add(&Tensor::normal(x.shape(), 0.0, self.sigma, noise_seed))?;
+        ctx.cross_entropy_step(&noisy, y)
+    }
+}
+
+/// Prints each fine-tuning epoch.
+struct Log;
+
+impl TrainCallback for Log {
+    fn on_epoch(&mut self, r: &EpochReport) {
+        let clean = r.test.as_ref().map_or(f32::NAN, |t| t.accuracy);
+        println!(
+            "  fine-tune epoch {}: noisy training loss {:.4}, clean test accuracy {clean:.4} ({:.1} s)",
+            r.epoch + 1,
+            r.train_loss,
+            r.seconds
+        );
+    }
+}
+
 /// Fine-tunes `net` with Gaussian noise N(0, σ²) added to every training batch (Cohen et al.'s training recipe).
 fn finetune(
     net: &Sequential,
@@ -84,27 +119,9 @@ fn finetune(
     seed: u64,
 ) -> Result<(), armoury::Error> {
     let mut opt = Adam::new(net.parameters(), AdamConfig { lr: 1e-3, ..Default::default() })?;
-    for epoch in 0..epochs {
-        let start = Instant::now();
-        let order = shuffled(train.len(), seed, epoch as u64);
-        let (mut loss_sum, mut seen) = (0.0f64, 0usize);
-        for (b, idx) in order.chunks(128).enumerate() {
-            let x = train.images().index_select(0, idx)?;
-            let noise_seed = seed ^ ((epoch as u64) << 32) ^ b as u64;
-            let noisy = x.add(&Tensor::normal(x.shape(), 0.0, sigma, noise_seed))?;
-            let y: Vec<usize> = idx.iter().map(|&i| train.labels()[i]).collect();
-            let (loss, _) = train_step(net, &mut opt, &noisy, &y, None)?;
-            loss_sum += loss as f64 * idx.len() as f64;
-            seen += idx.len();
-        }
-        let clean = evaluate(net, test, 1000)?.accuracy;
-        println!(
-            "  fine-tune epoch {}: noisy training loss {:.4}, clean test accuracy {clean:.4} ({:.1} s)",
-            epoch + 1,
-            loss_sum / seen as f64,
-            start.elapsed().as_secs_f64()
-        );
-    }
+    let config = TrainConfig { epochs, batch_size: 128, seed, ..Default::default() };
+    let method = GaussianNoise { sigma, seed };
+    Trainer::new(config).method(&method).test(Some(test)).fit(net, &mut opt, train, &mut Log)?;
     Ok(())
 }
 

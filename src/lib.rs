@@ -33,6 +33,7 @@ pub mod io;
 pub mod nn;
 pub mod onnx;
 pub mod optim;
+pub mod robustness;
 pub mod seed;
 pub mod train;
 

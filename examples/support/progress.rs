@@ -1,7 +1,7 @@
 //! Progress bars for training (indicatif), shared by the examples.
 #![allow(dead_code)]
 
-use armoury::train::{BatchReport, EpochReport, TrainCallback};
+use armoury::train::{EpochReport, StepReport, TrainCallback};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// A bar per epoch, with the running loss and accuracy; prints a line per epoch.
@@ -19,7 +19,7 @@ impl TrainProgress {
 }
 
 impl TrainCallback for TrainProgress {
-    fn on_batch(&mut self, r: &BatchReport) {
+    fn on_step(&mut self, r: &StepReport) {
         let bar = self.bar.get_or_insert_with(|| {
             let bar = ProgressBar::new(r.batches as u64);
             bar.set_style(

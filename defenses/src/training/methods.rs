@@ -1,58 +1,36 @@
-//! Training methods built from attacks: plain, MindArmour's adversarial defenses (corrected), Madry's PGD-AT,
-//! ensemble adversarial training, fast and free adversarial training.
+//! Training methods built from attacks: MindArmour's adversarial defenses (corrected), Madry's PGD-AT, fast and
+//! free adversarial training.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
+use armoury::attack::budget::{random_in_ball, rows, sign, Norm};
 use armoury::nn::Module;
-use armoury::{Attack, Classifier, Error, Goal, ModuleClassifier, Reduction, Result, Tensor};
-use armoury_attacks::Pgd;
+use armoury::seed::row_seeds;
+use armoury::train::{correct, Method, StepContext, StepReport};
+use armoury::{Attack, Classifier, Error, Goal, Reduction, Result, Tensor};
 use ndarray::ArrayD;
 
-use super::{correct, optimise_pieces, Method, StepContext, StepReport};
-
-/// Cross-entropy on `x` in training mode, one optimiser step.
-fn ce_step(ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-    AdversarialDefense::train_step(ctx.model, ctx.optimizer, x, y)
-}
-
-/// Standard training (no attack): the baseline every defense is compared with.
-pub struct Standard;
-
-impl Method for Standard {
-    fn name(&self) -> String {
-        "standard".into()
-    }
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        ce_step(ctx, x, y)
-    }
-}
+use super::{check_non_negative, fgsm_from};
 
 /// MindArmour's `AdversarialDefense`: one training step on a batch of adversarial inputs the caller made.
 pub struct AdversarialDefense;
 
 impl AdversarialDefense {
-    /// Trains `model` one step on `x_adv` with labels `y`.
+    /// Trains `model` one cross-entropy step on `x_adv` with labels `y` ([`armoury::train::train_step`]).
     pub fn train_step(
         model: &dyn Module,
         optimizer: &mut dyn armoury::optim::Optimizer,
         x_adv: &Tensor,
         y: &[usize],
     ) -> Result<StepReport> {
-        let n = y.len();
-        if x_adv.rank() == 0 || x_adv.shape()[0] != n {
-            return Err(Error::ShapeMismatch { op: "train_step", expected: vec![n], got: x_adv.shape().to_vec() });
-        }
-        let (loss, correct) = optimise_pieces(model, optimizer, n, |r| {
-            let z = model.forward_t(&x_adv.narrow(0, r.start, r.len())?, true)?;
-            Ok((z.cross_entropy(&y[r.clone()], Reduction::Sum)?, correct(&z, &y[r])))
-        })?;
-        Ok(StepReport { loss, correct, size: n })
+        let (loss, correct) = armoury::train::train_step(model, optimizer, x_adv, y, None)?;
+        Ok(StepReport::of(loss, correct, y.len()))
     }
 }
 
 /// The samples `0..⌈ratio·n⌉` of a batch replaced by adversarial versions, split evenly across `attacks` (each
-/// run on its own contiguous share); the rest stay clean.
-fn replace_with_adversarial(
+/// run on its own contiguous share, with the step's seed); the rest stay clean.
+pub(crate) fn replace_with_adversarial(
     clf: &dyn Classifier,
     attacks: &[&dyn Attack],
     ratio: f32,
@@ -82,7 +60,7 @@ fn replace_with_adversarial(
     Tensor::concat(&parts, 0)
 }
 
-fn check_ratio(ratio: f32) -> Result<()> {
+pub(crate) fn check_ratio(ratio: f32) -> Result<()> {
     if !(0.0..=1.0).contains(&ratio) {
         return Err(Error::invalid("adversarial defense", format!("replace ratio {ratio} must be in [0, 1]")));
     }
@@ -92,28 +70,34 @@ fn check_ratio(ratio: f32) -> Result<()> {
 /// MindArmour's `AdversarialDefenseWithAttacks`: per batch, replace a ratio of the samples by adversarial ones,
 /// split evenly across a list of attacks, and train on the mix.
 pub struct AdversarialDefenseWithAttacks {
-    /// The attacks (run against the current model).
-    pub attacks: Vec<Arc<dyn Attack>>,
+    /// The attacks (run against the current model with the step's fresh seed).
+    pub attacks: Vec<Box<dyn Attack>>,
     /// Fraction of each batch replaced.
     pub replace_ratio: f32,
 }
 
 impl Method for AdversarialDefenseWithAttacks {
+    fn kind(&self) -> &'static str {
+        "adversarial"
+    }
     fn name(&self) -> String {
         let names: Vec<String> = self.attacks.iter().map(|a| a.name()).collect();
         format!("adversarial({}; ratio {})", names.join(", "), self.replace_ratio)
     }
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        check_ratio(self.replace_ratio)?;
+    fn validate(&self) -> Result<()> {
+        check_ratio(self.replace_ratio)
+    }
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport> {
         let attacks: Vec<&dyn Attack> = self.attacks.iter().map(|a| a.as_ref()).collect();
-        let mixed = replace_with_adversarial(ctx.classifier, &attacks, self.replace_ratio, x, y, ctx.step_seed())?;
-        ce_step(ctx, &mixed, y)
+        let mixed = replace_with_adversarial(ctx.classifier, &attacks, self.replace_ratio, x, y, ctx.seed)?;
+        ctx.cross_entropy_step(&mixed, y)
     }
 }
 
-/// MindArmour's `NaturalAdversarialDefense`: FGSM examples replacing half of each batch (ε = 0.1 by default).
+/// MindArmour's `NaturalAdversarialDefense`: FGSM examples (Goodfellow et al. 2015) replacing half of each batch
+/// (ε = 0.1 by default).
 pub struct NaturalAdversarialDefense {
-    /// FGSM budget.
+    /// FGSM budget (L∞).
     pub eps: f32,
     /// Fraction of each batch replaced.
     pub replace_ratio: f32,
@@ -126,47 +110,69 @@ impl Default for NaturalAdversarialDefense {
 }
 
 impl Method for NaturalAdversarialDefense {
+    fn kind(&self) -> &'static str {
+        "nad"
+    }
     fn name(&self) -> String {
         format!("nad(FGSM eps {}, ratio {})", self.eps, self.replace_ratio)
     }
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+    fn validate(&self) -> Result<()> {
         check_ratio(self.replace_ratio)?;
-        let fgsm = Pgd::fgsm(self.eps);
-        let mixed = replace_with_adversarial(ctx.classifier, &[&fgsm], self.replace_ratio, x, y, ctx.step_seed())?;
-        ce_step(ctx, &mixed, y)
+        check_non_negative("nad", "ε", self.eps)
+    }
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        let n = y.len();
+        let k = ((self.replace_ratio * n as f32).ceil() as usize).min(n);
+        if k == 0 {
+            return ctx.cross_entropy_step(x, y);
+        }
+        let xs = x.narrow(0, 0, k)?;
+        let mut parts = vec![fgsm_from(ctx.classifier, &xs, &y[..k], rows(&xs), self.eps, self.eps)?];
+        if k < n {
+            parts.push(x.narrow(0, k, n - k)?);
+        }
+        ctx.cross_entropy_step(&Tensor::concat(&parts, 0)?, y)
     }
 }
 
-/// Madry et al. (2018) PGD adversarial training, MindArmour's `ProjectedAdversarialDefense` corrected: PGD with a
-/// random start (a fresh one every step), all-adversarial batches by default.
-#[derive(Clone)]
+/// Madry et al. (2018) PGD adversarial training, MindArmour's `ProjectedAdversarialDefense` corrected: the
+/// caller's PGD (with a random start: a fresh one at every step, from the step's seed), all-adversarial batches
+/// by default.
 pub struct ProjectedAdversarialDefense {
-    /// The inner attack (its seed is replaced per step so random starts differ across epochs).
-    pub pgd: Pgd,
+    /// The inner attack (PGD-L∞ from a random start in Madry's recipe).
+    pub attack: Box<dyn Attack>,
     /// Fraction of each batch replaced (1.0: Madry's all-adversarial batches).
     pub replace_ratio: f32,
 }
 
 impl ProjectedAdversarialDefense {
-    /// Madry's recipe at budget ε: `steps` steps of `step_size` from a random start, L∞.
-    pub fn madry(eps: f32, step_size: f32, steps: usize) -> Self {
-        ProjectedAdversarialDefense { pgd: Pgd { step_size, steps, ..Pgd::linf(eps) }, replace_ratio: 1.0 }
+    /// Madry's recipe: all-adversarial batches made by `attack` (PGD-L∞ from a random start, e.g. 7 steps of
+    /// 0.025 at ε = 0.1 on MNIST-like data).
+    pub fn madry(attack: Box<dyn Attack>) -> Self {
+        ProjectedAdversarialDefense { attack, replace_ratio: 1.0 }
     }
 }
 
 impl Method for ProjectedAdversarialDefense {
-    fn name(&self) -> String {
-        format!("pgd-at({}, ratio {})", self.pgd.name(), self.replace_ratio)
+    fn kind(&self) -> &'static str {
+        "pgd-at"
     }
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        check_ratio(self.replace_ratio)?;
-        let mixed = replace_with_adversarial(ctx.classifier, &[&self.pgd], self.replace_ratio, x, y, ctx.step_seed())?;
-        ce_step(ctx, &mixed, y)
+    fn name(&self) -> String {
+        format!("pgd-at({}, ratio {})", self.attack.name(), self.replace_ratio)
+    }
+    fn validate(&self) -> Result<()> {
+        check_ratio(self.replace_ratio)
+    }
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        let attacks = [self.attack.as_ref()];
+        let mixed = replace_with_adversarial(ctx.classifier, &attacks, self.replace_ratio, x, y, ctx.seed)?;
+        ctx.cross_entropy_step(&mixed, y)
     }
 }
 
-/// Fast adversarial training (Wong, Rice & Kolter 2020): FGSM from a uniform random start with step 1.25ε,
-/// projected to the ε-ball; all-adversarial batches. (Use a cyclic `LrSchedule::Triangular` as in the paper.)
+/// Fast adversarial training (Wong, Rice & Kolter 2020): FGSM from a uniform random start in the ε-ball with
+/// step α = 1.25ε, projected back to the ball; all-adversarial batches. (The paper uses a cyclic rate:
+/// `LrSchedule::Triangular` with `lr_per_step`.)
 pub struct FastAt {
     /// Budget ε (L∞).
     pub eps: f32,
@@ -182,19 +188,34 @@ impl FastAt {
 }
 
 impl Method for FastAt {
+    fn kind(&self) -> &'static str {
+        "fast-at"
+    }
     fn name(&self) -> String {
         format!("fast-at(eps {}, alpha {})", self.eps, self.alpha)
     }
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        let pgd = Pgd { steps: 1, step_size: self.alpha, random_start: true, ..Pgd::linf(self.eps) };
-        let adv = pgd.generate(ctx.classifier, x, y, &Goal::Untargeted, ctx.step_seed())?;
-        ce_step(ctx, &adv, y)
+    fn validate(&self) -> Result<()> {
+        check_non_negative("fast-at", "ε", self.eps)?;
+        check_non_negative("fast-at", "α", self.alpha)
+    }
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        let x2 = rows(x);
+        let (n, d) = x2.dim();
+        let eps = vec![self.eps; n];
+        // Each sample's start from its own generator (its values and the step's seed): thread counts and batch
+        // order do not matter.
+        let mut start = &x2 + &random_in_ball(n, d, Norm::Linf, &eps, &row_seeds(&x2, ctx.seed, 0));
+        armoury::attack::budget::enforce(&x2, &mut start, Norm::Linf, &eps, ctx.classifier.bounds());
+        let adv = fgsm_from(ctx.classifier, x, y, start, self.alpha, self.eps)?;
+        ctx.cross_entropy_step(&adv, y)
     }
 }
 
-/// Free adversarial training (Shafahi et al. 2019): each batch is replayed `replays` times; every replay takes
-/// one backward pass that yields both the weight gradient (an optimiser step) and the perturbation gradient
-/// (δ ← clip(δ + ε·sign(∇δ))). δ carries over to the next batch. The trainer runs `epochs / replays` passes.
+/// Free adversarial training (Shafahi et al. 2019): each batch is replayed `replays` (m) times; every replay
+/// takes one backward pass that yields both the weight gradient (an optimiser step) and the perturbation
+/// gradient (δ ← clip(δ + ε·sign(∇δ))). δ carries over to the next batch. Each pass makes m epochs' worth of
+/// updates, so the trainer runs ⌈epochs / m⌉ passes (at least one), and the learning-rate schedule, given in
+/// epochs, advances m epochs per pass.
 pub struct FreeAt {
     /// Budget ε (L∞).
     pub eps: f32,
@@ -211,18 +232,27 @@ impl FreeAt {
 }
 
 impl Method for FreeAt {
+    fn kind(&self) -> &'static str {
+        "free-at"
+    }
+
     fn name(&self) -> String {
         format!("free-at(eps {}, m {})", self.eps, self.replays)
     }
 
-    fn epoch_divisor(&self) -> usize {
-        self.replays.max(1)
+    fn validate(&self) -> Result<()> {
+        if self.replays == 0 {
+            return Err(Error::invalid("free-at", "replays must be ≥ 1"));
+        }
+        check_non_negative("free-at", "ε", self.eps)
     }
 
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        if self.replays == 0 || self.eps.is_nan() || self.eps < 0.0 {
-            return Err(Error::invalid("free-at", "replays must be ≥ 1 and ε ≥ 0"));
-        }
+    fn replays(&self) -> usize {
+        self.replays
+    }
+
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        self.validate()?;
         let (lo, hi) = ctx.classifier.bounds();
         let mut guard = self.delta.lock().unwrap_or_else(|e| e.into_inner());
         let mut delta = match guard.take() {
@@ -236,12 +266,12 @@ impl Method for FreeAt {
             let z = ctx.model.forward_t(&xin, true)?;
             let loss = z.cross_entropy(y, Reduction::Mean)?;
             let grads = loss.backward_with(&[&dv])?;
-            ctx.optimizer.step(&grads)?;
             let gd = grads.get(&dv).cloned().unwrap_or_else(|| ArrayD::zeros(x.shape()));
+            ctx.update(grads)?;
             ndarray::Zip::from(&mut delta)
                 .and(&gd)
-                .for_each(|d, &g| *d = (*d + self.eps * armoury_attacks::budget::sign(g)).clamp(-self.eps, self.eps));
-            last = StepReport { loss: loss.item()?, correct: correct(&z, y), size: y.len() };
+                .for_each(|d, &g| *d = (*d + self.eps * sign(g)).clamp(-self.eps, self.eps));
+            last = StepReport::of(loss.item()?, correct(&z, y), y.len());
         }
         *guard = Some(delta);
         Ok(last)
@@ -256,35 +286,5 @@ impl Method for FreeAt {
         let mut guard = self.delta.lock().unwrap_or_else(|e| e.into_inner());
         *guard = state.iter().find(|(n, _)| n == "free.delta").map(|(_, d)| d.clone());
         Ok(())
-    }
-}
-
-/// Ensemble adversarial training (Tramèr et al. 2018): each batch's adversarial half comes, in rotation, from
-/// the current model or one of several fixed pre-trained models, so the defense does not overfit to its own
-/// gradients.
-pub struct EnsembleAdversarialDefense {
-    /// The fixed models adversarial inputs are also made on.
-    pub static_models: Vec<Arc<ModuleClassifier>>,
-    /// The attack (FGSM in the paper; R+FGSM variants work too).
-    pub attack: Arc<dyn Attack>,
-    /// Fraction of each batch replaced (0.5 in the paper).
-    pub replace_ratio: f32,
-}
-
-impl Method for EnsembleAdversarialDefense {
-    fn name(&self) -> String {
-        format!(
-            "ensemble({} + {} static models, ratio {})",
-            self.attack.name(),
-            self.static_models.len(),
-            self.replace_ratio
-        )
-    }
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        check_ratio(self.replace_ratio)?;
-        let source = ctx.batch % (self.static_models.len() + 1);
-        let clf: &dyn Classifier = if source == 0 { ctx.classifier } else { self.static_models[source - 1].as_ref() };
-        let mixed = replace_with_adversarial(clf, &[self.attack.as_ref()], self.replace_ratio, x, y, ctx.step_seed())?;
-        ce_step(ctx, &mixed, y)
     }
 }

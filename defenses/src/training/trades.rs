@@ -1,15 +1,14 @@
 //! TRADES (Zhang et al. 2019) and MART (Wang et al. 2020): losses that trade clean accuracy against robustness
 //! through a KL term between the clean and the adversarial predictions.
 
+use armoury::attack::budget::{enforce, rows, sign, unrows, Norm};
 use armoury::seed::sample_seed;
-use armoury::{Attack, Classifier, Error, Goal, Reduction, Result, Tensor};
-use armoury_attacks::budget::{enforce, rows, sign, unrows, Norm};
-use armoury_attacks::Pgd;
+use armoury::train::{correct, Method, StepContext, StepReport};
+use armoury::{Attack, Error, Goal, Reduction, Result, Tensor};
 use ndarray::{Array2, Axis};
-use rand::SeedableRng;
 use rayon::prelude::*;
 
-use super::{correct, optimise_pieces, Method, StepContext, StepReport};
+use super::check_non_negative;
 
 /// TRADES: minimise CE(f(x), y) + β·KL(f(x) ‖ f(x′)), with x′ maximising the KL inside the ε-ball (L∞) by `steps`
 /// sign steps of `step_size` from x + 0.001·N(0, I), as the authors' code does.
@@ -40,14 +39,21 @@ fn kl_rows(z: &Tensor, p: &Array2<f32>, range: std::ops::Range<usize>) -> Result
 }
 
 impl Method for Trades {
+    fn kind(&self) -> &'static str {
+        "trades"
+    }
+
     fn name(&self) -> String {
         format!("trades(eps {}, beta {}, {} steps of {})", self.eps, self.beta, self.steps, self.step_size)
     }
 
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        if self.beta.is_nan() || self.eps.is_nan() || self.beta < 0.0 || self.eps < 0.0 {
-            return Err(Error::invalid("trades", "β and ε must be ≥ 0"));
-        }
+    fn validate(&self) -> Result<()> {
+        check_non_negative("trades", "β", self.beta)?;
+        check_non_negative("trades", "ε", self.eps)
+    }
+
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        self.validate()?;
         let (clf, model) = (ctx.classifier, ctx.model);
         let bounds = clf.bounds();
         let n = x.shape().first().copied().unwrap_or(0);
@@ -78,11 +84,11 @@ impl Method for Trades {
         let d = x2.ncols();
         let eps = vec![self.eps; n];
         // x′ = x + 0.001·N(0, I), then sign ascent on KL(p_clean ‖ f(x′)).
-        let seed = ctx.step_seed();
+        let seed = ctx.seed;
         let mut adv = x2.clone();
         // Rows in parallel, each from its own generator (so the thread count does not matter).
         adv.axis_iter_mut(Axis(0)).into_par_iter().zip(x2.axis_iter(Axis(0))).for_each(|(mut r, xr)| {
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(sample_seed(seed, 1, xr.as_slice().expect("rows")));
+            let mut rng = armoury::seed::rng(sample_seed(seed, 1, xr.as_slice().expect("rows")));
             let z = armoury::seed::normal_vec(&mut rng, d);
             r.iter_mut().zip(&z).for_each(|(v, g)| *v += 0.001 * g);
         });
@@ -113,7 +119,7 @@ impl Method for Trades {
         }
         enforce(&x2, &mut adv, Norm::Linf, &eps, bounds);
         let x_adv = unrows(adv, x.shape());
-        let (loss, correct) = optimise_pieces(model, ctx.optimizer, n, |r| {
+        let (loss, correct) = ctx.optimise_pieces(n, |r| {
             let kept = clean.as_ref().and_then(|zs| pieces.iter().position(|q| *q == r).map(|i| zs[i].clone()));
             let z_clean = match kept {
                 Some(z) => z,
@@ -124,36 +130,44 @@ impl Method for Trades {
             let robust = z_adv.log_softmax(1)?.kl_div(&z_clean.softmax(1)?, Reduction::Sum)?;
             Ok((natural.add(&robust.mul_scalar(self.beta))?, correct(&z_clean, &y[r])))
         })?;
-        Ok(StepReport { loss, correct, size: n })
+        Ok(StepReport::of(loss, correct, n))
     }
 }
 
 /// MART: BCE(f(x′), y) + λ·KL(f(x) ‖ f(x′))·(1 − p_y(x)), with x′ from PGD on cross-entropy; BCE(p, y) =
 /// −ln p_y − ln(1 − max_{k≠y} p_k) ("boosted" cross-entropy) and misclassification-aware weighting.
 pub struct Mart {
-    /// The inner attack.
-    pub pgd: Pgd,
+    /// The inner attack (PGD-L∞ on cross-entropy from a random start in the paper), given the step's seed.
+    pub attack: Box<dyn Attack>,
     /// Weight λ (6 in the paper's experiments).
     pub lambda: f32,
 }
 
 impl Mart {
-    /// PGD-L∞ with `steps` of `step_size` from a random start, λ = 6.
-    pub fn new(eps: f32, step_size: f32, steps: usize) -> Self {
-        Mart { pgd: Pgd { step_size, steps, ..Pgd::linf(eps) }, lambda: 6.0 }
+    /// The paper's λ = 6 with `attack` making x′.
+    pub fn new(attack: Box<dyn Attack>) -> Self {
+        Mart { attack, lambda: 6.0 }
     }
 }
 
 impl Method for Mart {
-    fn name(&self) -> String {
-        format!("mart({}, lambda {})", self.pgd.name(), self.lambda)
+    fn kind(&self) -> &'static str {
+        "mart"
     }
 
-    fn step(&self, ctx: &mut StepContext, x: &Tensor, y: &[usize]) -> Result<StepReport> {
-        let x_adv = self.pgd.generate(ctx.classifier, x, y, &Goal::Untargeted, ctx.step_seed())?;
+    fn name(&self) -> String {
+        format!("mart({}, lambda {})", self.attack.name(), self.lambda)
+    }
+
+    fn validate(&self) -> Result<()> {
+        check_non_negative("mart", "λ", self.lambda)
+    }
+
+    fn step(&self, ctx: &mut StepContext<'_>, x: &Tensor, y: &[usize]) -> Result<StepReport> {
+        let x_adv = self.attack.generate(ctx.classifier, x, y, &Goal::Untargeted, ctx.seed)?;
         let n = y.len();
         let model = ctx.model;
-        let (loss, correct) = optimise_pieces(model, ctx.optimizer, n, |r| {
+        let (loss, correct) = ctx.optimise_pieces(n, |r| {
             let y = &y[r.clone()];
             let z_clean = model.forward_t(&x.narrow(0, r.start, r.len())?, true)?;
             let z_adv = model.forward_t(&x_adv.narrow(0, r.start, r.len())?, true)?;
@@ -171,6 +185,6 @@ impl Method for Mart {
             let weighted = kl.mul(&true_prob.neg().add_scalar(1.0000001))?.sum_all();
             Ok((bce.add(&weighted.mul_scalar(self.lambda))?, correct(&z_adv, y)))
         })?;
-        Ok(StepReport { loss, correct, size: n })
+        Ok(StepReport::of(loss, correct, n))
     }
 }

@@ -1,7 +1,6 @@
-//! Training: seeded shuffling, mini-batches, epochs, learning-rate schedules, callbacks for progress, and
+//! The pieces of a training step: [`train_step`] (cross-entropy), [`backward_in_pieces`] and
+//! [`optimise_pieces`] (a batch's gradient computed a piece at a time in parallel, summed in order), and
 //! [`evaluate`] for accuracy, loss and the confusion matrix.
-
-use std::time::Instant;
 
 use ndarray::Array2;
 
@@ -9,85 +8,9 @@ use crate::classifier::argmax_rows;
 use crate::data::Dataset;
 use crate::nn::{Module, ModuleExt};
 use crate::ops::Reduction;
-use crate::optim::{clip_grad_norm, LrSchedule, Optimizer};
+use crate::optim::{clip_grad_norm, Optimizer};
 use crate::tensor::{no_grad, Tensor};
 use crate::{Error, Result};
-
-/// Settings of [`fit`].
-#[derive(Clone, Debug)]
-pub struct TrainConfig {
-    /// Passes over the training set.
-    pub epochs: usize,
-    /// Samples per optimiser step.
-    pub batch_size: usize,
-    /// Seed of the per-epoch shuffles.
-    pub seed: u64,
-    /// Learning rate per epoch, relative to the optimiser's rate when training starts.
-    pub schedule: LrSchedule,
-    /// Clip the global gradient norm to this value.
-    pub clip_grad_norm: Option<f32>,
-    /// Batch size of the evaluation after each epoch.
-    pub eval_batch_size: usize,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            epochs: 3,
-            batch_size: 128,
-            seed: 0,
-            schedule: LrSchedule::Constant,
-            clip_grad_norm: None,
-            eval_batch_size: 1000,
-        }
-    }
-}
-
-/// What one optimiser step did.
-#[derive(Clone, Debug)]
-pub struct BatchReport {
-    /// Epoch (0-based).
-    pub epoch: usize,
-    /// Batch within the epoch (0-based).
-    pub batch: usize,
-    /// Batches per epoch.
-    pub batches: usize,
-    /// Mean loss of the batch.
-    pub loss: f32,
-    /// Correct predictions in the batch.
-    pub correct: usize,
-    /// Batch size.
-    pub size: usize,
-    /// Learning rate used.
-    pub lr: f32,
-}
-
-/// What one epoch did.
-#[derive(Clone, Debug)]
-pub struct EpochReport {
-    /// Epoch (0-based).
-    pub epoch: usize,
-    /// Mean training loss over the epoch.
-    pub train_loss: f32,
-    /// Training accuracy over the epoch (of the model as it was at each batch).
-    pub train_accuracy: f32,
-    /// Evaluation on the held-out set, if one was given.
-    pub test: Option<Evaluation>,
-    /// Wall time of the training part of the epoch.
-    pub seconds: f64,
-    /// Learning rate of the epoch.
-    pub lr: f32,
-}
-
-/// Hooks called during training (for progress bars and logs). Both default to doing nothing.
-pub trait TrainCallback {
-    /// After each optimiser step.
-    fn on_batch(&mut self, _report: &BatchReport) {}
-    /// After each epoch (and its evaluation).
-    fn on_epoch(&mut self, _report: &EpochReport) {}
-}
-
-impl TrainCallback for () {}
 
 /// Accuracy, mean loss and confusion matrix of a model on a data set.
 #[derive(Clone, Debug)]
@@ -178,53 +101,35 @@ pub fn backward_in_pieces<T: Send>(
     Ok((total, loss as f32, extras))
 }
 
-/// Trains `model` on `train` for `cfg.epochs` epochs, evaluating on `test` after each epoch.
-pub fn fit(
+/// One optimiser step on a loss that is a mean over the batch, built and differentiated a piece of samples at a
+/// time in parallel ([`backward_in_pieces`]): `f(range)` returns the piece's summed loss (divided by the batch
+/// size here) and its correct predictions. The gradient's global norm is clipped to `clip` when given. Returns
+/// the mean loss and the correct count.
+pub fn optimise_pieces(
     model: &dyn Module,
-    opt: &mut dyn Optimizer,
-    train: &Dataset,
-    test: Option<&Dataset>,
-    cfg: &TrainConfig,
-    callback: &mut dyn TrainCallback,
-) -> Result<Vec<EpochReport>> {
-    if cfg.batch_size == 0 || cfg.eval_batch_size == 0 {
-        return Err(Error::invalid("fit", "batch sizes must be positive"));
+    optimizer: &mut dyn Optimizer,
+    clip: Option<f32>,
+    n: usize,
+    f: impl Fn(std::ops::Range<usize>) -> Result<(Tensor, usize)> + Sync,
+) -> Result<(f32, usize)> {
+    let scale = 1.0 / n.max(1) as f32;
+    let (mut grads, loss, correct) = backward_in_pieces(model, n, |r| {
+        let (loss, correct) = f(r)?;
+        Ok((loss.mul_scalar(scale), correct))
+    })?;
+    if let Some(max_norm) = clip {
+        clip_grad_norm(&mut grads, &model.parameters(), max_norm)?;
     }
-    if train.is_empty() {
-        return Err(Error::invalid("fit", "empty training set"));
+    optimizer.step(&grads)?;
+    Ok((loss, correct.iter().sum()))
+}
+
+/// Correct predictions of logits `z` `[N, K]` against `y`.
+pub fn correct(z: &Tensor, y: &[usize]) -> usize {
+    match z.value().view().into_dimensionality::<ndarray::Ix2>() {
+        Ok(z2) => argmax_rows(&z2.to_owned()).iter().zip(y).filter(|(p, l)| p == l).count(),
+        Err(_) => 0,
     }
-    let base_lr = opt.lr();
-    let n = train.len();
-    let batches = n.div_ceil(cfg.batch_size);
-    let mut reports = Vec::with_capacity(cfg.epochs);
-    for epoch in 0..cfg.epochs {
-        let lr = cfg.schedule.lr_at(base_lr, epoch as f32);
-        opt.set_lr(lr);
-        let start = Instant::now();
-        let order = crate::seed::shuffled(n, cfg.seed, epoch as u64);
-        let (mut loss_sum, mut correct) = (0.0f64, 0usize);
-        for (b, idx) in order.chunks(cfg.batch_size).enumerate() {
-            let x = train.images().index_select(0, idx)?;
-            let y: Vec<usize> = idx.iter().map(|&i| train.labels()[i]).collect();
-            let (loss, c) = train_step(model, opt, &x, &y, cfg.clip_grad_norm)?;
-            loss_sum += loss as f64 * idx.len() as f64;
-            correct += c;
-            callback.on_batch(&BatchReport { epoch, batch: b, batches, loss, correct: c, size: idx.len(), lr });
-        }
-        let seconds = start.elapsed().as_secs_f64();
-        let test = test.map(|t| evaluate(model, t, cfg.eval_batch_size)).transpose()?;
-        let report = EpochReport {
-            epoch,
-            train_loss: (loss_sum / n as f64) as f32,
-            train_accuracy: correct as f32 / n as f32,
-            test,
-            seconds,
-            lr,
-        };
-        callback.on_epoch(&report);
-        reports.push(report);
-    }
-    Ok(reports)
 }
 
 /// Accuracy, loss and confusion matrix of `model` (evaluation mode, no graph) on `data`.
