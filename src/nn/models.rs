@@ -1,4 +1,4 @@
-//! The reference models of SPEC §1, with PyTorch's parameter names.
+//! The reference models `mlp` and `cnn` (docs/reference.md, reference models), with PyTorch's parameter names.
 
 use std::str::FromStr;
 
