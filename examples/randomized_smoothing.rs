@@ -165,11 +165,58 @@ fn measure(
     println!("| base clean accuracy | certified r=0 | r=0.25 | r=0.5 | abstain | mean radius (correct) |");
     println!("|---|---|---|---|---|---|");
     println!("| {clean:.3} | {:.3} | {:.3} | {:.3} | {abstain:.3} | {mean_radius:.3} |", acc[0], acc[1], acc[2]);
-    println!(
-        "{{\"defense\":\"randomized_smoothing\",\"model\":\"{name}\",\"sigma\":{},\"n0\":{},\"n\":{},\"alpha\":{},\"images\":{},\"certified_accuracy\":{{\"0\":{:.4},\"0.25\":{:.4},\"0.5\":{:.4}}},\"abstain\":{abstain:.4},\"clean_accuracy\":{clean:.4},\"seconds\":{seconds:.1}}}",
-        rs.sigma, rs.n0, rs.n, rs.alpha, y.len(), acc[0], acc[1], acc[2]
-    );
+    let line = Summary {
+        defense: "randomized_smoothing",
+        model: name,
+        sigma: rs.sigma,
+        n0: rs.n0,
+        n: rs.n,
+        alpha: rs.alpha,
+        images: y.len(),
+        certified_accuracy: Certified {
+            r0: rounded(f64::from(acc[0]), 4),
+            r025: rounded(f64::from(acc[1]), 4),
+            r05: rounded(f64::from(acc[2]), 4),
+        },
+        abstain: rounded(f64::from(abstain), 4),
+        clean_accuracy: rounded(f64::from(clean), 4),
+        seconds: rounded(seconds, 1),
+    };
+    println!("{}", serde_json::to_string(&line)?);
     Ok(())
+}
+
+/// The JSON line of one measured model.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    defense: &'static str,
+    model: &'a str,
+    sigma: f32,
+    n0: usize,
+    n: usize,
+    alpha: f64,
+    images: usize,
+    certified_accuracy: Certified,
+    abstain: f64,
+    clean_accuracy: f64,
+    seconds: f64,
+}
+
+/// Certified accuracy at L2 radius 0, 0.25 and 0.5.
+#[derive(serde::Serialize)]
+struct Certified {
+    #[serde(rename = "0")]
+    r0: f64,
+    #[serde(rename = "0.25")]
+    r025: f64,
+    #[serde(rename = "0.5")]
+    r05: f64,
+}
+
+/// `v` to `decimals` places, so the JSON line carries the figures the table prints.
+fn rounded(v: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (v * scale).round() / scale
 }
 
 fn main() -> std::process::ExitCode {

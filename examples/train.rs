@@ -8,10 +8,10 @@
 //! DIR holds `train-*` and `t10k-*` IDX files (plain or .gz); without it, full Fashion-MNIST when found, else the
 //! embedded sample. Prints per-epoch loss and accuracy and ends with one JSON line.
 
+#[path = "support/choice.rs"]
+mod choice;
 #[path = "support/cli.rs"]
 mod cli;
-#[path = "support/model.rs"]
-mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
@@ -26,7 +26,7 @@ use armoury::train::{fit, TrainConfig};
 use armoury::{data, io};
 
 struct Args {
-    model: model::ModelChoice,
+    model: choice::ModelChoice,
     data: Option<PathBuf>,
     epochs: usize,
     batch_size: usize,
@@ -38,7 +38,7 @@ struct Args {
 fn parse() -> Result<Args, lexopt::Error> {
     use lexopt::prelude::*;
     let mut a = Args {
-        model: model::ModelChoice::Reference(ReferenceModel::Cnn),
+        model: choice::ModelChoice::Reference(ReferenceModel::Cnn),
         data: None,
         epochs: 3,
         batch_size: 128,
@@ -66,6 +66,22 @@ fn parse() -> Result<Args, lexopt::Error> {
     Ok(a)
 }
 
+/// The JSON line the example ends with.
+#[derive(serde::Serialize)]
+struct Summary {
+    model: String,
+    epochs: usize,
+    /// On the test split after the last epoch.
+    test_accuracy: f64,
+    seconds: f64,
+}
+
+/// `v` to `decimals` places, so the JSON line carries the figures the text prints.
+fn rounded(v: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (v * scale).round() / scale
+}
+
 fn main() -> std::process::ExitCode {
     cli::finish(run())
 }
@@ -87,7 +103,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     let [c, h, w] = set.train.image_shape();
     let model: Arc<dyn Module> = match &args.model {
-        model::ModelChoice::Reference(r) => {
+        choice::ModelChoice::Reference(r) => {
             if (c, h, w) != (1, 28, 28) {
                 return Err(
                     format!("the reference {} takes 1×28×28 images; this data set has {c}×{h}×{w}", r.name()).into()
@@ -95,7 +111,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             Arc::new(r.build(args.seed))
         }
-        model::ModelChoice::Onnx(path) => Arc::new(armoury::onnx::OnnxModel::load(path)?),
+        choice::ModelChoice::Onnx(path) => Arc::new(armoury::onnx::OnnxModel::load(path)?),
     };
     println!("model: {} ({} parameters)", args.model.name(), model.num_parameters());
     let mut opt = Adam::new(model.parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
@@ -110,10 +126,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("saved {}", out.display());
     }
     println!("test accuracy {accuracy:.4} after {} epochs in {seconds:.1} s", args.epochs);
-    println!(
-        "{{\"model\":\"{}\",\"epochs\":{},\"test_accuracy\":{accuracy:.4},\"seconds\":{seconds:.2}}}",
-        args.model.name(),
-        args.epochs
-    );
+    let line = Summary {
+        model: args.model.name(),
+        epochs: args.epochs,
+        test_accuracy: rounded(f64::from(accuracy), 4),
+        seconds: rounded(seconds, 2),
+    };
+    println!("{}", serde_json::to_string(&line)?);
     Ok(())
 }

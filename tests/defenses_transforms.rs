@@ -163,7 +163,7 @@ fn total_variation_solves_the_rof_model() {
 }
 
 /// The result for image i must not depend on the other images in the batch (MindArmour's SpatialSmoothing
-/// filters across the batch, SPEC §5), nor on its position.
+/// filters across the batch; docs/conventions.md, MindArmour differences), nor on its position.
 #[test]
 fn every_transform_works_per_image() {
     let x = Tensor::uniform(&[5, 1, 12, 10], 0.0, 1.0, 21);

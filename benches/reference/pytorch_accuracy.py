@@ -1,12 +1,15 @@
-"""How much PyTorch's own accuracy varies with the seed, for the recipes of issue 5 (SPEC §"Adversarial training").
+"""How much PyTorch's own accuracy varies with the seed, for the adversarial-training recipes Armoury is compared on.
 
-The gates compare one Armoury run with one PyTorch run (seed 0). Both sides draw the initial weights, the batch order
-and the random starts from their seed, so one run is one sample of a distribution; this script shows that
-distribution on PyTorch's side: the same recipe (10 epochs, fresh cnn, Adam lr 1e-3, batch 128, ε = 0.1) for
-several seeds, clean accuracy on the 10k test images and PGD-40 robust accuracy (steps of 0.01 from a random start)
-on the first 2000.
+The comparisons (docs/reference.md, adversarial training) set one Armoury run against one PyTorch run (seed 0). Both
+sides draw the initial weights, the batch order and the random starts from their seed, so one run is one sample of a
+distribution; this script shows that distribution on PyTorch's side: the same recipe (10 epochs, fresh cnn, Adam
+lr 1e-3, batch 128, ε = 0.1) for several seeds, clean accuracy on the 10k test images and PGD-40 robust accuracy
+(steps of 0.01 from a random start) on the first 2000.
 
-    /tmp/pt/bin/python benches/reference/pytorch_accuracy.py --recipe fast --seeds 0,1,2
+Needs `torch` and `numpy` (`pip install torch numpy`) and the full Fashion-MNIST IDX files (`--data DIR`, default
+the Debian package's directory). It imports its helpers from pytorch_epochs.py beside it. From the repository root:
+
+    python3 benches/reference/pytorch_accuracy.py [--data DIR] --recipe fast --seeds 0,1,2
 
 Prints one line per seed and a JSON line.
 """

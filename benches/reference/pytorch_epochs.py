@@ -1,14 +1,17 @@
-"""PyTorch reference timings for the speed gates of SPEC §6 and issue 5, on whatever machine runs it.
+"""PyTorch reference timings for Armoury's speed comparisons, on whatever machine runs it.
 
-The figures in SPEC §6 were measured on an AVX-512 machine; when Armoury runs on another CPU, its speed ratios
-are only meaningful against PyTorch measured on the same one. This script times, with 2 threads and the
-reference `cnn` (fresh PyTorch init, seed 0), on the full Fashion-MNIST training set:
-forward and forward + ∂CE/∂x at batch 1000, and one epoch (60k images, batch 128, Adam lr 1e-3) of plain
-training, Madry PGD-AT (7 steps of 0.025, random start), TRADES β = 6 (7 KL steps of 0.025) and fast AT
-(FGSM from a random start, step 1.25ε), all at ε = 0.1.
+The first PyTorch baselines (docs/reference.md, speed baselines) were measured on an AVX-512 machine; when Armoury
+runs on another CPU its speed ratios are only meaningful against PyTorch measured on the same one, side by side.
+This script times, with 2 threads and the reference `cnn` (fresh PyTorch init, seed 0), on the full Fashion-MNIST
+training set: forward and forward + ∂CE/∂x at batch 1000 (median of 5 after one warm-up), and one epoch (60k
+images, batch 128, Adam lr 1e-3) of plain training, Madry PGD-AT (7 steps of 0.025, random start), TRADES β = 6
+(7 KL steps of 0.025) and fast AT (FGSM from a random start, step 1.25ε), all at ε = 0.1.
 
-    python3 -m venv /tmp/pt && /tmp/pt/bin/pip install torch numpy
-    /tmp/pt/bin/python benches/reference/pytorch_epochs.py [--data DIR] [--recipes plain,pgd,trades,fast]
+Needs `torch` and `numpy` (`pip install torch numpy`; the figures in docs/reference.md used PyTorch 2.15) and the
+full Fashion-MNIST IDX files (`apt-get install dataset-fashion-mnist`, or any directory with the four .gz files).
+Run from the repository root:
+
+    python3 benches/reference/pytorch_epochs.py [--data DIR] [--recipes plain,pgd,trades,fast]
 
 Prints one line per workload and a JSON line.
 """

@@ -1,5 +1,4 @@
 //! The core benchmark workloads, shared by `examples/bench.rs` and `benches/core.rs`.
-#![allow(dead_code)]
 
 use std::time::Instant;
 
@@ -19,15 +18,6 @@ pub struct Row {
     pub ms: f64,
     pub images_per_s: f64,
     pub gflops: f64,
-}
-
-impl Row {
-    pub fn json(&self) -> String {
-        format!(
-            "{{\"model\":\"{}\",\"workload\":\"{}\",\"batch\":{},\"ms\":{:.4},\"images_per_s\":{:.1},\"gflops\":{:.2}}}",
-            self.model, self.workload, self.batch, self.ms, self.images_per_s, self.gflops
-        )
-    }
 }
 
 /// Median wall time in milliseconds of `reps` runs of `f` after one warm-up run.
@@ -88,71 +78,6 @@ pub fn training(model: ReferenceModel, train: &Dataset, epoch: bool) -> Result<V
         }
         let ms = t.elapsed().as_secs_f64() * 1e3;
         rows.push(row(model, "train_epoch", train.len(), ms, 3.0));
-    }
-    Ok(rows)
-}
-
-/// One measured attack.
-#[derive(Clone, Debug)]
-pub struct AttackRow {
-    pub attack: &'static str,
-    pub images: usize,
-    pub seconds: f64,
-    pub robust_accuracy: f32,
-    pub success_rate: f32,
-    pub mean_l2: f32,
-    pub reference_seconds: f64,
-}
-
-impl AttackRow {
-    pub fn json(&self) -> String {
-        format!(
-            "{{\"attack\":\"{}\",\"images\":{},\"seconds\":{:.4},\"images_per_s\":{:.1},\"robust_accuracy\":{:.4},\"success_rate\":{:.4},\"mean_l2\":{:.4},\"torchattacks_seconds\":{},\"speedup\":{:.2}}}",
-            self.attack,
-            self.images,
-            self.seconds,
-            self.images as f64 / self.seconds,
-            self.robust_accuracy,
-            self.success_rate,
-            self.mean_l2,
-            self.reference_seconds,
-            self.reference_seconds / self.seconds
-        )
-    }
-}
-
-/// SPEC §6's attack workloads on the fixture `cnn` (median of 3 runs): FGSM and PGD-40 on 1000 images, CW-L2
-/// (c = 1, κ = 0, 100 Adam steps) on 100.
-pub fn attacks(weights: &std::path::Path, test: &Dataset) -> Result<Vec<AttackRow>> {
-    use armoury::{Attack, Goal};
-    use armoury_attacks::{CarliniWagnerL2, Pgd};
-    let net = ReferenceModel::Cnn.build(0);
-    armoury::io::load_module(&net, weights)?;
-    let clf = ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0))?;
-    let runs: Vec<(&'static str, Box<dyn Attack>, usize, f64)> = vec![
-        ("fgsm", Box::new(Pgd::fgsm(0.1)), 1000, 0.132),
-        ("pgd40", Box::new(Pgd { step_size: 0.01, steps: 40, ..Pgd::linf(0.1) }), 1000, 5.4),
-        ("cw_l2", Box::new(CarliniWagnerL2::torchattacks()), 100, 0.95),
-    ];
-    let mut rows = Vec::new();
-    for (name, attack, n, reference) in runs {
-        let (x, y) = test.batch(0..n)?;
-        let mut last = None;
-        let ms = median_ms(3, || {
-            last = Some(attack.run(&clf, &x, &y, &Goal::Untargeted, 0)?);
-            Ok(())
-        })?;
-        let r = last.expect("ran at least once");
-        let l2: Vec<f32> = r.norms.iter().zip(&r.success).filter(|(_, &s)| s).map(|(m, _)| m.l2).collect();
-        rows.push(AttackRow {
-            attack: name,
-            images: n,
-            seconds: ms / 1e3,
-            robust_accuracy: r.robust_accuracy(&y),
-            success_rate: r.success_rate(),
-            mean_l2: if l2.is_empty() { 0.0 } else { l2.iter().sum::<f32>() / l2.len() as f32 },
-            reference_seconds: reference,
-        });
     }
     Ok(rows)
 }

@@ -1,5 +1,4 @@
 //! How the examples end: an error is printed as its message, not its debug form, and the exit code is 1.
-#![allow(dead_code)]
 
 use std::process::ExitCode;
 

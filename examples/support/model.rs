@@ -1,43 +1,20 @@
-//! Model and data selection shared by the examples: a reference model (trained here or loaded from
-//! safetensors) or any ONNX export, and a data set (IDX directory, full Fashion-MNIST, or the embedded sample).
-#![allow(dead_code)]
+//! Model and data selection shared by the `attack` and `adversarial_training` examples: a reference model
+//! (trained here or loaded from safetensors) or any ONNX export, and a data set (IDX directory, full
+//! Fashion-MNIST, or the embedded sample). Needs the `progress` support module beside it in the example.
 
-use std::path::{Path, PathBuf};
+#[path = "choice.rs"]
+mod choice;
+pub use choice::ModelChoice;
+
+use std::path::Path;
 use std::sync::Arc;
 
 use armoury::data::{self, TrainTest};
-use armoury::nn::{Module, ModuleExt, ReferenceModel};
+use armoury::nn::{Module, ModuleExt};
 use armoury::onnx::OnnxModel;
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{fit, TrainConfig};
 use armoury::{io, Error, ModuleClassifier, Result};
-
-/// `--model`: a reference architecture or an ONNX file.
-#[derive(Clone, Debug)]
-pub enum ModelChoice {
-    Reference(ReferenceModel),
-    Onnx(PathBuf),
-}
-
-impl std::str::FromStr for ModelChoice {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        if s.ends_with(".onnx") {
-            Ok(ModelChoice::Onnx(PathBuf::from(s)))
-        } else {
-            Ok(ModelChoice::Reference(s.parse()?))
-        }
-    }
-}
-
-impl ModelChoice {
-    pub fn name(&self) -> String {
-        match self {
-            ModelChoice::Reference(m) => m.name().to_string(),
-            ModelChoice::Onnx(p) => p.display().to_string(),
-        }
-    }
-}
 
 /// Parses `--bounds lo,hi`.
 pub fn parse_bounds(s: &str) -> Result<(f32, f32)> {
@@ -55,7 +32,10 @@ pub fn load_data(dir: Option<&Path>) -> Result<TrainTest> {
 }
 
 /// The model as a shared module plus a classifier over it. A reference model is loaded from `weights` when
-/// given, else trained with SPEC §2's recipe (3 epochs of Adam, lr 1e-3, batch 128) on `set.train`.
+/// given, else trained with the reference recipe (3 epochs of Adam, lr 1e-3, batch 128; docs/reference.md,
+/// reference training) on `set.train`.
+// `adversarial_training` includes this module for the model choice, bounds and data but builds its model itself.
+#[allow(dead_code, reason = "used by the attack example only")]
 pub fn load_model(
     choice: &ModelChoice,
     weights: Option<&Path>,
@@ -80,7 +60,7 @@ pub fn load_model(
                 None => {
                     println!(
                         "no --weights: training {} (3 epochs of Adam, lr 1e-3, batch 128) on {} images",
-                        r.name(),
+                        choice.name(),
                         set.train.len()
                     );
                     let mut opt = Adam::new(net.parameters(), AdamConfig::default())?;

@@ -1,5 +1,4 @@
 //! Progress bars for training (indicatif), shared by the examples.
-#![allow(dead_code)]
 
 use armoury::train::{EpochReport, StepReport, TrainCallback};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -1,5 +1,4 @@
 //! A small SVG line chart (accuracy per epoch and the like): a few series over a shared x axis.
-#![allow(dead_code)]
 
 use std::fmt::Write as _;
 

@@ -1,5 +1,5 @@
-//! The two reference models (a multilayer perceptron and a small LeNet-style CNN, LeCun et al. 1998), with
-//! PyTorch's parameter names and child names.
+//! The reference models `mlp` (a multilayer perceptron) and `cnn` (a small LeNet-style CNN, LeCun et al.
+//! 1998) of docs/reference.md, with PyTorch's parameter names and child names.
 
 use std::str::FromStr;
 

@@ -3,7 +3,7 @@
 //! Every filter works on each image and each channel separately, with scipy.ndimage's default `reflect`
 //! boundary (half-sample symmetric: `d c b a | a b c d | d c b a`), so a constant image stays constant and the
 //! result for one image never depends on the others. MindArmour's `SpatialSmoothing` filters across the batch
-//! axis too (its window spans neighbouring images, SPEC §5); Armoury does not.
+//! axis too (its window spans neighbouring images; docs/conventions.md, MindArmour differences); Armoury does not.
 //!
 //! The mean and Gaussian filters are a depthwise convolution (groups = C) of the reflect-padded input, built from
 //! tracked ops (`index_select` for the padding, `conv2d`), so [`super::Defended`] differentiates them exactly.
