@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-/// `tests/fixtures/<name>` in this repository (copied from ../shared/fixtures; see its README).
+/// `tests/fixtures/<name>` in this repository (made with PyTorch and onnxruntime by the project's fixture scripts; see
+/// tests/fixtures/README.md).
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
