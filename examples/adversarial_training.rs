@@ -167,13 +167,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     println!("defense: {} for {} epochs", method.name(), args.epochs);
+    let box_eps = args.bounds.1 - args.bounds.0;
     let pgd40: Box<dyn Attack> = Box::new(Pgd { step_size: 0.01 * eps / 0.1, steps: 40, ..Pgd::linf(eps) });
     let apgd: Box<dyn Attack> = Box::new(Apgd::linf(eps));
     let robustness = RobustnessConfig {
         data: set.test.clone(),
         robust_samples: args.robust_samples,
         attacks: vec![("pgd40".into(), pgd40), ("apgd".into(), apgd)],
-        unbounded_check: true,
+        // A budget as large as the box [min, max]: 20 steps of a tenth of it from a random start.
+        unbounded_check: Some(Box::new(Pgd { steps: 20, step_size: box_eps / 10.0, ..Pgd::linf(box_eps) })),
         batch_size: 500,
         seed: 0,
     };

@@ -4,15 +4,9 @@
 //! box, or whose robust samples had degenerate gradients, is flagged, not celebrated. The trainer runs it after
 //! every epoch when configured.
 
-use ndarray::Axis;
-
-use crate::attack::budget::{enforce, random_in_ball, sign};
-use crate::attack::{Access, Algorithm, Attack, Budget, Epsilon, Goal, Norm, Problem};
+use crate::attack::{Attack, Goal};
 use crate::classifier::Classifier;
 use crate::data::Dataset;
-use crate::ops::Reduction;
-use crate::seed::row_seeds;
-use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// What to evaluate on and with.
@@ -23,9 +17,10 @@ pub struct RobustnessConfig {
     pub robust_samples: usize,
     /// The attacks for robust accuracy, by name (e.g. PGD-40 and APGD-CE).
     pub attacks: Vec<(String, Box<dyn Attack>)>,
-    /// Also run PGD with a box-sized budget (ε = max − min, 20 steps of ε/10 from a random start) on up to 500 of
-    /// the robust samples: accuracy must fall to ≈ 0, or the gradients are not working.
-    pub unbounded_check: bool,
+    /// An attack whose budget is as large as the input box (e.g. PGD-L∞ with ε = max − min, 20 steps of ε/10
+    /// from a random start), run on up to 500 of the robust samples: accuracy must fall to ≈ 0, or the gradients
+    /// are not working. `None` skips the check.
+    pub unbounded_check: Option<Box<dyn Attack>>,
     /// Samples attacked per call.
     pub batch_size: usize,
     /// The seed of the attacks' random choices (the same at every epoch, so epochs are comparable).
@@ -98,12 +93,11 @@ pub fn robust_evaluation(model: &dyn Classifier, cfg: &RobustnessConfig) -> Resu
             ));
         }
     }
-    let (lo, hi) = model.bounds();
-    let unbounded_accuracy = if cfg.unbounded_check {
-        let attack = BoxPgd { eps: hi - lo, steps: 20 };
-        Some(accuracy_under(model, &attack, &cfg.data, n.min(500), cfg.batch_size, cfg.seed)?.0)
-    } else {
-        None
+    let unbounded_accuracy = match &cfg.unbounded_check {
+        Some(attack) => {
+            Some(accuracy_under(model, attack.as_ref(), &cfg.data, n.min(500), cfg.batch_size, cfg.seed)?.0)
+        }
+        None => None,
     };
     if let Some(u) = unbounded_accuracy.filter(|&u| u > 0.05) {
         warnings.push(format!(
@@ -120,49 +114,4 @@ pub fn robust_evaluation(model: &dyn Classifier, cfg: &RobustnessConfig) -> Resu
         }
     }
     Ok(RobustEvaluation { clean_accuracy, robust_accuracy, unbounded_accuracy, warnings })
-}
-
-/// PGD-L∞ (Madry et al. 2018) on cross-entropy with a budget as large as the input box: `steps` sign steps of
-/// ε/10 from a uniform random start. Any model whose gradients work falls to ≈ 0 accuracy under it.
-struct BoxPgd {
-    eps: f32,
-    steps: usize,
-}
-
-impl Algorithm for BoxPgd {
-    fn name(&self) -> String {
-        format!("PGD-Linf(eps={}, step={}, steps={})", self.eps, self.eps / 10.0, self.steps)
-    }
-
-    fn access(&self) -> Access {
-        Access::Gradients
-    }
-
-    fn budget(&self) -> Budget {
-        Budget::Fixed { norm: Norm::Linf, eps: Epsilon::Scalar(self.eps) }
-    }
-
-    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
-        let x2 = p.rows();
-        let (n, d) = x2.dim();
-        let bounds = p.bounds();
-        let mut adv = &x2 + &random_in_ball(n, d, Norm::Linf, p.eps, &row_seeds(&x2, p.seed, 0));
-        enforce(&x2, &mut adv, Norm::Linf, p.eps, bounds);
-        let (labels, goal) = (p.labels, p.goal);
-        let toward = if goal.is_targeted() { -1.0 } else { 1.0 };
-        let objective = |z: &Tensor, r: std::ops::Range<usize>| {
-            let class: Vec<usize> = r.clone().map(|i| goal.class(i, labels)).collect();
-            Ok(z.cross_entropy(&class, Reduction::None)?.mul_scalar(toward))
-        };
-        let step = self.eps / 10.0;
-        for _ in 0..self.steps {
-            let (_, g, _) = p.gradient(&p.unrows(adv.clone()), None, &objective)?;
-            let g = crate::attack::budget::rows(&g);
-            for (mut a, gr) in adv.axis_iter_mut(Axis(0)).zip(g.axis_iter(Axis(0))) {
-                a.iter_mut().zip(gr).for_each(|(v, &gv)| *v += step * sign(gv));
-            }
-            enforce(&x2, &mut adv, Norm::Linf, p.eps, bounds);
-        }
-        Ok(p.unrows(adv))
-    }
 }

@@ -386,7 +386,7 @@ fn gradient_masking_is_flagged() {
         data: test.take(200).unwrap(),
         robust_samples: 100,
         attacks: vec![("pgd".into(), Box::new(Pgd { steps: 10, ..Pgd::linf(0.1) }))],
-        unbounded_check: true,
+        unbounded_check: Some(Box::new(Pgd { steps: 20, step_size: 0.1, ..Pgd::linf(1.0) })),
         batch_size: 100,
         seed: 0,
     };
@@ -408,7 +408,7 @@ fn onnx_model_attacked_evaluated_and_fine_tuned() {
         data: test.take(500).unwrap(),
         robust_samples: 200,
         attacks: vec![("pgd".into(), Box::new(Pgd { step_size: 0.01, steps: 20, ..Pgd::linf(0.1) }))],
-        unbounded_check: false,
+        unbounded_check: None,
         batch_size: 200,
         seed: 0,
     };
