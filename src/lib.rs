@@ -1,8 +1,19 @@
 //! # Armoury
 //!
 //! Adversarial robustness for image classifiers, in Rust: an autodiff tensor core on `ndarray`, layers and
-//! reference models, optimisers and training, IDX and image-folder data, safetensors model files, and the
-//! [`Classifier`] contract every attack, defense and detector programs against.
+//! reference models, optimisers, IDX and image-folder data, safetensors and ONNX model files, and the contracts
+//! the attack and defense crates, detectors, evaluations and fuzzers program against:
+//!
+//! - [`Classifier`] ([`classifier`]): bounds, shape and classes; logits, gradients of any per-sample objective,
+//!   and named intermediate activations ([`Classifier::activations`], for native and ONNX models alike);
+//! - [`Attack`] ([`attack`]): one call with a seed, per-sample results re-evaluated on the returned inputs; an
+//!   attack implements [`attack::Algorithm`] and the template does the rest ([`attack::template`]); norms,
+//!   budgets and exact projections in [`attack::budget`];
+//! - [`Detector`] ([`detector`]): scores, thresholds at a target false-positive rate, and [`Guarded`], a
+//!   detector in front of a classifier that any attack can run against;
+//! - [`train`]: the one training loop, running any [`train::Method`]; [`robustness`]: clean and robust accuracy
+//!   with gradient-masking checks;
+//! - [`seed`]: every random choice's seed, so results are bit-identical whatever the thread count or batch size.
 //!
 //! ```
 //! use armoury::{Tensor, Reduction};
