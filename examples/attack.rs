@@ -179,7 +179,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let round = |v: f64, places: i32| (v * 10f64.powi(places)).round() / 10f64.powi(places);
     let line = serde_json::json!({
         "attack": args.name,
-        "eps": args.params.eps,
+        // ε as written (its shortest decimal), not the f64 widening of the f32 (0.10000000149011612).
+        "eps": args.params.eps.to_string().parse::<f64>().unwrap_or(f64::NAN),
         "seed": args.seed,
         "images": n,
         "clean_accuracy": round(clean_acc, 4),
