@@ -1,6 +1,6 @@
 //! `cargo bench --bench blackbox`: black-box attacks on the fixture cnn — queries per second and wall time per
 //! image for the Square Attack (L∞, ε = 0.1, 1,000 queries, first 200 test images) and HopSkipJump (L2,
-//! untargeted, 2,500 queries, first 20 test images; SPEC §6 has ART's figures for both settings).
+//! untargeted, 2,500 queries, first 20 test images — the settings of the ART figures the tests compare with).
 
 use std::time::Instant;
 

@@ -1,12 +1,13 @@
 //! Attack a model and report what broke.
 //!
 //! `cargo run --release --example attack -- --attack pgd --eps 0.1 [--norm linf] [--steps 40] [--step-size A]
-//! [--restarts R] [--model cnn|mlp|FILE.onnx] [--bounds 0,1] [--weights FILE.safetensors] [--data DIR]
-//! [--limit N] [--targeted random|least-likely|CLASS] [--seed S] [--out DIR]`
+//! [--restarts R] [--queries Q] [--model cnn|mlp|FILE.onnx] [--bounds 0,1] [--weights FILE.safetensors]
+//! [--data DIR] [--limit N] [--targeted random|least-likely|CLASS] [--seed S] [--out DIR]`
 //!
-//! Loads the weights (or trains the reference model with SPEC §2's recipe), attacks the first N test images,
-//! prints a table, writes a PNG grid of clean / adversarial / magnified-perturbation images, and ends with one
-//! JSON line.
+//! Loads the weights (or trains the reference model: 3 epochs of Adam, lr 1e-3, batch 128), builds the attack by
+//! name from `armoury_attacks::registry` (`--help` lists the names), attacks the first N test images with the
+//! seed, prints a table, writes a PNG grid of clean / adversarial / magnified-perturbation images, and ends with
+//! one JSON line.
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -14,18 +15,19 @@ mod cli;
 mod model;
 #[path = "support/progress.rs"]
 mod progress;
-#[path = "support/registry.rs"]
-mod registry;
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use armoury::data::{perturbation_image, save_png_grid, GridRow};
 use armoury::{Classifier, Goal, Tensor};
+use armoury_attacks::registry::{self, AttackParams};
 use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {
-    attack: registry::AttackArgs,
+    name: String,
+    params: AttackParams,
+    seed: u64,
     model: model::ModelChoice,
     bounds: (f32, f32),
     weights: Option<PathBuf>,
@@ -38,16 +40,9 @@ struct Args {
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     use lexopt::prelude::*;
     let mut a = Args {
-        attack: registry::AttackArgs {
-            name: "pgd".into(),
-            eps: 0.1,
-            norm: None,
-            steps: None,
-            step_size: None,
-            restarts: 1,
-            queries: None,
-            seed: 0,
-        },
+        name: "pgd".into(),
+        params: AttackParams::default(),
+        seed: 0,
         model: model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
         bounds: (0.0, 1.0),
         weights: None,
@@ -59,14 +54,14 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
-            Long("attack") => a.attack.name = p.value()?.string()?.to_lowercase(),
-            Long("eps") => a.attack.eps = p.value()?.parse()?,
-            Long("norm") => a.attack.norm = Some(p.value()?.parse()?),
-            Long("steps") => a.attack.steps = Some(p.value()?.parse()?),
-            Long("step-size") => a.attack.step_size = Some(p.value()?.parse()?),
-            Long("restarts") => a.attack.restarts = p.value()?.parse()?,
-            Long("queries") => a.attack.queries = Some(p.value()?.parse()?),
-            Long("seed") => a.attack.seed = p.value()?.parse()?,
+            Long("attack") => a.name = p.value()?.string()?.to_lowercase(),
+            Long("eps") => a.params.eps = p.value()?.parse()?,
+            Long("norm") => a.params.norm = Some(p.value()?.parse()?),
+            Long("steps") => a.params.steps = Some(p.value()?.parse()?),
+            Long("step-size") => a.params.step_size = Some(p.value()?.parse()?),
+            Long("restarts") => a.params.restarts = p.value()?.parse()?,
+            Long("queries") => a.params.queries = Some(p.value()?.parse()?),
+            Long("seed") => a.seed = p.value()?.parse()?,
             Long("model") => a.model = p.value()?.parse()?,
             Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
             Long("weights") => a.weights = Some(p.value()?.into()),
@@ -75,7 +70,10 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             Long("targeted") => a.targeted = Some(p.value()?.string()?),
             Long("out") => a.out = p.value()?.into(),
             Long("help") | Short('h') => {
-                println!("attacks: {}", registry::NAMES.join(", "));
+                println!("attacks:");
+                for (name, description) in registry::table() {
+                    println!("  {name:<16} {description}");
+                }
                 std::process::exit(0);
             }
             _ => return Err(arg.unexpected().into()),
@@ -92,13 +90,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let set = model::load_data(args.data.as_deref())?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = model::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.attack.seed)?;
-    let attack = registry::build(&args.attack)?;
+    let (_, clf) = model::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.seed)?;
+    let attack = registry::by_name(&args.name, &args.params)?;
     let n = args.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;
     let goal = match args.targeted.as_deref() {
         None => Goal::Untargeted,
-        Some("random") => Goal::RandomTarget { seed: args.attack.seed },
+        Some("random") => Goal::RandomTarget { seed: args.seed },
         Some("least-likely") | Some("ll") => Goal::LeastLikely,
         Some(c) => Goal::Targeted(vec![c.parse()?; n]),
     };
@@ -120,7 +118,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             Goal::Targeted(t) => Goal::Targeted(t[s..e].to_vec()),
             other => other.clone(),
         };
-        results.push(attack.run(&clf, &xs, &y[s..e], &g, args.attack.seed)?);
+        results.push(attack.run(&clf, &xs, &y[s..e], &g, args.seed)?);
         bar.inc((e - s) as u64);
     }
     bar.finish_and_clear();
@@ -144,15 +142,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mean_l0, mean_l2, mean_linf) = (mean(&|m| m.l0), mean(&|m| m.l2), mean(&|m| m.linf));
     queries.sort_unstable();
     let q_mean = queries.iter().sum::<u64>() as f64 / n as f64;
-    let q_median = queries[n / 2];
+    let q_median = queries.get(n / 2).copied().unwrap_or(0);
     let q_max = *queries.last().unwrap_or(&0);
 
     std::fs::create_dir_all(&args.out)?;
-    let png = args.out.join(format!("attack-{}.png", args.attack.name));
+    let png = args.out.join(format!("attack-{}.png", args.name));
     let show = n.min(8);
     let mut rows = vec![GridRow::new("clean", (0..show).map(|i| x.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?)];
     rows.push(GridRow::new("adv", (0..show).map(|i| adv.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?));
-    let magnify = 0.5 / args.attack.eps.max(1e-3);
+    let magnify = 0.5 / args.params.eps.max(1e-3);
     let pert = (0..show)
         .map(|i| perturbation_image(&x.narrow(0, i, 1)?, &adv.narrow(0, i, 1)?, magnify))
         .collect::<Result<Vec<_>, _>>()?;
@@ -177,9 +175,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("{k:<26} {v:>12}");
     }
     println!("grid: {}", png.display());
-    println!(
-        "{{\"attack\":\"{}\",\"eps\":{},\"images\":{n},\"clean_accuracy\":{clean_acc:.4},\"robust_accuracy\":{robust:.4},\"success_rate\":{rate:.4},\"mean_l2\":{mean_l2:.4},\"mean_linf\":{mean_linf:.4},\"seconds\":{seconds:.3},\"gradients\":{gradients},\"queries_mean\":{q_mean:.1},\"queries_median\":{q_median},\"queries_max\":{q_max}}}",
-        args.attack.name, args.attack.eps
-    );
+    // Figures rounded as the table shows them.
+    let round = |v: f64, places: i32| (v * 10f64.powi(places)).round() / 10f64.powi(places);
+    let line = serde_json::json!({
+        "attack": args.name,
+        // ε as written (its shortest decimal), not the f64 widening of the f32 (0.10000000149011612).
+        "eps": args.params.eps.to_string().parse::<f64>().unwrap_or(f64::NAN),
+        "seed": args.seed,
+        "images": n,
+        "clean_accuracy": round(clean_acc, 4),
+        "robust_accuracy": round(robust, 4),
+        "success_rate": round(rate, 4),
+        "mean_l2": round(mean_l2, 4),
+        "mean_linf": round(mean_linf, 4),
+        "seconds": round(seconds, 3),
+        "gradients": gradients,
+        "queries_mean": round(q_mean, 1),
+        "queries_median": q_median,
+        "queries_max": q_max,
+    });
+    println!("{line}");
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Decision-based attacks (HopSkipJump L2/L∞ with geometric and grid step search, Boundary, Pointwise,
-//! salt-and-pepper) through the SPEC §4 property checks from one table; exact query accounting against the
-//! classifier's own counters; the linear-model oracle; targeted HopSkipJump from given starts; Pointwise's L0
-//! against its start; and HopSkipJump against CW-L2 on the fixture cnn.
+//! salt-and-pepper) through the shared property checks (feasibility, honest flags, determinism, zero budget) from
+//! one table; exact query accounting against the classifier's own counters; the least-likely target refused;
+//! minimum-norm sweeps; the linear-model oracle; targeted HopSkipJump from given starts; Pointwise's L0 against
+//! its start; and HopSkipJump against CW-L2 on the fixture cnn.
 
 use std::time::Instant;
 
@@ -104,7 +105,52 @@ fn property_table() {
     assert!((0..n).all(|i| r.success[i] == (i % 2 == 1)));
 }
 
-/// Minimum-norm oracle (SPEC §4.5): for a linear model inside a wide box the smallest L2 change that leaves class
+/// A label-only attack cannot see which class is least likely: every decision-based attack refuses the goal
+/// with an error before sending a query (they once resolved it from the scores, uncounted).
+#[test]
+fn least_likely_target_is_refused() {
+    let model = tiny_model(11);
+    let (x, y) = batch(&model, 4, 12);
+    for (attack, _) in table() {
+        let before = model.counters().snapshot().forward_samples;
+        let r = attack.run(&model, &x, &y, &Goal::LeastLikely, 0);
+        assert!(matches!(r, Err(armoury::Error::InvalidArgument { .. })), "{}: {r:?}", attack.name());
+        assert!(attack.sweep(&model, &x, &y, &Goal::LeastLikely, &[1.0], 0).is_err(), "{}", attack.name());
+        assert_eq!(model.counters().snapshot().forward_samples, before, "{}: no query", attack.name());
+    }
+}
+
+/// The minimum-norm attacks sweep ε by clipping the perturbation they found (in L2 for Boundary and Pointwise,
+/// in the attack's norm for HopSkipJump), with one run's queries in every result and success never falling as
+/// ε grows; salt-and-pepper noise has no norm budget to sweep.
+#[test]
+fn minimum_norm_sweeps_clip_one_run() {
+    let model = tiny_model(11);
+    let (x, y) = batch(&model, 8, 12);
+    let eps = [0.0, 0.3, 1.0, 100.0];
+    for (attack, _) in table() {
+        let name = attack.name();
+        if name.starts_with("SaltAndPepper") {
+            assert!(attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps, 0).is_err(), "{name}");
+            continue;
+        }
+        let norm = if name.starts_with("HopSkipJump-Linf") { "Linf" } else { "L2" };
+        let run = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
+        let swept = attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps, 0).unwrap();
+        assert_eq!(swept[0].adversarial.to_vec(), x.to_vec(), "{name}: ε = 0");
+        assert_eq!(swept[3].adversarial.to_vec(), run.adversarial.to_vec(), "{name}: ε beyond every perturbation");
+        for (r, &e) in swept.iter().zip(&eps) {
+            check_feasible(&name, &model, &x, r, norm, &[e; 8]);
+            check_honest(&name, &model, &y, r);
+            assert_eq!(r.queries, run.queries, "{name}: one run's queries");
+        }
+        for w in swept.windows(2) {
+            assert!((0..8).all(|i| !w[0].success[i] || w[1].success[i]), "{name}: success fell as ε grew");
+        }
+    }
+}
+
+/// Minimum-norm oracle: for a linear model inside a wide box the smallest L2 change that leaves class
 /// y is min_j |(w_y − w_j)·x + b_y − b_j| / ‖w_y − w_j‖₂. HopSkipJump lands just above it, never below; the
 /// Boundary attack gets close with more queries; L∞ HopSkipJump never goes below the L∞ bound (dual norm L1).
 #[test]
@@ -262,7 +308,7 @@ fn fixture_cnn_pointwise_reduces_l0() {
     );
 }
 
-/// HopSkipJump L2 untargeted on the fixture cnn and the first 20 test images (SPEC §6 uses 20 for ART's numbers:
+/// HopSkipJump L2 untargeted on the fixture cnn and the first 20 test images (ART 1.20 on the same 20 images:
 /// median L2 1.40 after ~2.5k queries, 1.07 after ~6k; CW-L2 1.20): every image falls, the median L2 of the
 /// originally correct images falls with the budget (1k > 2k > 5k), and at 5k it is at most 1.5× the median that
 /// CW-L2 with a binary search over c finds on the same images.

@@ -1,6 +1,7 @@
 //! Score-based black-box attacks (Square L∞/L2, SimBA pixel/DCT, NES in its three settings, SPSA, GenAttack,
-//! particle swarm) through the SPEC §4 property checks from one table, exact query accounting against the
-//! classifier's own counter, and the gates on the fixture cnn and the first Fashion-MNIST test images.
+//! particle swarm) through the shared property checks (feasibility, honest flags, determinism, zero budget) from
+//! one table, exact query accounting against the classifier's own counter, the least-likely target's query, and
+//! robustness gates on the fixture cnn and the first Fashion-MNIST test images.
 
 use armoury::nn::{cnn, Sequential};
 use armoury::{io, Attack, Classifier, Error, Goal, ModuleClassifier, Tensor};
@@ -17,6 +18,13 @@ struct Case {
     eps: f32,
     queries: u64,
     with: fn(Epsilon, u64) -> Box<dyn Attack>,
+}
+
+impl Case {
+    /// Whether the attack sees labels only (NES's label-only setting), so that it refuses a least-likely target.
+    fn label_only(&self) -> bool {
+        self.attack.name().starts_with("NES-LO")
+    }
 }
 
 fn case(norm: &'static str, eps: f32, queries: u64, with: fn(Epsilon, u64) -> Box<dyn Attack>) -> Case {
@@ -86,6 +94,13 @@ fn property_table() {
         let name = c.attack.name();
         let mut successes = 0;
         for goal in [Goal::Untargeted, Goal::RandomTarget { seed: 4 }, Goal::LeastLikely, Goal::Targeted(vec![0; 12])] {
+            if goal == Goal::LeastLikely && c.label_only() {
+                assert!(
+                    c.attack.run(&model, &x, &y, &goal, 0).is_err(),
+                    "{name}: label-only with a least-likely target"
+                );
+                continue;
+            }
             let r = run_counted(c.attack.as_ref(), &model, &x, &y, &goal, c.queries);
             check_feasible(&name, &model, &x, &r, c.norm, &[c.eps; 12]);
             check_honest(&name, &model, &y, &r);
@@ -113,6 +128,38 @@ fn property_table() {
         assert_eq!(s[0].adversarial.to_vec(), x.to_vec(), "{name}: sweep ε = 0");
     }
     assert_eq!(x.to_vec(), x_before, "the input must not change");
+}
+
+/// A least-likely target costs each sample exactly one query of the clean scores, charged to its budget: the
+/// run equals, bit for bit, a run toward the same targets given explicitly with one query less, plus that query;
+/// no sample exceeds the budget, a sweep charges the query in every result, and a budget of 0 cannot pay for it
+/// (an error, not a query reported over the budget).
+#[test]
+fn least_likely_costs_one_counted_query() {
+    let model = tiny_model(1);
+    let (x, y) = batch(&model, 12, 2);
+    let z = model.logits(&x).unwrap();
+    let least: Vec<usize> =
+        z.rows().into_iter().map(|r| (0..r.len()).fold(0, |b, c| if r[c] < r[b] { c } else { b })).collect();
+    for c in table().into_iter().filter(|c| !c.label_only()) {
+        let name = c.attack.name();
+        let ll = run_counted(c.attack.as_ref(), &model, &x, &y, &Goal::LeastLikely, c.queries);
+        assert_eq!(ll.goal, armoury::attack::Resolved::Targeted(least.clone()), "{name}");
+        let fewer = (c.with)(Epsilon::Scalar(c.eps), c.queries - 1);
+        let explicit = run_counted(fewer.as_ref(), &model, &x, &y, &Goal::Targeted(least.clone()), c.queries - 1);
+        assert_eq!(ll.adversarial.to_vec(), explicit.adversarial.to_vec(), "{name}: the same search");
+        let plus_one: Vec<u64> = explicit.queries.iter().map(|q| q + 1).collect();
+        assert_eq!(ll.queries, plus_one, "{name}: one resolution query per sample");
+        let swept = c.attack.sweep(&model, &x, &y, &Goal::LeastLikely, &[c.eps], 0).unwrap();
+        assert_eq!(swept[0].queries, ll.queries, "{name}: a sweep charges the resolution query too");
+        // One query: the resolution alone; none: refused before any score is read.
+        let one = run_counted((c.with)(Epsilon::Scalar(c.eps), 1).as_ref(), &model, &x, &y, &Goal::LeastLikely, 1);
+        assert_eq!((one.queries, one.adversarial.to_vec()), (vec![1; 12], x.to_vec()), "{name}: budget 1");
+        let before = model.counters().snapshot().forward_samples;
+        let zero = (c.with)(Epsilon::Scalar(c.eps), 0).run(&model, &x, &y, &Goal::LeastLikely, 0);
+        assert!(matches!(zero, Err(Error::InvalidArgument { .. })), "{name}: budget 0 with a least-likely target");
+        assert_eq!(model.counters().snapshot().forward_samples, before, "{name}: refused before a query");
+    }
 }
 
 /// Already-misclassified inputs come back unchanged after one query.
@@ -196,7 +243,7 @@ fn fixture_cnn() -> ModuleClassifier {
 }
 
 /// Square L∞, ε = 0.1, 1,000 queries, on all of the first 200 test images: robust accuracy within 0.05 of
-/// white-box PGD-40's (ART 1.20 measures 0.110–0.115 against PGD-40's 0.065–0.070, SPEC §6).
+/// white-box PGD-40's (ART 1.20 measures 0.110–0.115 against PGD-40's 0.065–0.070 in these settings).
 #[test]
 fn fixture_cnn_square_gate() {
     let model = fixture_cnn();

@@ -6,6 +6,7 @@ mod attacks_decision;
 mod attacks_gradient;
 mod attacks_minnorm;
 mod attacks_score;
+mod attacks_table;
 mod common;
 mod data;
 mod defenses_training;

@@ -4,8 +4,9 @@
 //!
 //! 1. validate the settings ([`Algorithm::validate`]), the inputs (shape, finite, non-empty) and the labels;
 //! 2. resolve the goal for the attack's [`Access`]: a least-likely target is refused for label-only attacks (it
-//!    needs scores) and costs a counted query for score-based ones; random targets avoid a classifier's
-//!    rejection class;
+//!    needs scores) and costs a counted query per sample for score-based ones — in every result of a sweep too,
+//!    visible to the search as [`Problem::queries`] so that a per-sample query budget charges it, and refused
+//!    when the attack's [`Algorithm::query_budget`] is 0; random targets avoid a classifier's rejection class;
 //! 3. resolve the per-sample budget ([`Budget`]) and run the algorithm with the caller's seed;
 //! 4. enforce the budget exactly on what it returns: inside the input bounds, and within ε of x in the attack's
 //!    norm for fixed budgets (measured in f64 on the f32 values);
@@ -175,6 +176,12 @@ impl<'a> Problem<'a> {
         Ok(z)
     }
 
+    /// The queries tallied for sample `i` so far — before the search runs, the one query a least-likely target
+    /// cost a score-based attack (so that its per-sample query budget can charge it).
+    pub fn queries(&self, i: usize) -> u64 {
+        self.work.queries[i].load(Ordering::Relaxed)
+    }
+
     /// Adds `q` queries to sample `i`'s tally (black-box attacks that count through their own oracle).
     pub fn add_queries(&self, i: usize, q: u64) {
         self.work.queries[i].fetch_add(q, Ordering::Relaxed);
@@ -200,6 +207,13 @@ pub trait Algorithm: Send + Sync {
     /// Checks the settings (step sizes, iteration counts, …); called before anything runs.
     fn validate(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// The model queries the attack may spend per sample, if it has such a budget (black-box attacks): a
+    /// score-based attack with a budget of 0 cannot pay the query a least-likely target costs, and the template
+    /// refuses that goal before reading any score.
+    fn query_budget(&self) -> Option<u64> {
+        None
     }
 
     /// The goal this attack pursues whatever the caller asks (the least-likely-class method), if any.
@@ -267,6 +281,12 @@ fn prologue<A: Algorithm + ?Sized>(
     goal: &Goal,
 ) -> Result<(Resolved, Vec<f32>)> {
     a.validate()?;
+    if resolution_costs_a_query(a, goal) && a.query_budget() == Some(0) {
+        return Err(Error::invalid(
+            "least-likely target",
+            format!("{} has a budget of 0 queries, and finding the least-likely class takes one per sample", a.name()),
+        ));
+    }
     let fixed = a.fixed_goal();
     let goal = resolve_goal_for(model, x, labels, fixed.as_ref().unwrap_or(goal), a.access())?;
     let eps = match a.budget() {
@@ -287,16 +307,26 @@ fn run_template<A: Algorithm + ?Sized>(
 ) -> Result<(Option<AttackResult>, Tensor)> {
     let (resolved, eps) = prologue(a, model, x, labels, goal)?;
     let p = Problem::new(model, x, labels, &resolved, &eps, seed);
-    if a.access() == Access::Scores && a.fixed_goal().as_ref().unwrap_or(goal) == &Goal::LeastLikely {
-        // Resolving the least-likely class read the scores of every clean input: one query each.
-        (0..labels.len()).for_each(|i| p.add_queries(i, 1));
-    }
+    charge_resolution(a, &p, goal);
     let adv = feasible(a, &p, a.search(&p)?, &eps)?;
     if !evaluate {
         return Ok((None, adv));
     }
     let result = finish(&p, adv.clone())?;
     Ok((Some(result), adv))
+}
+
+/// Whether resolving `goal` reads the scores of every clean input as a counted query: a least-likely target of
+/// a score-based attack (a label-only attack refuses it; a white-box attack's forward passes are not queries).
+fn resolution_costs_a_query<A: Algorithm + ?Sized>(a: &A, goal: &Goal) -> bool {
+    a.access() == Access::Scores && a.fixed_goal().as_ref().unwrap_or(goal) == &Goal::LeastLikely
+}
+
+/// Charges the query of [`resolution_costs_a_query`] to every sample of `p`, before its search runs.
+fn charge_resolution<A: Algorithm + ?Sized>(a: &A, p: &Problem<'_>, goal: &Goal) {
+    if resolution_costs_a_query(a, goal) {
+        (0..p.len()).for_each(|i| p.add_queries(i, 1));
+    }
 }
 
 /// The returned inputs made feasible: into the bounds, and into the ε-ball for fixed budgets.
@@ -346,6 +376,7 @@ fn sweep_template<A: Algorithm + ?Sized>(
     for &e in eps {
         Epsilon::Scalar(e).resolve(1)?;
     }
+    let asked = goal;
     let (goal, _) = prologue(a, model, x, labels, goal)?;
     let n = labels.len();
     let mut order: Vec<usize> = (0..eps.len()).collect();
@@ -358,6 +389,7 @@ fn sweep_template<A: Algorithm + ?Sized>(
         Budget::Fixed { norm, .. } => {
             let sorted: Vec<f32> = order.iter().map(|&k| eps[k]).collect();
             let sp = Problem::new(model, x, labels, &goal, &[], seed);
+            charge_resolution(a, &sp, asked);
             let shared = a.search_sweep(&sp, &sorted).transpose()?;
             let mut carried: Option<AttackResult> = None;
             for (pos, &k) in order.iter().enumerate() {
@@ -368,7 +400,10 @@ fn sweep_template<A: Algorithm + ?Sized>(
                         p.work.absorb(&sp.work); // the shared work counts toward every budget's result
                         all[pos].clone()
                     }
-                    None => a.search(&p)?,
+                    None => {
+                        charge_resolution(a, &p, asked);
+                        a.search(&p)?
+                    }
                 };
                 let adv = feasible(a, &p, adv, &ev)?;
                 let r = carry_forward(finish(&p, adv)?, carried.as_ref(), norm, eps[k], x)?;
@@ -378,17 +413,25 @@ fn sweep_template<A: Algorithm + ?Sized>(
         }
         Budget::Minimal { norm } => {
             let p = Problem::new(model, x, labels, &goal, &[], seed);
+            charge_resolution(a, &p, asked);
             let adv = feasible(a, &p, a.search(&p)?, &[])?;
             let x2 = p.rows();
             let found = rows(&adv);
             let mut carried: Option<AttackResult> = None;
             for &k in &order {
-                // Foolbox's MinimizationAttack: the perturbation clipped to ε, success re-evaluated.
-                let mut clipped = &found - &x2;
-                clipped.axis_iter_mut(Axis(0)).for_each(|mut r| {
-                    project_row(r.as_slice_mut().expect("standard rows"), norm, eps[k]);
-                });
-                let mut a2 = &x2 + &clipped;
+                // Foolbox's MinimizationAttack: the perturbation clipped to ε, success re-evaluated. A sample
+                // found within ε keeps its input exactly: x + (a − x) can round a value by an ulp, and a
+                // minimum-norm answer sits on the decision boundary, where an ulp can undo it.
+                let mut a2 = found.clone();
+                for (i, mut r) in a2.axis_iter_mut(Axis(0)).enumerate() {
+                    let (xi, ai) = (x2.row(i), found.row(i));
+                    let (xs, fs) = (xi.as_slice().expect("standard rows"), ai.as_slice().expect("standard rows"));
+                    if super::budget::exact_norm(norm, xs, fs) > eps[k] as f64 {
+                        let mut delta: Vec<f32> = fs.iter().zip(xs).map(|(a, b)| a - b).collect();
+                        project_row(&mut delta, norm, eps[k]);
+                        r.iter_mut().zip(xs).zip(&delta).for_each(|((v, &xv), &d)| *v = xv + d);
+                    }
+                }
                 enforce(&x2, &mut a2, norm, &vec![eps[k]; n], p.bounds());
                 let q = Problem::new(model, x, labels, &goal, &[], seed);
                 q.work.absorb(&p.work);

@@ -3,11 +3,12 @@
 
 use std::collections::VecDeque;
 
-use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{boundary_search, run_samples, Budgeted, Start};
+use super::{boundary_search, search_samples, Budgeted, Start};
 use crate::budget::{exact_norm, Norm};
 
 /// The Boundary attack (Brendel et al. 2018), L2: a random walk along the decision boundary that shrinks the
@@ -63,20 +64,6 @@ impl Default for BoundaryAttack {
 }
 
 impl BoundaryAttack {
-    fn validate(&self, x: &Tensor) -> Result<()> {
-        let op = "boundary_attack";
-        crate::budget::check_positive(op, "spherical_step", self.spherical_step)?;
-        crate::budget::check_positive(op, "source_step", self.source_step)?;
-        if !(self.step_adaptation > 1.0 && self.step_adaptation.is_finite()) {
-            return Err(Error::invalid(op, format!("step adaptation {} must be > 1", self.step_adaptation)));
-        }
-        super::check_count(op, "update_every", self.update_every)?;
-        if self.convergence.is_nan() || self.convergence < 0.0 {
-            return Err(Error::invalid(op, "convergence must be ≥ 0"));
-        }
-        self.start.validate(op, x)
-    }
-
     /// The attack on one sample `x` (seed from [`armoury::seed::sample_seed`]) through a label-only view; `i`
     /// is its index for a [`Start::Given`] start. Returns the closest adversarial input found, or `x`.
     pub fn attack_one(&self, v: &Budgeted, x: &[f32], i: usize, seed: u64) -> Result<Vec<f32>> {
@@ -175,20 +162,39 @@ fn rate(q: &VecDeque<bool>) -> f64 {
     q.iter().filter(|&&b| b).count() as f64 / q.len().max(1) as f64
 }
 
-impl Attack for BoundaryAttack {
+impl Algorithm for BoundaryAttack {
     fn name(&self) -> String {
         format!("Boundary-L2(queries={}, steps={}, start={})", self.max_queries, self.steps, self.start.describe())
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate(x)?;
-        run_samples(model, x, labels, goal, self.max_queries, seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
+    fn access(&self) -> Access {
+        Access::Labels
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Minimal { norm: Norm::L2 }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries as u64)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let op = "boundary_attack";
+        crate::budget::check_positive(op, "spherical_step", self.spherical_step)?;
+        crate::budget::check_positive(op, "source_step", self.source_step)?;
+        if !(self.step_adaptation > 1.0 && self.step_adaptation.is_finite()) {
+            return Err(Error::invalid(op, format!("step adaptation {} must be > 1", self.step_adaptation)));
+        }
+        super::check_count(op, "update_every", self.update_every)?;
+        if self.convergence.is_nan() || self.convergence < 0.0 {
+            return Err(Error::invalid(op, "convergence must be ≥ 0"));
+        }
+        self.start.check(op)
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        self.start.check_against("boundary_attack", p.x)?;
+        search_samples(p, self.max_queries, |i, v, xi, s| self.attack_one(v, xi, i, s))
     }
 }

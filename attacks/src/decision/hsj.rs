@@ -1,10 +1,11 @@
 //! HopSkipJump (Chen, Jordan & Wainwright 2020, "HopSkipJumpAttack: A Query-Efficient Decision-Based Attack").
 
-use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Error, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{boundary_search, check_count, run_samples, Budgeted, Start};
+use super::{boundary_search, check_count, search_samples, Budgeted, Start};
 use crate::budget::Norm;
 
 /// How HopSkipJump picks the step size along the estimated gradient direction.
@@ -87,16 +88,6 @@ impl HopSkipJump {
     /// L∞ with the paper's defaults and 5,000 queries.
     pub fn linf() -> Self {
         HopSkipJump { norm: Norm::Linf, ..HopSkipJump::default() }
-    }
-
-    fn validate(&self, x: &Tensor) -> Result<()> {
-        if self.norm == Norm::L1 {
-            return Err(Error::invalid("hop_skip_jump", "norm must be L2 or Linf"));
-        }
-        check_count("hop_skip_jump", "init_evals", self.init_evals)?;
-        check_count("hop_skip_jump", "max_evals", self.max_evals)?;
-        crate::budget::check_positive("hop_skip_jump", "gamma", self.gamma)?;
-        self.start.validate("hop_skip_jump", x)
     }
 
     /// The attack on one sample `x` (seed from [`armoury::seed::sample_seed`]), through a label-only view;
@@ -235,7 +226,7 @@ fn estimate_gradient(
     Ok(Some(g.iter().map(|v| (v / n) as f32).collect()))
 }
 
-impl Attack for HopSkipJump {
+impl Algorithm for HopSkipJump {
     fn name(&self) -> String {
         format!(
             "HopSkipJump-{}(queries={}, step={:?}, start={})",
@@ -246,15 +237,30 @@ impl Attack for HopSkipJump {
         )
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate(x)?;
-        run_samples(model, x, labels, goal, self.max_queries, seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
+    fn access(&self) -> Access {
+        Access::Labels
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Minimal { norm: self.norm }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries as u64)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.norm == Norm::L1 {
+            return Err(Error::invalid("hop_skip_jump", "norm must be L2 or Linf"));
+        }
+        check_count("hop_skip_jump", "init_evals", self.init_evals)?;
+        check_count("hop_skip_jump", "max_evals", self.max_evals)?;
+        crate::budget::check_positive("hop_skip_jump", "gamma", self.gamma)?;
+        self.start.check("hop_skip_jump")
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        self.start.check_against("hop_skip_jump", p.x)?;
+        search_samples(p, self.max_queries, |i, v, xi, s| self.attack_one(v, xi, i, s))
     }
 }

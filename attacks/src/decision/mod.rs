@@ -1,17 +1,23 @@
 //! Decision-based (label-only) black-box attacks: HopSkipJump, the Boundary attack, Pointwise and salt-and-pepper
 //! noise.
 //!
+//! Each attack implements [`armoury::Algorithm`] with [`Access::Labels`](armoury::attack::Access): the template
+//! validates, resolves the goal (a least-likely target is refused — finding it needs the scores), keeps the
+//! answers in the bounds, re-evaluates success and, for the minimum-norm attacks (HopSkipJump, Boundary,
+//! Pointwise), sweeps ε by clipping the perturbation found (Foolbox's `MinimizationAttack`). Salt-and-pepper
+//! noise minimises a pixel count, which no [`Norm`] measures: its budget is unbounded and it has no sweep.
+//!
 //! Every algorithm's core works on one sample through a [`Budgeted`] view of a [`LabelOracle`] — top-1 labels
 //! only, so no score can leak into a decision-based attack (it does not compile against anything that exposes
-//! scores). [`Attack::run`](armoury::Attack::run) gives each sample its own oracle, attacks the samples in
-//! parallel (rayon, results collected in order) and reports `queries[i]` = that sample's oracle count.
+//! scores). [`search_samples`] gives each sample its own oracle, attacks the samples in parallel (rayon, results
+//! collected in order) and reports `queries[i]` = that sample's oracle count.
 //!
 //! Budget semantics shared by all four: `max_queries` bounds the number of inputs sent to the oracle for one
 //! sample, including the first query of the clean input (an input the model already gets wrong is returned as
 //! is). Batched evaluations (many candidates in one forward pass) are clipped to the remaining budget, so the
-//! budget holds exactly. `max_queries = 0` returns the input unchanged. The model pass that
-//! [`AttackResult::evaluate`] makes on the returned inputs is evaluation, not attack queries, and is not counted.
-//! Each sample's random choices come from a generator seeded by [`sample_seed`] on the attack's seed and the
+//! budget holds exactly. `max_queries = 0` returns the input unchanged without a query. The model pass that
+//! re-evaluates success on the returned inputs is evaluation, not attack queries, and is not counted.
+//! Each sample's random choices come from a generator seeded by [`sample_seed`] on the call's seed and the
 //! sample's values, so results do not depend on the batch, the sample's position or the thread count.
 
 mod boundary;
@@ -24,9 +30,9 @@ pub use hsj::{HopSkipJump, StepSearch};
 pub use pointwise::Pointwise;
 pub use salt_pepper::SaltAndPepper;
 
-use armoury::attack::{resolve_goal, AttackResult, Resolved};
+use armoury::attack::{Problem, Resolved};
 use armoury::seed::sample_seed;
-use armoury::{Classifier, Error, Goal, LabelOracle, Result, Tensor};
+use armoury::{Error, LabelOracle, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -89,12 +95,20 @@ impl Start {
         }
     }
 
-    fn validate(&self, op: &'static str, x: &Tensor) -> Result<()> {
+    /// Checks the settings that need no input (called by the template's validation).
+    fn check(&self, op: &'static str) -> Result<()> {
         match self {
             Start::Noise { trials: 0 } => Err(Error::invalid(op, "noise start needs at least one trial")),
             Start::SaltAndPepper { repeats: 0, .. } => {
                 Err(Error::invalid(op, "salt-and-pepper start needs repeats ≥ 1"))
             }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks a given start against the attacked batch `x`.
+    fn check_against(&self, op: &'static str, x: &Tensor) -> Result<()> {
+        match self {
             Start::Given(t) if t.shape() != x.shape() => {
                 Err(Error::ShapeMismatch { op, expected: x.shape().to_vec(), got: t.shape().to_vec() })
             }
@@ -188,42 +202,39 @@ impl<'o, 'a> Budgeted<'o, 'a> {
     }
 }
 
-/// Runs `one(i, view, x_i, seed_i)` on every sample in parallel, each with its own [`LabelOracle`] and a budget of
-/// `budget` queries, and builds the result (success re-evaluated on the returned inputs).
-pub(crate) fn run_samples(
-    model: &dyn Classifier,
-    x: &Tensor,
-    labels: &[usize],
-    goal: &Goal,
+/// Runs `one(i, view, x_i, seed_i)` on every sample of `p` in parallel, each with its own [`LabelOracle`] and a
+/// budget of `budget` queries, and reports each sample's oracle count into `p`; the adversarial inputs in order.
+pub(crate) fn search_samples(
+    p: &Problem<'_>,
     budget: usize,
-    seed: u64,
     one: impl Fn(usize, &Budgeted, &[f32], u64) -> Result<Vec<f32>> + Sync,
-) -> Result<AttackResult> {
-    let goal = resolve_goal(model, x, labels, goal)?;
-    let x2 = rows(x);
+) -> Result<Tensor> {
+    let x2 = rows(p.x);
     let n = x2.nrows();
-    let out: Vec<(Vec<f32>, u64)> = (0..n)
+    let out: Vec<Vec<f32>> = (0..n)
         .into_par_iter()
         .map(|i| {
-            let oracle = LabelOracle::new(model);
-            let criterion = match &goal {
-                Resolved::Untargeted => Criterion::Untargeted { label: labels[i] },
+            let oracle = LabelOracle::new(p.model);
+            let criterion = match p.goal {
+                Resolved::Untargeted => Criterion::Untargeted { label: p.labels[i] },
                 Resolved::Targeted(t) => Criterion::Targeted { target: t[i] },
             };
             let view = Budgeted::new(&oracle, criterion, budget as u64);
             let xi = x2.row(i).to_vec();
-            let adv = if budget == 0 { xi.clone() } else { one(i, &view, &xi, sample_seed(seed, 0, &xi))? };
+            let adv = if budget == 0 { xi.clone() } else { one(i, &view, &xi, sample_seed(p.seed, 0, &xi))? };
             debug_assert!(oracle.queries() <= budget as u64, "budget exceeded");
-            Ok((adv, oracle.queries()))
+            if adv.len() != xi.len() {
+                return Err(Error::invalid("decision attack", "algorithm returned a wrong-sized row"));
+            }
+            p.add_queries(i, oracle.queries());
+            Ok(adv)
         })
         .collect::<Result<_>>()?;
     let mut adv = x2;
-    let mut queries = Vec::with_capacity(n);
-    for (i, (a, q)) in out.into_iter().enumerate() {
+    for (i, a) in out.into_iter().enumerate() {
         adv.row_mut(i).assign(&ndarray::ArrayView1::from(&a));
-        queries.push(q);
     }
-    AttackResult::evaluate(model, x, unrows(adv, x.shape()), labels, goal, vec![0; n], queries)
+    Ok(unrows(adv, p.x.shape()))
 }
 
 /// Uniform noise images in the bounds, in batches of 1, 2, 4, … (at most `trials` in all), until one is adversarial.

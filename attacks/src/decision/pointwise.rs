@@ -1,12 +1,13 @@
 //! The Pointwise attack (Schott, Rauber, Bethge & Brendel 2019, "Towards the first adversarially robust neural
 //! network model on MNIST"), an L0 minimiser.
 
-use armoury::{Attack, AttackResult, Classifier, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Result, Tensor};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{check_count, run_samples, Budgeted, Start};
+use super::{check_count, search_samples, Budgeted, Start};
 use crate::budget::{exact_norm, Norm};
 
 /// Pointwise (Schott et al. 2019): from an adversarial start, repeatedly visits the changed input values in random
@@ -113,23 +114,35 @@ impl Pointwise {
     }
 }
 
-impl Attack for Pointwise {
+impl Algorithm for Pointwise {
     fn name(&self) -> String {
         format!("Pointwise-L0(queries={}, start={}, refine={})", self.max_queries, self.start.describe(), self.refine)
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.start.validate("pointwise", x)?;
+    fn access(&self) -> Access {
+        Access::Labels
+    }
+
+    /// Minimal in L2: the L0 phase has no [`Norm`] to report, and the refinement minimises L2 (Foolbox's
+    /// distance for it); a sweep clips the perturbation found in L2.
+    fn budget(&self) -> Budget {
+        Budget::Minimal { norm: Norm::L2 }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries as u64)
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.start.check("pointwise")?;
         if self.refine {
             check_count("pointwise", "refine_steps", self.refine_steps)?;
         }
-        run_samples(model, x, labels, goal, self.max_queries, seed, |i, v, xi, s| self.attack_one(v, xi, i, s))
+        Ok(())
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        self.start.check_against("pointwise", p.x)?;
+        search_samples(p, self.max_queries, |i, v, xi, s| self.attack_one(v, xi, i, s))
     }
 }

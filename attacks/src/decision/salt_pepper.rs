@@ -1,11 +1,12 @@
 //! Salt-and-pepper noise with a search on the noise fraction (as Foolbox's `SaltAndPepperNoiseAttack`, Rauber et
 //! al. 2017, used as the starting point of the Pointwise attack of Schott et al. 2019).
 
-use armoury::{Attack, AttackResult, Classifier, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{check_count, run_samples, Budgeted};
+use super::{check_count, search_samples, Budgeted};
 use crate::budget::{exact_norm, Norm};
 
 /// Salt-and-pepper noise: a fraction p of the pixels set to the lower bound (pepper, p/2) or the upper bound
@@ -124,21 +125,31 @@ pub(crate) fn salt_and_pepper(
     Ok(best.map_or_else(|| x.to_vec(), |b| b.0))
 }
 
-impl Attack for SaltAndPepper {
+impl Algorithm for SaltAndPepper {
     fn name(&self) -> String {
         format!("SaltAndPepper(queries={}, repeats={}, search={})", self.max_queries, self.repeats, self.search_steps)
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        check_count("salt_and_pepper", "repeats", self.repeats)?;
-        run_samples(model, x, labels, goal, self.max_queries, seed, |_, v, xi, s| {
+    fn access(&self) -> Access {
+        Access::Labels
+    }
+
+    /// Unbounded: the attack minimises the number of changed pixels, which no [`Norm`] measures (there is no
+    /// L0 budget), so only the bounds are enforced and there is no sweep.
+    fn budget(&self) -> Budget {
+        Budget::Unbounded
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries as u64)
+    }
+
+    fn validate(&self) -> Result<()> {
+        check_count("salt_and_pepper", "repeats", self.repeats)
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        search_samples(p, self.max_queries, |_, v, xi, s| {
             salt_and_pepper(v, xi, self.repeats, self.search_steps, s, true)
         })
     }

@@ -2,12 +2,13 @@
 //! Optimization"): a genetic search in the L∞ ε-box with elitism, fitness-weighted crossover and an adaptive
 //! mutation rate, followed by a reduction step.
 
-use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Error, Result, Tensor};
 use ndarray::Axis;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{run_scored, Budget, Ctx};
+use super::{search_scored, Ctx, Queries};
 use crate::budget::{check_positive, Epsilon, Norm};
 
 /// GenAttack with an L∞ budget.
@@ -53,27 +54,6 @@ impl GenAttack {
             temperature: 0.1,
             reduction_queries: 500,
         }
-    }
-
-    fn run_eps(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &Epsilon,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        if self.population < 2 {
-            return Err(Error::invalid("genattack", "population must be at least 2"));
-        }
-        if !(0.0..=1.0).contains(&self.mutation_min) {
-            return Err(Error::invalid("genattack", format!("mutation_min = {} must be in [0, 1]", self.mutation_min)));
-        }
-        check_positive("genattack", "alpha_min", self.alpha_min)?;
-        check_positive("genattack", "temperature", self.temperature)?;
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
-        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     /// Fitness and success of the candidates in one batched query.
@@ -156,10 +136,35 @@ impl GenAttack {
     }
 }
 
-impl Attack for GenAttack {
+impl Algorithm for GenAttack {
     fn name(&self) -> String {
         format!("GenAttack(eps={}, queries={}, population={})", self.eps.describe(), self.max_queries, self.population)
     }
 
-    budget_entry_points!();
+    fn access(&self) -> Access {
+        Access::Scores
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: Norm::Linf, eps: self.eps.clone() }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.population < 2 {
+            return Err(Error::invalid("genattack", "population must be at least 2"));
+        }
+        if !(0.0..=1.0).contains(&self.mutation_min) {
+            return Err(Error::invalid("genattack", format!("mutation_min = {} must be in [0, 1]", self.mutation_min)));
+        }
+        check_positive("genattack", "alpha_min", self.alpha_min)?;
+        check_positive("genattack", "temperature", self.temperature)
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        search_scored(p, Queries { max_queries: self.max_queries, topk: None }, |ctx| self.attack(ctx))
+    }
 }

@@ -1,56 +1,31 @@
 //! Score-based black-box attacks: they see only the model's probabilities (NES's label-only setting: only its
 //! top-1 label), through a per-sample [`ScoreOracle`] / [`LabelOracle`] that counts every queried input.
 //!
-//! Shared machinery: every attack runs its algorithm on one sample at a time ([`Ctx`]), the samples in parallel
-//! with rayon, each with a seed derived from the attack's seed and the sample's own values
+//! Each attack implements [`armoury::Algorithm`] with [`Access::Scores`](armoury::attack::Access) (NES label-only:
+//! `Labels`) and a fixed budget in its norm; the template validates, resolves the goal and the per-sample ε,
+//! makes the answers exactly feasible, re-evaluates success and sweeps. What is shared here is the algorithm
+//! machinery: [`search_scored`] runs the attack on one sample at a time ([`Ctx`]), the samples in parallel with
+//! rayon, each with a seed derived from the call's seed and the sample's own values
 //! ([`armoury::seed::sample_seed`]) — so results do not depend on the batch, the sample's position or the
-//! thread count. A sample's budget of `max_queries` is never exceeded: every call to the oracle is clipped to
-//! what remains, and `AttackResult::queries[i]` is that sample's oracle count. The first query of every attack
-//! is the clean input: an input that already fulfils the goal is returned unchanged. ε = 0 or `max_queries = 0`
-//! return the input without a query.
+//! thread count.
 //!
-//! With [`Goal::LeastLikely`] the target class is resolved from one clean query per sample before the attack;
-//! that query is counted in `queries[i]` and charged to the sample's budget.
+//! Queries: a sample's budget of `max_queries` is never exceeded — every call to the oracle is clipped to what
+//! remains — and `AttackResult::queries[i]` is that sample's oracle count. The first query of every attack is
+//! the clean input: an input that already fulfils the goal is returned unchanged. ε = 0 or `max_queries = 0`
+//! return the input without a query. With [`Goal::LeastLikely`](armoury::Goal::LeastLikely) the template reads
+//! the clean scores once per sample to find the target and counts that query; it is charged to the sample's
+//! budget here (so `max_queries = 1` leaves no query for the attack, and `max_queries = 0` with a least-likely
+//! target is an error, since the target cannot be found without a query). A label-only attack refuses the
+//! least-likely target: finding it needs the scores.
 
-use armoury::attack::{resolve_goal, AttackResult, Resolved};
+use armoury::attack::{Problem, Resolved};
 use armoury::seed::sample_seed;
-use armoury::{Classifier, Error, Goal, LabelOracle, Result, ScoreOracle, Tensor};
+use armoury::{Error, LabelOracle, Result, ScoreOracle, Tensor};
 use ndarray::{Array2, ArrayView1};
 use rand::Rng;
 use rayon::prelude::*;
 
-use crate::budget::{enforce, rows, unrows, Epsilon, Norm};
-
-/// The `run` and `sweep` of an [`armoury::Attack`] whose work is `self.run_eps(model, x, labels, goal, &Epsilon)`
-/// and whose configured budget is `self.eps`: `run` uses it, `sweep` runs once per given ε.
-macro_rules! budget_entry_points {
-    () => {
-        fn run(
-            &self,
-            model: &dyn armoury::Classifier,
-            x: &armoury::Tensor,
-            labels: &[usize],
-            goal: &armoury::Goal,
-            seed: u64,
-        ) -> armoury::Result<armoury::AttackResult> {
-            self.run_eps(model, x, labels, goal, &self.eps, seed)
-        }
-
-        fn sweep(
-            &self,
-            model: &dyn armoury::Classifier,
-            x: &armoury::Tensor,
-            labels: &[usize],
-            goal: &armoury::Goal,
-            eps: &[f32],
-            seed: u64,
-        ) -> armoury::Result<Vec<armoury::AttackResult>> {
-            eps.iter()
-                .map(|&e| self.run_eps(model, x, labels, goal, &$crate::budget::Epsilon::Scalar(e), seed))
-                .collect()
-        }
-    };
-}
+use crate::budget::{enforce, rows, unrows, Norm};
 
 mod genetic;
 mod nes;
@@ -258,123 +233,71 @@ pub(crate) fn shuffle<T>(v: &mut [T], rng: &mut impl Rng) {
     }
 }
 
-/// Validates the goal and returns it resolved, with the queries charged per sample for resolving it (one for
-/// the least-likely class, zero otherwise).
-pub(crate) fn prepare(model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<(Resolved, u64)> {
-    let resolved = resolve_goal(model, x, labels, goal)?;
-    Ok((resolved, u64::from(matches!(goal, Goal::LeastLikely))))
-}
-
-/// What [`drive`] needs besides the algorithm.
-pub(crate) struct Setup<'a> {
-    pub model: &'a dyn Classifier,
-    pub x: &'a Tensor,
-    pub labels: &'a [usize],
-    pub goal: &'a Resolved,
-    pub charged: u64,
-    pub eps: &'a [f32],
-    pub norm: Norm,
+/// What a score attack sets of its oracle: the query budget per sample and (partial information) the number of
+/// probabilities the oracle reveals.
+pub(crate) struct Queries {
     pub max_queries: u64,
-    pub seed: u64,
     pub topk: Option<usize>,
 }
 
-/// What an attack sets of a run: the budget's norm, the query budget, the seed and (partial information) the
-/// number of probabilities the oracle reveals.
-pub(crate) struct Budget {
-    pub norm: Norm,
-    pub max_queries: u64,
-    pub seed: u64,
-    pub topk: Option<usize>,
-}
-
-/// Resolves the goal and the per-sample ε, then [`drive`]s `algorithm`: the shared entry point of every score
-/// attack's `run`.
-pub(crate) fn run_scored<F>(
-    model: &dyn Classifier,
-    x: &Tensor,
-    labels: &[usize],
-    goal: &Goal,
-    eps: &Epsilon,
-    budget: Budget,
-    algorithm: F,
-) -> Result<AttackResult>
+/// Runs `algorithm` on every sample of `p` in parallel (results in order), each through its own counting
+/// oracles with what is left of its query budget after the queries the template already charged it (the
+/// least-likely target's), and reports each sample's oracle count into `p`. A sample with ε = 0 or no query
+/// left is returned as it is, without a query.
+pub(crate) fn search_scored<F>(p: &Problem<'_>, q: Queries, algorithm: F) -> Result<Tensor>
 where
     F: Fn(&Ctx) -> Result<Vec<f32>> + Sync,
 {
-    let (goal, charged) = prepare(model, x, labels, goal)?;
-    let eps = eps.resolve(labels.len())?;
-    let Budget { norm, max_queries, seed, topk } = budget;
-    drive(Setup { model, x, labels, goal: &goal, charged, eps: &eps, norm, max_queries, seed, topk }, algorithm)
-}
-
-/// Runs `algorithm` on every sample in parallel (in order), makes each answer feasible and evaluates the batch.
-pub(crate) fn drive<F>(s: Setup, algorithm: F) -> Result<AttackResult>
-where
-    F: Fn(&Ctx) -> Result<Vec<f32>> + Sync,
-{
-    let x2 = rows(s.x);
+    let x2 = rows(p.x);
     let (n, d) = x2.dim();
-    let shape = s.x.shape();
+    let shape = p.x.shape();
     let chw = match shape {
         [_, c, h, w] => (*c, *h, *w),
         _ => return Err(Error::invalid("score attack", format!("inputs must be [N, C, H, W], got {shape:?}"))),
     };
-    let bounds = s.model.bounds();
-    let out: Vec<Result<(Vec<f32>, u64)>> = (0..n)
+    let bounds = p.bounds();
+    let out: Vec<Result<Vec<f32>>> = (0..n)
         .into_par_iter()
         .map(|i| {
             let xi = x2.row(i).to_vec();
-            let eps = s.eps[i];
-            if eps == 0.0 || s.max_queries <= s.charged {
-                return Ok((xi, s.charged));
+            let eps = p.eps[i];
+            let charged = p.queries(i);
+            if eps == 0.0 || q.max_queries <= charged {
+                return Ok(xi);
             }
             let (lo, hi) = box_ends(&xi, eps, bounds);
             let ctx = Ctx {
-                score: ScoreOracle::new(s.model),
-                label_oracle: LabelOracle::new(s.model),
-                seed: sample_seed(s.seed, 0, &xi),
+                score: ScoreOracle::new(p.model),
+                label_oracle: LabelOracle::new(p.model),
+                seed: sample_seed(p.seed, 0, &xi),
                 x: xi,
                 chw,
-                label: s.labels[i],
-                target: match s.goal {
+                label: p.labels[i],
+                target: match p.goal {
                     Resolved::Targeted(t) => Some(t[i]),
                     Resolved::Untargeted => None,
                 },
                 eps,
-                budget: s.max_queries - s.charged,
+                budget: q.max_queries - charged,
                 bounds,
                 lo,
                 hi,
-                topk: s.topk,
+                topk: q.topk,
             };
-            let mut adv = algorithm(&ctx)?;
+            let adv = algorithm(&ctx)?;
             if adv.len() != d {
                 return Err(Error::invalid("score attack", "algorithm returned a wrong-sized row"));
             }
-            // Project first (an unfinished ε-decay may end far outside the ball), then make it exact.
-            match s.norm {
-                Norm::Linf => ctx.clamp_box(&mut adv),
-                _ => {
-                    let mut delta = Array2::from_shape_fn((1, d), |(_, j)| adv[j] - ctx.x[j]);
-                    crate::budget::project_ball(&mut delta, s.norm, &[eps]);
-                    adv.iter_mut().zip(&ctx.x).zip(delta.iter()).for_each(|((a, &xv), &dv)| *a = xv + dv);
-                    ctx.clamp_bounds(&mut adv);
-                }
-            }
-            ctx.enforce(&mut adv, s.norm);
-            Ok((adv, s.charged + ctx.queries()))
+            p.add_queries(i, ctx.queries());
+            Ok(adv)
         })
         .collect();
     let mut adv = Vec::with_capacity(n * d);
-    let mut queries = Vec::with_capacity(n);
     for r in out {
-        let (a, q) = r?;
-        adv.extend_from_slice(&a);
-        queries.push(q);
+        adv.extend_from_slice(&r?);
     }
-    let adv = unrows(Array2::from_shape_vec((n, d), adv).expect("n rows of d"), shape);
-    AttackResult::evaluate(s.model, s.x, adv, s.labels, s.goal.clone(), vec![0; n], queries)
+    let a = Array2::from_shape_vec((n, d), adv).map_err(|e| Error::invalid("score attack", e.to_string()))?;
+    Ok(unrows(a, shape))
 }
 
 /// The per-coordinate ends of the L∞ ε-box around `x` within `bounds`, nudged so that |end − x| ≤ ε holds

@@ -2,12 +2,13 @@
 //! a natural-evolution-strategies gradient estimate (antithetic Gaussian samples) driving PGD sign steps, in the
 //! paper's three threat models — query-limited, partial-information (top-k probabilities) and label-only.
 
-use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Classifier, Error, Result, Tensor};
 use ndarray::Axis;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{normal, run_scored, Budget, Ctx};
+use super::{normal, search_scored, Ctx, Queries};
 use crate::budget::{sign, Epsilon, Norm};
 
 /// The threat model.
@@ -101,33 +102,16 @@ impl Nes {
         }
     }
 
-    fn validate(&self, model: &dyn Classifier) -> Result<()> {
-        if self.samples < 2 {
-            return Err(Error::invalid("nes", "at least 2 samples (one antithetic pair) per estimate"));
-        }
-        crate::budget::check_positive("nes", "sigma", self.sigma)?;
-        crate::budget::check_positive("nes", "step", self.step)?;
-        let starts = match &self.setting {
-            NesSetting::QueryLimited => None,
-            NesSetting::PartialInfo { k, starts, decay } => {
-                if *k == 0 || *k > model.num_classes() {
-                    return Err(Error::invalid(
-                        "nes",
-                        format!("top-k with k = {k} of {} classes", model.num_classes()),
-                    ));
-                }
-                crate::budget::check_positive("nes", "decay", *decay)?;
-                starts.as_ref()
-            }
-            NesSetting::LabelOnly { mu, copies, starts, decay } => {
-                crate::budget::check_positive("nes", "mu", *mu)?;
-                crate::budget::check_positive("nes", "decay", *decay)?;
-                if *copies == 0 {
-                    return Err(Error::invalid("nes", "label-only proxy needs at least one copy"));
-                }
-                starts.as_ref()
-            }
+    /// The checks that need the model: k of at most its class count, start images of its input shape.
+    fn check_model(&self, model: &dyn Classifier) -> Result<()> {
+        let (k, starts) = match &self.setting {
+            NesSetting::QueryLimited => (None, None),
+            NesSetting::PartialInfo { k, starts, .. } => (Some(*k), starts.as_ref()),
+            NesSetting::LabelOnly { starts, .. } => (None, starts.as_ref()),
         };
+        if let Some(k) = k.filter(|&k| k > model.num_classes()) {
+            return Err(Error::invalid("nes", format!("top-k with k = {k} of {} classes", model.num_classes())));
+        }
         if let Some(s) = starts {
             let mut want = vec![model.num_classes()];
             want.extend_from_slice(model.input_shape());
@@ -139,24 +123,6 @@ impl Nes {
             }
         }
         Ok(())
-    }
-
-    fn run_eps(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &Epsilon,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate(model)?;
-        let topk = match self.setting {
-            NesSetting::PartialInfo { k, .. } => Some(k),
-            _ => None,
-        };
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk };
-        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     /// Queries per evaluated point (label-only: one per noisy copy).
@@ -340,7 +306,7 @@ impl Nes {
     }
 }
 
-impl Attack for Nes {
+impl Algorithm for Nes {
     fn name(&self) -> String {
         let setting = match &self.setting {
             NesSetting::QueryLimited => "QL".to_string(),
@@ -356,5 +322,52 @@ impl Attack for Nes {
         )
     }
 
-    budget_entry_points!();
+    fn access(&self) -> Access {
+        match self.setting {
+            NesSetting::LabelOnly { .. } => Access::Labels,
+            _ => Access::Scores,
+        }
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: Norm::Linf, eps: self.eps.clone() }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.samples < 2 {
+            return Err(Error::invalid("nes", "at least 2 samples (one antithetic pair) per estimate"));
+        }
+        crate::budget::check_positive("nes", "sigma", self.sigma)?;
+        crate::budget::check_positive("nes", "step", self.step)?;
+        match &self.setting {
+            NesSetting::QueryLimited => {}
+            NesSetting::PartialInfo { k, decay, .. } => {
+                if *k == 0 {
+                    return Err(Error::invalid("nes", "top-k with k = 0: at least one probability must be seen"));
+                }
+                crate::budget::check_positive("nes", "decay", *decay)?;
+            }
+            NesSetting::LabelOnly { mu, copies, decay, .. } => {
+                crate::budget::check_positive("nes", "mu", *mu)?;
+                crate::budget::check_positive("nes", "decay", *decay)?;
+                if *copies == 0 {
+                    return Err(Error::invalid("nes", "label-only proxy needs at least one copy"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        self.check_model(p.model)?;
+        let topk = match self.setting {
+            NesSetting::PartialInfo { k, .. } => Some(k),
+            _ => None,
+        };
+        search_scored(p, Queries { max_queries: self.max_queries, topk }, |ctx| self.attack(ctx))
+    }
 }

@@ -2,12 +2,13 @@
 //! Adversarial Examples with Fewer Queries Using Particle Swarm Optimization"): a swarm of perturbations in the
 //! L∞ ε-box moved by inertia, cognitive and social terms, followed by a reduction step.
 
-use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Error, Result, Tensor};
 use ndarray::Axis;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{rand_sign, run_scored, Budget, Ctx};
+use super::{rand_sign, search_scored, Ctx, Queries};
 use crate::budget::{Epsilon, Norm};
 
 /// Particle swarm optimisation with an L∞ budget.
@@ -66,29 +67,6 @@ impl ParticleSwarm {
             turbulence: 0.01,
             reduction_queries: 500,
         }
-    }
-
-    fn run_eps(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &Epsilon,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        if self.particles == 0 {
-            return Err(Error::invalid("pso", "at least one particle"));
-        }
-        for (what, v) in
-            [("inertia", self.inertia), ("cognitive", self.cognitive), ("social", self.social), ("vmax", self.vmax)]
-        {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(Error::invalid("pso", format!("{what} = {v} must be finite and ≥ 0")));
-            }
-        }
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
-        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     fn attack(&self, ctx: &Ctx) -> Result<Vec<f32>> {
@@ -216,10 +194,38 @@ impl Grid {
     }
 }
 
-impl Attack for ParticleSwarm {
+impl Algorithm for ParticleSwarm {
     fn name(&self) -> String {
         format!("PSO(eps={}, queries={}, particles={})", self.eps.describe(), self.max_queries, self.particles)
     }
 
-    budget_entry_points!();
+    fn access(&self) -> Access {
+        Access::Scores
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: Norm::Linf, eps: self.eps.clone() }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.particles == 0 {
+            return Err(Error::invalid("pso", "at least one particle"));
+        }
+        for (what, v) in
+            [("inertia", self.inertia), ("cognitive", self.cognitive), ("social", self.social), ("vmax", self.vmax)]
+        {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(Error::invalid("pso", format!("{what} = {v} must be finite and ≥ 0")));
+            }
+        }
+        Ok(())
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        search_scored(p, Queries { max_queries: self.max_queries, topk: None }, |ctx| self.attack(ctx))
+    }
 }

@@ -2,11 +2,12 @@
 //! order, try −α·q and then +α·q, keep a step if it lowers the probability of the true class (untargeted) or
 //! raises the target's (targeted).
 
-use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{run_scored, shuffle, Budget, Ctx};
+use super::{search_scored, shuffle, Ctx, Queries};
 use crate::budget::{Epsilon, Norm};
 
 /// The search basis.
@@ -54,27 +55,6 @@ impl SimBA {
     /// SimBA-DCT: 14×14 low frequencies first (half the side of a 28×28 image), then rings of 7.
     pub fn dct(eps: f32) -> SimBA {
         SimBA { basis: SimbaBasis::Dct { freq: 14, stride: 7 }, ..SimBA::pixel(eps) }
-    }
-
-    fn run_eps(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &Epsilon,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        if let Some(s) = self.step {
-            crate::budget::check_positive("simba", "step", s)?;
-        }
-        if let SimbaBasis::Dct { freq, stride } = self.basis {
-            if freq == 0 || stride == 0 {
-                return Err(Error::invalid("simba", "DCT freq and stride must be positive"));
-            }
-        }
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
-        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     /// The objective minimised: p_y untargeted, −p_t targeted.
@@ -248,7 +228,7 @@ pub(crate) fn idct2(coeff: &[f32], h: usize, w: usize) -> Vec<f32> {
     out
 }
 
-impl Attack for SimBA {
+impl Algorithm for SimBA {
     fn name(&self) -> String {
         let basis = match self.basis {
             SimbaBasis::Pixel => "pixel".to_string(),
@@ -257,7 +237,33 @@ impl Attack for SimBA {
         format!("SimBA-{basis}(eps={}, queries={})", self.eps.describe(), self.max_queries)
     }
 
-    budget_entry_points!();
+    fn access(&self) -> Access {
+        Access::Scores
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: Norm::Linf, eps: self.eps.clone() }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if let Some(s) = self.step {
+            crate::budget::check_positive("simba", "step", s)?;
+        }
+        if let SimbaBasis::Dct { freq, stride } = self.basis {
+            if freq == 0 || stride == 0 {
+                return Err(Error::invalid("simba", "DCT freq and stride must be positive"));
+            }
+        }
+        Ok(())
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        search_scored(p, Queries { max_queries: self.max_queries, topk: None }, |ctx| self.attack(ctx))
+    }
 }
 
 #[cfg(test)]

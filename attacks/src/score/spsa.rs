@@ -2,12 +2,13 @@
 //! simultaneous-perturbation gradient estimates from Rademacher directions, fed to Adam, projected onto the
 //! L∞ ε-ball.
 
-use armoury::{Attack, AttackResult, Classifier, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Result, Tensor};
 use ndarray::Axis;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{rand_sign, run_scored, Budget, Ctx};
+use super::{rand_sign, search_scored, Ctx, Queries};
 use crate::budget::{check_positive, Epsilon, Norm};
 
 /// SPSA with Adam, L∞ budget.
@@ -35,24 +36,6 @@ impl Spsa {
     /// δ = 0.01, Adam lr = ε/10, 32 pairs per step, 10,000 queries.
     pub fn new(eps: f32) -> Spsa {
         Spsa { eps: Epsilon::Scalar(eps), max_queries: 10_000, delta: 0.01, lr: 0.1, pairs: 32 }
-    }
-
-    fn run_eps(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &Epsilon,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        check_positive("spsa", "delta", self.delta)?;
-        check_positive("spsa", "lr", self.lr)?;
-        if self.pairs == 0 {
-            return Err(armoury::Error::invalid("spsa", "at least one perturbation pair per step"));
-        }
-        let budget = Budget { norm: Norm::Linf, max_queries: self.max_queries, seed, topk: None };
-        run_scored(model, x, labels, goal, eps, budget, |ctx| self.attack(ctx))
     }
 
     fn attack(&self, ctx: &Ctx) -> Result<Vec<f32>> {
@@ -121,7 +104,7 @@ impl Spsa {
     }
 }
 
-impl Attack for Spsa {
+impl Algorithm for Spsa {
     fn name(&self) -> String {
         format!(
             "SPSA(eps={}, queries={}, delta={}, pairs={})",
@@ -132,5 +115,28 @@ impl Attack for Spsa {
         )
     }
 
-    budget_entry_points!();
+    fn access(&self) -> Access {
+        Access::Scores
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: Norm::Linf, eps: self.eps.clone() }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries)
+    }
+
+    fn validate(&self) -> Result<()> {
+        check_positive("spsa", "delta", self.delta)?;
+        check_positive("spsa", "lr", self.lr)?;
+        if self.pairs == 0 {
+            return Err(armoury::Error::invalid("spsa", "at least one perturbation pair per step"));
+        }
+        Ok(())
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        search_scored(p, Queries { max_queries: self.max_queries, topk: None }, |ctx| self.attack(ctx))
+    }
 }

@@ -1,11 +1,12 @@
 //! Square Attack (Andriushchenko et al., ECCV 2020): random search over square-shaped updates at the vertices of
 //! the L∞ ball (or with pseudo-Gaussian square patterns on the L2 sphere), accepted when the margin loss falls.
 
-use armoury::{Attack, AttackResult, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Error, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{rand_sign, run_scored, Budget, Ctx};
+use super::{rand_sign, search_scored, Ctx, Queries};
 use crate::budget::{Epsilon, Norm};
 
 /// Square Attack, L∞ or L2, with the paper's schedule of square sizes.
@@ -39,33 +40,6 @@ impl SquareAttack {
     /// L2 Square Attack with `p_init` = 0.1 and 1,000 queries.
     pub fn l2(eps: f32) -> SquareAttack {
         SquareAttack { norm: Norm::L2, p_init: 0.1, ..SquareAttack::linf(eps) }
-    }
-
-    fn validate(&self) -> Result<()> {
-        if self.norm == Norm::L1 {
-            return Err(Error::invalid("square", "the Square Attack is defined for L∞ and L2"));
-        }
-        if !(self.p_init > 0.0 && self.p_init <= 1.0) {
-            return Err(Error::invalid("square", format!("p_init = {} must be in (0, 1]", self.p_init)));
-        }
-        Ok(())
-    }
-
-    fn run_eps(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &Epsilon,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let budget = Budget { norm: self.norm, max_queries: self.max_queries, seed, topk: None };
-        run_scored(model, x, labels, goal, eps, budget, |ctx| match self.norm {
-            Norm::L2 => self.attack_l2(ctx),
-            _ => self.attack_linf(ctx),
-        })
     }
 
     /// The fraction of pixels at iteration `it` of `n_iters` (official `p_selection`).
@@ -302,7 +276,7 @@ fn meta_pseudo_gaussian(s: usize, rng: &mut impl Rng) -> Vec<f32> {
     delta
 }
 
-impl Attack for SquareAttack {
+impl Algorithm for SquareAttack {
     fn name(&self) -> String {
         format!(
             "Square-{}(eps={}, queries={}, p_init={})",
@@ -313,5 +287,32 @@ impl Attack for SquareAttack {
         )
     }
 
-    budget_entry_points!();
+    fn access(&self) -> Access {
+        Access::Scores
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: self.norm, eps: self.eps.clone() }
+    }
+
+    fn query_budget(&self) -> Option<u64> {
+        Some(self.max_queries)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.norm == Norm::L1 {
+            return Err(Error::invalid("square", "the Square Attack is defined for L∞ and L2"));
+        }
+        if !(self.p_init > 0.0 && self.p_init <= 1.0) {
+            return Err(Error::invalid("square", format!("p_init = {} must be in (0, 1]", self.p_init)));
+        }
+        Ok(())
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        search_scored(p, Queries { max_queries: self.max_queries, topk: None }, |ctx| match self.norm {
+            Norm::L2 => self.attack_l2(ctx),
+            _ => self.attack_linf(ctx),
+        })
+    }
 }
