@@ -13,8 +13,6 @@
 mod cli;
 #[path = "support/model.rs"]
 mod model;
-#[path = "support/progress.rs"]
-mod progress;
 #[path = "support/svg.rs"]
 mod svg;
 

@@ -11,6 +11,8 @@
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/load.rs"]
+mod load;
 #[path = "support/model.rs"]
 mod model;
 #[path = "support/progress.rs"]
@@ -90,7 +92,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let set = model::load_data(args.data.as_deref())?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = model::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.seed)?;
+    let (_, clf) = load::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.seed)?;
     let attack = registry::by_name(&args.name, &args.params)?;
     let n = args.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;
