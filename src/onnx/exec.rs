@@ -2,7 +2,7 @@
 //! integers for shape arithmetic.
 
 use super::attrs::NodeInfo;
-use super::compile::{Bin, Kind};
+use super::compile::{Bin, Kind, PadMode, SliceAttrs};
 use super::ints;
 use super::layers;
 use super::value::{Ints, Value};
@@ -102,18 +102,7 @@ pub(crate) fn exec(kind: &Kind, info: &NodeInfo, ins: &[Option<&Value>]) -> Resu
             // y = relu(x) − slope·relu(−x); ∂y/∂slope = min(x, 0).
             one(Value::F(x.relu().sub(&x.neg().relu().mul(&slope)?)?))
         }
-        Kind::Clip { min, max } => {
-            let lo = match min {
-                Some(v) => Some(*v),
-                None => opt_scalar(info, ins, 1)?,
-            };
-            let hi = match max {
-                Some(v) => Some(*v),
-                None => opt_scalar(info, ins, 2)?,
-            };
-            let t = tensor(info, ins, 0)?;
-            one(Value::F(t.clamp(lo.unwrap_or(f32::NEG_INFINITY), hi.unwrap_or(f32::INFINITY))))
-        }
+        Kind::Clip { min, max } => one(clip(info, ins, *min, *max)?),
         Kind::Pow => {
             let p = opt_scalar(info, ins, 1)?.ok_or_else(|| info.malformed("Pow needs an exponent"))?;
             let t = tensor(info, ins, 0)?;
@@ -156,178 +145,231 @@ pub(crate) fn exec(kind: &Kind, info: &NodeInfo, ins: &[Option<&Value>]) -> Resu
             let t: Vec<Tensor> = (0..5).map(|i| tensor(info, ins, i)).collect::<Result<_>>()?;
             one(Value::F(layers::batch_norm(info, &t[0], &t[1], &t[2], &t[3], &t[4], *eps)?))
         }
-        Kind::Flatten { axis: a } => {
-            let v = x()?;
-            let s = v.shape();
-            let r = s.len() as i64;
-            let a = if *a < 0 { a + r } else { *a };
-            if a < 0 || a > r {
-                return Err(info.malformed(format!("Flatten axis {a} for rank {r}")));
-            }
-            let (lo, hi) = s.split_at(a as usize);
-            one(reshape(v, &[lo.iter().product(), hi.iter().product()])?)
-        }
+        Kind::Flatten { axis: a } => one(flatten(info, ins, *a)?),
         Kind::Reshape { allowzero } => {
             let v = x()?;
             let spec = ints(info, ins, 1)?.data;
             one(reshape(v, &reshape_target(info, v.shape(), &spec, *allowzero)?)?)
         }
-        Kind::Transpose { perm } => {
-            let v = x()?;
-            let r = v.shape().len();
-            let perm: Vec<usize> = match perm {
-                Some(p) => p.iter().map(|&a| axis(info, a, r)).collect::<Result<_>>()?,
-                None => (0..r).rev().collect(),
-            };
-            match v {
-                Value::F(t) => one(Value::F(t.permute(&perm)?)),
-                Value::I(i) => {
-                    let mut seen = vec![false; r];
-                    if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
-                        return Err(info.malformed(format!("perm {perm:?} for rank {r}")));
-                    }
-                    one(Value::I(ints::permute(i, &perm)))
-                }
-            }
-        }
-        Kind::Concat { axis: a } => {
-            let vals: Vec<&Value> = ins.iter().flatten().copied().collect();
-            let first = vals.first().ok_or_else(|| info.malformed("Concat without inputs"))?;
-            let ax = axis(info, *a, first.shape().len())?;
-            if vals.iter().all(|v| matches!(v, Value::I(_))) {
-                let is: Vec<Ints> = vals.iter().map(|v| v.to_ints()).collect();
-                return one(Value::I(ints::concat(&is, ax)?));
-            }
-            let ts: Vec<Tensor> = vals.iter().map(|v| v.to_tensor()).collect::<Result<_>>()?;
-            one(Value::F(Tensor::concat(&ts, ax)?))
-        }
-        Kind::Squeeze { axes } => {
-            let v = x()?;
-            let axes = match axes {
-                Some(a) => Some(a.clone()),
-                None => opt_ints(info, ins, 1)?.map(|i| i.data),
-            };
-            let s = v.shape();
-            let drop: Vec<usize> = match axes {
-                Some(a) => a.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?,
-                None => (0..s.len()).filter(|&i| s[i] == 1).collect(),
-            };
-            if let Some(&bad) = drop.iter().find(|&&a| s[a] != 1) {
-                return Err(info.malformed(format!("cannot squeeze axis {bad} of size {}", s[bad])));
-            }
-            let shape: Vec<usize> = (0..s.len()).filter(|i| !drop.contains(i)).map(|i| s[i]).collect();
-            one(reshape(v, &shape)?)
-        }
-        Kind::Unsqueeze { axes } => {
-            let v = x()?;
-            let axes = match axes {
-                Some(a) => a.clone(),
-                None => ints(info, ins, 1)?.data,
-            };
-            let r = v.shape().len() + axes.len();
-            let mut axes: Vec<usize> = axes.iter().map(|&a| axis(info, a, r)).collect::<Result<_>>()?;
-            axes.sort_unstable();
-            axes.dedup();
-            let mut shape = v.shape().to_vec();
-            for &a in &axes {
-                if a > shape.len() {
-                    return Err(info.malformed(format!("Unsqueeze axes {axes:?} for rank {}", v.shape().len())));
-                }
-                shape.insert(a, 1);
-            }
-            one(reshape(v, &shape)?)
-        }
-        Kind::Gather { axis: a } => {
-            let v = x()?;
-            let idx = ints(info, ins, 1)?;
-            let s = v.shape().to_vec();
-            let ax = axis(info, *a, s.len())?;
-            let d = s[ax] as i64;
-            let flat: Vec<usize> = idx
-                .data
-                .iter()
-                .map(|&i| {
-                    let j = if i < 0 { i + d } else { i };
-                    if (0..d).contains(&j) {
-                        Ok(j as usize)
-                    } else {
-                        Err(info.malformed(format!("Gather index {i} out of range for size {d}")))
-                    }
-                })
-                .collect::<Result<_>>()?;
-            let mut shape = s[..ax].to_vec();
-            shape.extend_from_slice(&idx.shape);
-            shape.extend_from_slice(&s[ax + 1..]);
-            let picked = match v {
-                Value::F(t) => Value::F(t.index_select(ax, &flat)?),
-                Value::I(i) => Value::I(ints::select(i, ax, &flat)),
-            };
-            one(reshape(&picked, &shape)?)
-        }
-        Kind::Slice { attrs } => {
-            let (starts, ends, axes, steps) = match attrs {
-                Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
-                None => (
-                    ints(info, ins, 1)?.data,
-                    ints(info, ins, 2)?.data,
-                    opt_ints(info, ins, 3)?.map(|i| i.data),
-                    opt_ints(info, ins, 4)?.map(|i| i.data),
-                ),
-            };
-            one(layers::slice(info, x()?, &starts, &ends, axes.as_deref(), steps.as_deref())?)
-        }
-        Kind::Pad { mode, attrs } => {
-            let (pads, value) = match attrs {
-                Some((p, v)) => (p.clone(), *v),
-                None => (ints(info, ins, 1)?.data, opt_scalar(info, ins, 2)?.unwrap_or(0.0)),
-            };
-            let axes = opt_ints(info, ins, 3)?.map(|i| i.data);
-            let t = tensor(info, ins, 0)?;
-            one(Value::F(layers::pad(info, &t, &pads, axes.as_deref(), value, *mode)?))
-        }
+        Kind::Transpose { perm } => one(transpose(info, ins, perm)?),
+        Kind::Concat { axis: a } => one(concat(info, ins, *a)?),
+        Kind::Squeeze { axes } => one(squeeze(info, ins, axes)?),
+        Kind::Unsqueeze { axes } => one(unsqueeze(info, ins, axes)?),
+        Kind::Gather { axis: a } => one(gather(info, ins, *a)?),
+        Kind::Slice { attrs } => one(slice(info, ins, attrs)?),
+        Kind::Pad { mode, attrs } => one(pad(info, ins, *mode, attrs)?),
         Kind::Reduce { mean, axes, keepdims, noop_with_empty_axes } => {
-            let t = tensor(info, ins, 0)?;
-            let axes = match axes {
-                Some(a) => a.clone(),
-                None => opt_ints(info, ins, 1)?.map(|i| i.data).unwrap_or_default(),
-            };
-            if axes.is_empty() && *noop_with_empty_axes {
-                return one(Value::F(t));
-            }
-            let mut ax: Vec<usize> = axes.iter().map(|&a| axis(info, a, t.rank())).collect::<Result<_>>()?;
-            ax.sort_unstable();
-            ax.dedup();
-            if ax.is_empty() {
-                ax = (0..t.rank()).collect();
-            }
-            one(Value::F(if *mean { t.mean(&ax, *keepdims)? } else { t.sum(&ax, *keepdims)? }))
+            one(reduce(info, ins, *mean, axes, *keepdims, *noop_with_empty_axes)?)
         }
-        Kind::Shape { start, end } => {
-            let s = x()?.shape();
-            let r = s.len() as i64;
-            let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-            let (a, b) = (clampi(*start), clampi(end.unwrap_or(r)));
-            let dims: Vec<i64> = s[a..b.max(a)].iter().map(|&d| d as i64).collect();
-            one(Value::I(Ints::vector(dims)))
-        }
-        Kind::Cast { to } => {
-            use super::proto::data_type as dt;
-            let v = x()?;
-            match *to {
-                dt::FLOAT | dt::DOUBLE | dt::FLOAT16 | dt::BFLOAT16 => one(Value::F(v.to_tensor()?)),
-                dt::BOOL => {
-                    let f = v.floats();
-                    one(Value::I(Ints {
-                        shape: v.shape().to_vec(),
-                        data: f.iter().map(|&x| i64::from(x != 0.0)).collect(),
-                    }))
-                }
-                dt::INT64 | dt::INT32 | dt::INT16 | dt::INT8 | dt::UINT8 | dt::UINT16 | dt::UINT32 | dt::UINT64 => {
-                    one(Value::I(v.to_ints()))
-                }
-                other => Err(info.unsupported(format!("Cast to data type {other}"))),
+        Kind::Shape { start, end } => one(shape(info, ins, *start, *end)?),
+        Kind::Cast { to } => one(cast(info, ins, *to)?),
+    }
+}
+
+/// `clip` of the ONNX operator of that name.
+fn clip(info: &NodeInfo, ins: &[Option<&Value>], min: Option<f32>, max: Option<f32>) -> Result<Value> {
+    let lo = match min {
+        Some(v) => Some(v),
+        None => opt_scalar(info, ins, 1)?,
+    };
+    let hi = match max {
+        Some(v) => Some(v),
+        None => opt_scalar(info, ins, 2)?,
+    };
+    let t = tensor(info, ins, 0)?;
+    Ok(Value::F(t.clamp(lo.unwrap_or(f32::NEG_INFINITY), hi.unwrap_or(f32::INFINITY))))
+}
+
+/// `slice` of the ONNX operator of that name.
+fn slice(info: &NodeInfo, ins: &[Option<&Value>], attrs: &Option<SliceAttrs>) -> Result<Value> {
+    let (starts, ends, axes, steps) = match attrs {
+        Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
+        None => (
+            ints(info, ins, 1)?.data,
+            ints(info, ins, 2)?.data,
+            opt_ints(info, ins, 3)?.map(|i| i.data),
+            opt_ints(info, ins, 4)?.map(|i| i.data),
+        ),
+    };
+    layers::slice(info, req(info, ins, 0)?, &starts, &ends, axes.as_deref(), steps.as_deref())
+}
+
+/// `pad` of the ONNX operator of that name.
+fn pad(info: &NodeInfo, ins: &[Option<&Value>], mode: PadMode, attrs: &Option<(Vec<i64>, f32)>) -> Result<Value> {
+    let (pads, value) = match attrs {
+        Some((p, v)) => (p.clone(), *v),
+        None => (ints(info, ins, 1)?.data, opt_scalar(info, ins, 2)?.unwrap_or(0.0)),
+    };
+    let axes = opt_ints(info, ins, 3)?.map(|i| i.data);
+    let t = tensor(info, ins, 0)?;
+    Ok(Value::F(layers::pad(info, &t, &pads, axes.as_deref(), value, mode)?))
+}
+
+/// `shape` of the ONNX operator of that name.
+fn shape(info: &NodeInfo, ins: &[Option<&Value>], start: i64, end: Option<i64>) -> Result<Value> {
+    let s = req(info, ins, 0)?.shape();
+    let r = s.len() as i64;
+    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let (a, b) = (clampi(start), clampi(end.unwrap_or(r)));
+    let dims: Vec<i64> = s[a..b.max(a)].iter().map(|&d| d as i64).collect();
+    Ok(Value::I(Ints::vector(dims)))
+}
+
+/// `flatten` of the ONNX operator of that name.
+fn flatten(info: &NodeInfo, ins: &[Option<&Value>], a: i64) -> Result<Value> {
+    let v = req(info, ins, 0)?;
+    let s = v.shape();
+    let r = s.len() as i64;
+    let a = if a < 0 { a + r } else { a };
+    if a < 0 || a > r {
+        return Err(info.malformed(format!("Flatten axis {a} for rank {r}")));
+    }
+    let (lo, hi) = s.split_at(a as usize);
+    reshape(v, &[lo.iter().product(), hi.iter().product()])
+}
+
+/// `transpose` of the ONNX operator of that name.
+fn transpose(info: &NodeInfo, ins: &[Option<&Value>], perm: &Option<Vec<i64>>) -> Result<Value> {
+    let v = req(info, ins, 0)?;
+    let r = v.shape().len();
+    let perm: Vec<usize> = match perm {
+        Some(p) => p.iter().map(|&a| axis(info, a, r)).collect::<Result<_>>()?,
+        None => (0..r).rev().collect(),
+    };
+    match v {
+        Value::F(t) => Ok(Value::F(t.permute(&perm)?)),
+        Value::I(i) => {
+            let mut seen = vec![false; r];
+            if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+                return Err(info.malformed(format!("perm {perm:?} for rank {r}")));
             }
+            Ok(Value::I(ints::permute(i, &perm)))
         }
+    }
+}
+
+/// `concat` of the ONNX operator of that name.
+fn concat(info: &NodeInfo, ins: &[Option<&Value>], a: i64) -> Result<Value> {
+    let vals: Vec<&Value> = ins.iter().flatten().copied().collect();
+    let first = vals.first().ok_or_else(|| info.malformed("Concat without inputs"))?;
+    let ax = axis(info, a, first.shape().len())?;
+    if vals.iter().all(|v| matches!(v, Value::I(_))) {
+        let is: Vec<Ints> = vals.iter().map(|v| v.to_ints()).collect();
+        return Ok(Value::I(ints::concat(&is, ax)?));
+    }
+    let ts: Vec<Tensor> = vals.iter().map(|v| v.to_tensor()).collect::<Result<_>>()?;
+    Ok(Value::F(Tensor::concat(&ts, ax)?))
+}
+
+/// `squeeze` of the ONNX operator of that name.
+fn squeeze(info: &NodeInfo, ins: &[Option<&Value>], axes: &Option<Vec<i64>>) -> Result<Value> {
+    let v = req(info, ins, 0)?;
+    let axes = match axes {
+        Some(a) => Some(a.clone()),
+        None => opt_ints(info, ins, 1)?.map(|i| i.data),
+    };
+    let s = v.shape();
+    let drop: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?,
+        None => (0..s.len()).filter(|&i| s[i] == 1).collect(),
+    };
+    if let Some(&bad) = drop.iter().find(|&&a| s[a] != 1) {
+        return Err(info.malformed(format!("cannot squeeze axis {bad} of size {}", s[bad])));
+    }
+    let shape: Vec<usize> = (0..s.len()).filter(|i| !drop.contains(i)).map(|i| s[i]).collect();
+    reshape(v, &shape)
+}
+
+/// `unsqueeze` of the ONNX operator of that name.
+fn unsqueeze(info: &NodeInfo, ins: &[Option<&Value>], axes: &Option<Vec<i64>>) -> Result<Value> {
+    let v = req(info, ins, 0)?;
+    let axes = match axes {
+        Some(a) => a.clone(),
+        None => ints(info, ins, 1)?.data,
+    };
+    let r = v.shape().len() + axes.len();
+    let mut axes: Vec<usize> = axes.iter().map(|&a| axis(info, a, r)).collect::<Result<_>>()?;
+    axes.sort_unstable();
+    axes.dedup();
+    let mut shape = v.shape().to_vec();
+    for &a in &axes {
+        if a > shape.len() {
+            return Err(info.malformed(format!("Unsqueeze axes {axes:?} for rank {}", v.shape().len())));
+        }
+        shape.insert(a, 1);
+    }
+    reshape(v, &shape)
+}
+
+/// `gather` of the ONNX operator of that name.
+fn gather(info: &NodeInfo, ins: &[Option<&Value>], a: i64) -> Result<Value> {
+    let v = req(info, ins, 0)?;
+    let idx = ints(info, ins, 1)?;
+    let s = v.shape().to_vec();
+    let ax = axis(info, a, s.len())?;
+    let d = s[ax] as i64;
+    let flat: Vec<usize> = idx
+        .data
+        .iter()
+        .map(|&i| {
+            let j = if i < 0 { i + d } else { i };
+            if (0..d).contains(&j) {
+                Ok(j as usize)
+            } else {
+                Err(info.malformed(format!("Gather index {i} out of range for size {d}")))
+            }
+        })
+        .collect::<Result<_>>()?;
+    let mut shape = s[..ax].to_vec();
+    shape.extend_from_slice(&idx.shape);
+    shape.extend_from_slice(&s[ax + 1..]);
+    let picked = match v {
+        Value::F(t) => Value::F(t.index_select(ax, &flat)?),
+        Value::I(i) => Value::I(ints::select(i, ax, &flat)),
+    };
+    reshape(&picked, &shape)
+}
+
+/// `reduce` of the ONNX operator of that name.
+fn reduce(
+    info: &NodeInfo,
+    ins: &[Option<&Value>],
+    mean: bool,
+    axes: &Option<Vec<i64>>,
+    keepdims: bool,
+    noop_with_empty_axes: bool,
+) -> Result<Value> {
+    let t = tensor(info, ins, 0)?;
+    let axes = match axes {
+        Some(a) => a.clone(),
+        None => opt_ints(info, ins, 1)?.map(|i| i.data).unwrap_or_default(),
+    };
+    if axes.is_empty() && noop_with_empty_axes {
+        return Ok(Value::F(t));
+    }
+    let mut ax: Vec<usize> = axes.iter().map(|&a| axis(info, a, t.rank())).collect::<Result<_>>()?;
+    ax.sort_unstable();
+    ax.dedup();
+    if ax.is_empty() {
+        ax = (0..t.rank()).collect();
+    }
+    Ok(Value::F(if mean { t.mean(&ax, keepdims)? } else { t.sum(&ax, keepdims)? }))
+}
+
+/// `cast` of the ONNX operator of that name.
+fn cast(info: &NodeInfo, ins: &[Option<&Value>], to: i32) -> Result<Value> {
+    use super::proto::data_type as dt;
+    let v = req(info, ins, 0)?;
+    match to {
+        dt::FLOAT | dt::DOUBLE | dt::FLOAT16 | dt::BFLOAT16 => Ok(Value::F(v.to_tensor()?)),
+        dt::BOOL => {
+            let f = v.floats();
+            Ok(Value::I(Ints { shape: v.shape().to_vec(), data: f.iter().map(|&x| i64::from(x != 0.0)).collect() }))
+        }
+        dt::INT64 | dt::INT32 | dt::INT16 | dt::INT8 | dt::UINT8 | dt::UINT16 | dt::UINT32 | dt::UINT64 => {
+            Ok(Value::I(v.to_ints()))
+        }
+        other => Err(info.unsupported(format!("Cast to data type {other}"))),
     }
 }
 
