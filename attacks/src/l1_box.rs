@@ -132,7 +132,8 @@ mod tests {
                     let s = (eps as f64 / zl1) as f32;
                     z.iter_mut().for_each(|q| *q *= s);
                 }
-                assert!(dist2(&z, &v) >= best - 1e-9, "case {case}: {z:?} is closer to {v:?} than {p:?}");
+                // 1e-6: the f32 roundings of p and of the shrunk z (which may then exceed ε by an ulp).
+                assert!(dist2(&z, &v) >= best - 1e-6, "case {case}: {z:?} is closer to {v:?} than {p:?}");
             }
         }
     }
