@@ -299,13 +299,29 @@ pub trait Classifier: Send + Sync {
         x: &Tensor,
         f: &(dyn Fn(&Tensor, Range<usize>) -> Result<Tensor> + Sync),
     ) -> Result<(Vec<f32>, Tensor, Array2<f32>)> {
+        self.gradient_through(x, &|xv: &Tensor, _| Ok(xv.clone()), f)
+    }
+
+    /// [`Classifier::gradient`] through a differentiable transform of the input: the value of `f` on the logits
+    /// of `transform(x)` and the gradient of its sum with respect to `x` (DI²'s random resize-and-pad, an
+    /// expectation over transformations). Checked, chunked, recorded under `enable_grad` and counted exactly like
+    /// [`Classifier::gradient`]; the returned logits are those of the transformed input.
+    ///
+    /// `transform` receives the samples `range` of `x` (a recorded variable) and must return a batch of the same
+    /// length that the model accepts, each sample depending on its own input alone (as `f` must be separable).
+    fn gradient_through(
+        &self,
+        x: &Tensor,
+        transform: &(dyn Fn(&Tensor, Range<usize>) -> Result<Tensor> + Sync),
+        f: &(dyn Fn(&Tensor, Range<usize>) -> Result<Tensor> + Sync),
+    ) -> Result<(Vec<f32>, Tensor, Array2<f32>)> {
         let n = self.check_input(x)?;
         let classes = self.num_classes();
         // enable_grad: a chunk may be stolen by a worker that is waiting inside a no_grad scope.
         let parts = in_chunks(x, n, self.chunk_size(), |xc, r| {
             enable_grad(|| {
                 let xv = xc.variable();
-                let z = self.forward(&xv)?;
+                let z = self.forward(&transform(&xv, r.clone())?)?;
                 let logits = to_matrix(&z, r.len(), classes)?;
                 let value = f(&z, r.clone())?;
                 if value.numel() != r.len() {

@@ -3,8 +3,7 @@
 
 use std::time::Instant;
 
-use armoury::nn::cnn;
-use armoury::{io, Attack, Error, Goal, ModuleClassifier};
+use armoury::{Attack, Error, Goal};
 use armoury_attacks::{apgd_checkpoints, Apgd, ApgdTargeted, Epsilon, Jsma, JsmaMode, Loss, Norm, Pgd};
 
 use crate::attack_props::*;
@@ -238,12 +237,6 @@ fn jsma_l0_budget_targets_and_properties() {
         Err(Error::InvalidArgument { .. })
     ));
     assert_eq!(x.to_vec(), x_before);
-}
-
-fn fixture_cnn() -> ModuleClassifier {
-    let net = cnn(0);
-    io::load_module(&net, crate::common::fixture("cnn.safetensors")).unwrap();
-    ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0)).unwrap()
 }
 
 /// On the fixture cnn, 28×28 inputs (D = 784): JSMA reaches random targets within γ = 0.1 changed pixels.

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use armoury::{io, Attack, AttackResult, Classifier, Counters, Goal, ModuleClassifier, Result, Tensor};
+use armoury::{Attack, AttackResult, Classifier, Counters, Goal, Result, Tensor};
 use armoury_attacks::{CarliniWagnerL2, DeepFool, EadRule, ElasticNet, LbfgsB, Norm, Pgd};
 
 use crate::attack_props::*;
@@ -98,7 +98,11 @@ fn property_table() {
             println!("{name} {goal:?}: success {rate}, box-sized PGD {}", reach(&goal));
             assert!(rate >= want, "{name} {goal:?}: success rate {rate}, box-sized PGD {}", reach(&goal));
         }
-        assert!(attack.sweep(&model, &x, &y, &Goal::Untargeted, &[0.1], 0).is_err(), "{name}: nothing to sweep");
+        // The template's minimum-norm sweep (Foolbox's): one run, its perturbation clipped to each ε, successes
+        // carried forward; at ε = 0 only the two misclassified samples count.
+        let sweep = attack.sweep(&model, &x, &y, &Goal::Untargeted, &[0.0, 0.1, 100.0], 0).unwrap();
+        let wins: Vec<usize> = sweep.iter().map(|r| r.success.iter().filter(|&&s| s).count()).collect();
+        assert!(wins.windows(2).all(|w| w[0] <= w[1]) && wins[0] == 2, "{name}: sweep successes {wins:?}");
         assert_eq!(x.to_vec(), x_before, "{name}: the caller's input must not change");
     }
 }
@@ -323,12 +327,6 @@ fn misuse_is_an_error() {
         let nan = Tensor::full(&[4, 1, 4, 4], f32::NAN);
         assert!(a.run(&model, &nan, &y, &Goal::Untargeted, 0).is_err(), "{}: NaN input", a.name());
     }
-}
-
-fn fixture_cnn() -> ModuleClassifier {
-    let net = armoury::nn::cnn(0);
-    io::load_module(&net, crate::common::fixture("cnn.safetensors")).unwrap();
-    ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0)).unwrap()
 }
 
 fn mean_l2(r: &AttackResult, keep: &[bool]) -> f32 {

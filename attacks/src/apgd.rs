@@ -11,8 +11,8 @@
 //! checkpoint, or (2) η was not halved at the last checkpoint and f_max has not improved since.
 //!
 //! Where Armoury departs from the references:
-//! - MindArmour's APGD never re-evaluates its loss after the first step (SPEC §5); here the loss and its gradient
-//!   are re-evaluated at every iterate, as in the paper.
+//! - MindArmour's APGD never re-evaluates its loss after the first step; here the loss and its gradient are
+//!   re-evaluated at every iterate, as in the paper.
 //! - Checkpoints follow the paper's p_j sequence exactly (AutoAttack's code uses a shrinking-period
 //!   approximation) and condition 1 is the paper's strict "< ρ"; condition 2 applies from the first checkpoint
 //!   (w₀ = 0), as in the paper.
@@ -21,18 +21,20 @@
 //!   sample. Samples already fooled on the clean input, or with ε = 0, are returned unchanged without a gradient.
 //! - The random start is uniform on the ε-sphere (L∞: ε·t/‖t‖∞ for t uniform in the cube; L2: a uniform
 //!   direction of length ε), as in the reference code, then clipped to the box.
-//! - A sweep runs ε in increasing order and carries each sample's success at a smaller ε to the larger ones
-//!   (the smaller perturbation is feasible there), so robust accuracy never rises with ε.
+//! - A sweep (the attack template's) runs ε in increasing order and carries each sample's success at a smaller ε
+//!   to the larger ones (the smaller perturbation is feasible there), so robust accuracy never rises with ε.
+//! - Every gradient and forward goes through the template's [`Problem`], which counts them per sample and notes
+//!   zero or non-finite gradients; a non-finite gradient entry gives no direction.
 
 use std::ops::Range;
 
-use armoury::attack::{resolve_goal, AttackResult, Resolved};
+use armoury::attack::{Access, Algorithm, Budget, Problem, Resolved};
 use armoury::classifier::argmax_rows;
-use armoury::{Attack, Classifier, Error, Goal, Result, Tensor};
+use armoury::{Error, Result, Tensor};
 use ndarray::{Array2, Axis};
 
 use crate::budget::{enforce, exact_norm, random_in_ball, row_seeds, rows, steepest, unrows, Epsilon, Norm};
-use crate::losses::Loss;
+use crate::losses::{zero_non_finite, Loss};
 
 /// Auto-PGD (Croce & Hein 2020) in L∞ or L2.
 #[derive(Clone, Debug)]
@@ -75,7 +77,7 @@ impl Apgd {
         Apgd { norm: Norm::L2, ..Apgd::linf(eps) }
     }
 
-    fn validate(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         if self.norm == Norm::L1 {
             return Err(Error::invalid(
                 "apgd",
@@ -117,8 +119,6 @@ pub(crate) struct Outcome {
     pub adv: Array2<f32>,
     pub success: Vec<bool>,
     pub objective: Vec<f32>,
-    pub gradients: Vec<u64>,
-    pub queries: Vec<u64>,
 }
 
 /// The objective, optionally its gradient, and the success flags at some rows.
@@ -128,12 +128,9 @@ struct Eval {
     success: Vec<bool>,
 }
 
-/// The model and the shape of one sample.
-pub(crate) struct Ctx<'a> {
-    pub model: &'a dyn Classifier,
-    pub sample_shape: Vec<usize>,
-    /// The seed of the call.
-    pub seed: u64,
+/// The problem, through which every evaluation is counted.
+pub(crate) struct Ctx<'a, 'p> {
+    pub p: &'a Problem<'p>,
 }
 
 /// The goal restricted to the samples `idx`.
@@ -144,31 +141,38 @@ pub(crate) fn subset_goal(goal: &Resolved, idx: &[usize]) -> Resolved {
     }
 }
 
-impl Ctx<'_> {
+impl Ctx<'_, '_> {
+    /// The objective (and its gradient) at the rows `xa`, which are the samples `who` of the problem.
     fn eval(
         &self,
         xa: &Array2<f32>,
-        labels: &[usize],
+        (who, labels): (&[usize], &[usize]),
         loss: Loss,
         goals: (&Resolved, &Resolved),
         grad: bool,
     ) -> Result<Eval> {
         let (loss_goal, success_goal) = goals;
         let m = xa.nrows();
-        let mut shape = vec![m];
-        shape.extend_from_slice(&self.sample_shape);
+        let mut shape = self.p.x.shape().to_vec();
+        shape[0] = m;
         let t = unrows(xa.clone(), &shape);
         let (objective, grad, z) = if grad {
             let f = |z: &Tensor, r: Range<usize>| loss.objective(z, r, labels, loss_goal);
-            let (v, g, z) = self.model.gradient(&t, &f)?;
-            (v, Some(rows(&g)), z)
+            let (v, g, z) = self.p.gradient(&t, Some(who), &f)?;
+            let mut g = rows(&g);
+            zero_non_finite(&mut g);
+            (v, Some(g), z)
         } else {
-            let z = self.model.logits(&t)?;
+            let z = self.p.logits(&t, Some(who))?;
             let zt = Tensor::new(z.clone().into_dyn());
             (loss.objective(&zt, 0..m, labels, loss_goal)?.to_vec(), None, z)
         };
-        let success =
-            argmax_rows(&z).iter().enumerate().map(|(i, &p)| success_goal.is_success(i, labels[i], p)).collect();
+        let reject = self.p.model.rejection_class();
+        let success = argmax_rows(&z)
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| Some(c) != reject && success_goal.is_success(i, labels[i], c))
+            .collect();
         Ok(Eval { objective, grad, success })
     }
 }
@@ -232,22 +236,23 @@ impl Apgd {
         adv
     }
 
-    /// One APGD run (`steps` ≥ 1) from restart stream `stream` on all rows of `x2`.
+    /// One APGD run (`steps` ≥ 1) from restart stream `stream` on all rows of `x2`, the samples `who`.
+    #[allow(clippy::too_many_arguments)]
     fn run_once(
         &self,
         ctx: &Ctx,
         x2: &Array2<f32>,
+        who: &[usize],
         labels: &[usize],
         goals: (&Resolved, &Resolved),
         eps: &[f32],
         stream: u64,
     ) -> Result<Outcome> {
         let (n, d) = x2.dim();
-        let bounds = ctx.model.bounds();
+        let bounds = ctx.p.bounds();
         let a = self.alpha_momentum;
-        let mut x_cur = self.start(x2, eps, ctx.seed, stream, bounds);
-        let first = ctx.eval(&x_cur, labels, self.loss, goals, true)?;
-        let (mut gradients, mut queries) = (vec![1u64; n], vec![1u64; n]);
+        let mut x_cur = self.start(x2, eps, ctx.p.seed, stream, bounds);
+        let first = ctx.eval(&x_cur, (who, labels), self.loss, goals, true)?;
         let mut f_cur = first.objective;
         let mut g_cur = first.grad.expect("gradient requested");
         let (mut x_max, mut f_max, mut g_max) = (x_cur.clone(), f_cur.clone(), g_cur.clone());
@@ -291,10 +296,9 @@ impl Apgd {
             let la: Vec<usize> = active.iter().map(|&i| labels[i]).collect();
             let (lg, sg) = (subset_goal(goals.0, &active), subset_goal(goals.1, &active));
             let with_grad = k + 1 < self.steps;
-            let e = ctx.eval(&new, &la, self.loss, (&lg, &sg), with_grad)?;
+            let wa: Vec<usize> = active.iter().map(|&i| who[i]).collect();
+            let e = ctx.eval(&new, (&wa, &la), self.loss, (&lg, &sg), with_grad)?;
             for (r, &i) in active.iter().enumerate() {
-                queries[i] += 1;
-                gradients[i] += u64::from(with_grad);
                 let f = e.objective[r];
                 x_prev.row_mut(i).assign(&x_cur.row(i));
                 x_cur.row_mut(i).assign(&new.row(r));
@@ -341,7 +345,7 @@ impl Apgd {
                 f_out[i] = f_max[i];
             }
         }
-        Ok(Outcome { adv: x_out, success, objective: f_out, gradients, queries })
+        Ok(Outcome { adv: x_out, success, objective: f_out })
     }
 
     /// The clean inputs as an outcome: success where the goal already holds.
@@ -352,15 +356,9 @@ impl Apgd {
         labels: &[usize],
         goals: (&Resolved, &Resolved),
     ) -> Result<Outcome> {
-        let e = ctx.eval(x2, labels, self.loss, goals, false)?;
-        let n = labels.len();
-        Ok(Outcome {
-            adv: x2.clone(),
-            success: e.success,
-            objective: e.objective,
-            gradients: vec![0; n],
-            queries: vec![1; n],
-        })
+        let all: Vec<usize> = (0..labels.len()).collect();
+        let e = ctx.eval(x2, (&all, labels), self.loss, goals, false)?;
+        Ok(Outcome { adv: x2.clone(), success: e.success, objective: e.objective })
     }
 
     /// Runs the restarts on the samples of `out` not yet successful (and with ε > 0), merging into `out`: a
@@ -389,10 +387,8 @@ impl Apgd {
             let ls: Vec<usize> = todo.iter().map(|&i| labels[i]).collect();
             let es: Vec<f32> = todo.iter().map(|&i| eps[i]).collect();
             let (lg, sg) = (subset_goal(goals.0, &todo), subset_goal(goals.1, &todo));
-            let o = self.run_once(ctx, &xs, &ls, (&lg, &sg), &es, stream_base.wrapping_add(r as u64))?;
+            let o = self.run_once(ctx, &xs, &todo, &ls, (&lg, &sg), &es, stream_base.wrapping_add(r as u64))?;
             for (k, &i) in todo.iter().enumerate() {
-                out.gradients[i] += o.gradients[k];
-                out.queries[i] += o.queries[k];
                 if replace
                     || (o.success[k] && !out.success[i])
                     || (o.success[k] == out.success[i] && o.objective[k] > out.objective[i])
@@ -406,78 +402,9 @@ impl Apgd {
         }
         Ok(())
     }
-
-    fn outcome(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Resolved,
-        eps: &[f32],
-        seed: u64,
-    ) -> Result<Outcome> {
-        let ctx = Ctx { model, sample_shape: x.shape()[1..].to_vec(), seed };
-        let x2 = rows(x);
-        let mut out = self.clean(&ctx, &x2, labels, (goal, goal))?;
-        self.attack_into(&ctx, &x2, labels, (goal, goal), eps, &mut out, 0, true)?;
-        Ok(out)
-    }
 }
 
-/// Converts an outcome to a result, re-evaluating success on the returned inputs.
-pub(crate) fn finish(
-    model: &dyn Classifier,
-    x: &Tensor,
-    labels: &[usize],
-    goal: Resolved,
-    out: Outcome,
-) -> Result<AttackResult> {
-    AttackResult::evaluate(model, x, unrows(out.adv, x.shape()), labels, goal, out.gradients, out.queries)
-}
-
-/// A sweep over `eps` in increasing order, carrying each sample's success at a smaller ε to the larger ones;
-/// results in the order of `eps`.
-pub(crate) fn sweep_carry(
-    model: &dyn Classifier,
-    x: &Tensor,
-    labels: &[usize],
-    goal: &Resolved,
-    eps: &[f32],
-    run: impl Fn(&[f32]) -> Result<Outcome>,
-) -> Result<Vec<AttackResult>> {
-    let n = labels.len();
-    for &e in eps {
-        Epsilon::Scalar(e).resolve(1)?;
-    }
-    let mut order: Vec<usize> = (0..eps.len()).collect();
-    order.sort_by(|&a, &b| eps[a].total_cmp(&eps[b]));
-    let mut results: Vec<Option<AttackResult>> = vec![None; eps.len()];
-    let mut carried: Option<Outcome> = None;
-    for &j in &order {
-        let mut out = run(&vec![eps[j]; n])?;
-        if let Some(prev) = &carried {
-            for i in 0..n {
-                if prev.success[i] && !out.success[i] {
-                    out.adv.row_mut(i).assign(&prev.adv.row(i));
-                    out.success[i] = true;
-                    out.objective[i] = prev.objective[i];
-                }
-            }
-        }
-        let kept = Outcome {
-            adv: out.adv.clone(),
-            success: out.success.clone(),
-            objective: out.objective.clone(),
-            gradients: vec![],
-            queries: vec![],
-        };
-        results[j] = Some(finish(model, x, labels, goal.clone(), out)?);
-        carried = Some(kept);
-    }
-    Ok(results.into_iter().map(|r| r.expect("every ε ran")).collect())
-}
-
-impl Attack for Apgd {
+impl Algorithm for Apgd {
     fn name(&self) -> String {
         format!(
             "APGD-{}-{}(eps={}, steps={}, restarts={})",
@@ -489,33 +416,24 @@ impl Attack for Apgd {
         )
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let eps = self.eps.resolve(labels.len())?;
-        let out = self.outcome(model, x, labels, &goal, &eps, seed)?;
-        finish(model, x, labels, goal, out)
+    fn access(&self) -> Access {
+        Access::Gradients
     }
 
-    fn sweep(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &[f32],
-        seed: u64,
-    ) -> Result<Vec<AttackResult>> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        sweep_carry(model, x, labels, &goal, eps, |e| self.outcome(model, x, labels, &goal, e, seed))
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: self.norm, eps: self.eps.clone() }
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.check()
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        let ctx = Ctx { p };
+        let x2 = p.rows();
+        let mut out = self.clean(&ctx, &x2, p.labels, (p.goal, p.goal))?;
+        self.attack_into(&ctx, &x2, p.labels, (p.goal, p.goal), p.eps, &mut out, 0, true)?;
+        Ok(p.unrows(out.adv))
     }
 }
 
@@ -543,11 +461,11 @@ impl ApgdTargeted {
         ApgdTargeted { base: Apgd { loss: Loss::Dlr, ..Apgd::l2(eps) }, target_classes: 9 }
     }
 
-    fn outcome(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], eps: &[f32], seed: u64) -> Result<Outcome> {
-        let ctx = Ctx { model, sample_shape: x.shape()[1..].to_vec(), seed };
-        let x2 = rows(x);
-        let z = model.logits(x)?;
-        let k = model.num_classes();
+    /// The untargeted search: the targeted loss against each top class in turn.
+    fn outcome(&self, p: &Problem<'_>) -> Result<Outcome> {
+        let (ctx, x2, labels) = (Ctx { p }, p.rows(), p.labels);
+        let z = p.logits(p.x, None)?; // the ranking's forward pass
+        let k = p.model.num_classes();
         // Non-true classes by decreasing clean logit (ties: lower index first).
         let ranked: Vec<Vec<usize>> = z
             .rows()
@@ -562,24 +480,23 @@ impl ApgdTargeted {
         let untargeted = Resolved::Untargeted;
         let targets = |j: usize| Resolved::Targeted(ranked.iter().map(|c| c[j]).collect());
         let mut out = self.base.clean(&ctx, &x2, labels, (&targets(0), &untargeted))?;
-        out.queries.iter_mut().for_each(|q| *q += 1); // the ranking's forward pass
         for j in 0..self.target_classes.min(k - 1) {
             let stream = (j as u64) << 32;
-            self.base.attack_into(&ctx, &x2, labels, (&targets(j), &untargeted), eps, &mut out, stream, j == 0)?;
+            self.base.attack_into(&ctx, &x2, labels, (&targets(j), &untargeted), p.eps, &mut out, stream, j == 0)?;
         }
         Ok(out)
     }
+}
 
+impl Algorithm for ApgdTargeted {
     fn validate(&self) -> Result<()> {
-        self.base.validate()?;
+        self.base.check()?;
         if self.target_classes == 0 {
             return Err(Error::invalid("apgd-t", "target_classes must be at least 1"));
         }
         Ok(())
     }
-}
 
-impl Attack for ApgdTargeted {
     fn name(&self) -> String {
         format!(
             "APGD-T-{}-{}(eps={}, steps={}, targets={})",
@@ -591,39 +508,20 @@ impl Attack for ApgdTargeted {
         )
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        if *goal != Goal::Untargeted {
-            return self.base.run(model, x, labels, goal, seed);
-        }
-        let resolved = resolve_goal(model, x, labels, goal)?;
-        let eps = self.base.eps.resolve(labels.len())?;
-        let out = self.outcome(model, x, labels, &eps, seed)?;
-        finish(model, x, labels, resolved, out)
+    fn access(&self) -> Access {
+        Access::Gradients
     }
 
-    fn sweep(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &[f32],
-        seed: u64,
-    ) -> Result<Vec<AttackResult>> {
-        self.validate()?;
-        if *goal != Goal::Untargeted {
-            return self.base.sweep(model, x, labels, goal, eps, seed);
+    fn budget(&self) -> Budget {
+        self.base.budget()
+    }
+
+    /// With a targeted goal, plain targeted [`Apgd`] on `base`.
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        match p.goal {
+            Resolved::Targeted(_) => self.base.search(p),
+            Resolved::Untargeted => Ok(p.unrows(self.outcome(p)?.adv)),
         }
-        let resolved = resolve_goal(model, x, labels, goal)?;
-        sweep_carry(model, x, labels, &resolved, eps, |e| self.outcome(model, x, labels, e, seed))
     }
 }
 

@@ -6,19 +6,20 @@
 //! objective is ‖x' − x‖₂² + c·f(x') with f = max(z_y − max_{j≠y} z_j, −κ) (untargeted) or
 //! max(max_{j≠t} z_j − z_t, −κ) (targeted), minimised by Adam (β = 0.9, 0.999; ε = 1e-8) on w.
 //!
-//! Where Armoury differs from MindArmour (SPEC §5): an iterate counts as a success only if the goal holds *with*
-//! the margin κ (MindArmour's success test ignores κ). Everything is per sample — the binary search over c, the
+//! Where Armoury differs from MindArmour: an iterate counts as a success only if the goal holds *with* the margin
+//! κ (MindArmour's success test ignores κ). Everything is per sample — the binary search over c, the
 //! early abort (loss not below 0.9999 of its value `steps/10` iterations earlier, as in Carlini's code, whereas
 //! torchattacks aborts the whole batch) and the best (smallest-L2) successful iterate — so a sample's result does
 //! not depend on the rest of the batch. A sample that is never successful is returned unchanged.
 
 use std::ops::Range;
 
-use armoury::attack::{resolve_goal, AttackResult, Resolved};
-use armoury::{Attack, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Norm, Problem, Resolved};
+use armoury::{Error, Result, Tensor};
 use ndarray::{Array2, Axis};
 
 use crate::budget::{check_positive, rows, unrows};
+use crate::losses::zero_non_finite;
 
 /// Carlini–Wagner L2 attack.
 ///
@@ -60,6 +61,23 @@ impl CarliniWagnerL2 {
     pub fn torchattacks() -> Self {
         CarliniWagnerL2 { c: 1.0, steps: 100, binary_search_steps: 1, ..CarliniWagnerL2::default() }
     }
+}
+
+impl Algorithm for CarliniWagnerL2 {
+    fn name(&self) -> String {
+        format!(
+            "CW-L2(c={}, kappa={}, steps={}, lr={}, search={})",
+            self.c, self.kappa, self.steps, self.lr, self.binary_search_steps
+        )
+    }
+
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Minimal { norm: Norm::L2 }
+    }
 
     fn validate(&self) -> Result<()> {
         check_positive("cw", "c", self.c)?;
@@ -68,42 +86,15 @@ impl CarliniWagnerL2 {
         check_count("cw", "steps", self.steps)?;
         check_count("cw", "binary_search_steps", self.binary_search_steps)
     }
-}
 
-impl Attack for CarliniWagnerL2 {
-    fn name(&self) -> String {
-        format!(
-            "CW-L2(c={}, kappa={}, steps={}, lr={}, search={})",
-            self.c, self.kappa, self.steps, self.lr, self.binary_search_steps
-        )
-    }
-
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        _seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let shape = x.shape().to_vec();
-        let (lo, hi) = model.bounds();
-        let x2 = rows(x);
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        let (lo, hi) = p.bounds();
+        let Start { x2, classes, targeted, already } = start(p, self.kappa)?;
         let (n, d) = x2.dim();
-        let classes: Vec<usize> = (0..n).map(|i| goal.class(i, labels)).collect();
-        let targeted = goal.is_targeted();
-        let clean = model.logits(x)?;
-        let already: Vec<bool> = (0..n)
-            .map(|i| succeeds(clean.row(i).as_slice().expect("rows"), classes[i], targeted, self.kappa))
-            .collect();
         let w0 = x2.mapv(|v| to_tanh_space(v, lo, hi));
         let mut best_l2 = vec![f64::INFINITY; n];
         let mut best = x2.clone();
         let mut search = vec![Search::new(self.c); n];
-        let mut grads = vec![0u64; n];
-        let mut queries = vec![1u64; n];
         let check_every = (self.steps / 10).max(1);
         for _ in 0..self.binary_search_steps {
             let mut w = w0.clone();
@@ -123,11 +114,9 @@ impl Attack for CarliniWagnerL2 {
                     let cls: Vec<usize> = idx[r.clone()].iter().map(|&i| classes[i]).collect();
                     cw_loss(z, &cls, targeted, self.kappa)?.mul(&Tensor::from_slice(&cs[r.clone()], &[r.len()])?)
                 };
-                let (values, gx, logits) = subset_gradient(model, &xa, &shape, &f)?;
-                let mut gw = rows(&gx);
+                let met = |k: usize, z: &[f32]| succeeds(z, classes[idx[k]], targeted, self.kappa);
+                let (values, mut gw, logits) = subset_gradient(p, &xa, &idx, &f, Some(&met))?;
                 for (k, &i) in idx.iter().enumerate() {
-                    grads[i] += 1;
-                    queries[i] += 1;
                     let (xr, ar) = (x2.row(i), xa.row(k));
                     let l2sq: f64 = xr.iter().zip(ar).map(|(&a, &b)| ((b - a) as f64).powi(2)).sum();
                     if succeeds(logits.row(k).as_slice().expect("rows"), classes[i], targeted, self.kappa) {
@@ -157,8 +146,29 @@ impl Attack for CarliniWagnerL2 {
                 search[i].update(found[i]);
             }
         }
-        AttackResult::evaluate(model, x, unrows(best, &shape), labels, goal, grads, queries)
+        Ok(p.unrows(best))
     }
+}
+
+/// What the minimum-norm attacks start from: the input rows, each sample's class (its label, or its target),
+/// whether the goal is targeted, and which samples already meet it with margin κ on the clean input.
+pub(crate) struct Start {
+    pub x2: Array2<f32>,
+    pub classes: Vec<usize>,
+    pub targeted: bool,
+    pub already: Vec<bool>,
+}
+
+/// The [`Start`] of `p`: one counted forward pass on the clean inputs.
+pub(crate) fn start(p: &Problem<'_>, kappa: f32) -> Result<Start> {
+    let x2 = p.rows();
+    let classes = goal_classes(p.goal, p.labels);
+    let targeted = p.goal.is_targeted();
+    let clean = p.logits(p.x, None)?;
+    let already = (0..x2.nrows())
+        .map(|i| clean.row(i).as_slice().is_some_and(|z| succeeds(z, classes[i], targeted, kappa)))
+        .collect();
+    Ok(Start { x2, classes, targeted, already })
 }
 
 /// The CW loss per sample: max(z_y − max_{j≠y} z_j, −κ) untargeted (y = `class`), max(max_{j≠t} z_j − z_t, −κ)
@@ -182,24 +192,50 @@ pub(crate) fn succeeds(z: &[f32], class: usize, targeted: bool, kappa: f32) -> b
     }
 }
 
-/// The value of `f`, its input gradient and the logits for the rows `xs` [m, D] of a batch of shape `shape`
-/// (whose first entry is ignored): one forward and one backward over these m samples only.
+/// Which rows of a gradient are flat by design, from their logits (`(row, logits) → bool`).
+pub(crate) type Flat<'a> = &'a (dyn Fn(usize, &[f32]) -> bool + Sync);
+
+/// The value of `f`, its input gradient rows (non-finite entries zeroed) and the logits at the rows `xs` [m, D],
+/// which are the samples `who` of the problem: one forward and one backward over these m samples only, counted
+/// by the problem. Rows are checked for faults (zero or non-finite) except those that `flat` marks: a loss
+/// clamped once the goal is met with margin κ (CW, EAD) has a zero gradient there by design.
 pub(crate) fn subset_gradient(
-    model: &dyn Classifier,
+    p: &Problem<'_>,
     xs: &Array2<f32>,
-    shape: &[usize],
+    who: &[usize],
     f: &(dyn Fn(&Tensor, Range<usize>) -> Result<Tensor> + Sync),
-) -> Result<(Vec<f32>, Tensor, Array2<f32>)> {
-    let mut s = shape.to_vec();
-    s[0] = xs.nrows();
-    model.gradient(&unrows(xs.clone(), &s), f)
+    flat: Option<Flat<'_>>,
+) -> Result<(Vec<f32>, Array2<f32>, Array2<f32>)> {
+    let Some(flat) = flat else {
+        let (values, g, logits) = p.gradient(&subset(p, xs), Some(who), f)?;
+        let mut g = rows(&g);
+        zero_non_finite(&mut g);
+        return Ok((values, g, logits));
+    };
+    let (values, g, logits) = p.model.gradient(&subset(p, xs), f)?;
+    let mut g = rows(&g);
+    let (clamped, checked): (Vec<usize>, Vec<usize>) =
+        (0..who.len()).partition(|&r| flat(r, logits.row(r).as_slice().unwrap_or(&[])));
+    for &r in &clamped {
+        p.add_gradients(who[r], 1);
+        p.add_queries(who[r], 1);
+    }
+    let checked_who: Vec<usize> = checked.iter().map(|&r| who[r]).collect();
+    p.note_gradient(g.select(Axis(0), &checked).view(), Some(&checked_who));
+    zero_non_finite(&mut g);
+    Ok((values, g, logits))
 }
 
-/// Logits of the rows `xs` [m, D] of a batch of shape `shape` (one forward over these m samples).
-pub(crate) fn subset_logits(model: &dyn Classifier, xs: &Array2<f32>, shape: &[usize]) -> Result<Array2<f32>> {
-    let mut s = shape.to_vec();
+/// Logits of the rows `xs` [m, D], the samples `who` of the problem (one counted forward over these m samples).
+pub(crate) fn subset_logits(p: &Problem<'_>, xs: &Array2<f32>, who: &[usize]) -> Result<Array2<f32>> {
+    p.logits(&subset(p, xs), Some(who))
+}
+
+/// Rows [m, D] in the problem's input shape.
+fn subset(p: &Problem<'_>, xs: &Array2<f32>) -> Tensor {
+    let mut s = p.x.shape().to_vec();
     s[0] = xs.nrows();
-    model.logits(&unrows(xs.clone(), &s))
+    unrows(xs.clone(), &s)
 }
 
 /// atanh of x mapped to (−1, 1), kept 1e-6 inside so that atanh stays finite.

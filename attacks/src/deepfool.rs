@@ -18,13 +18,14 @@
 //! total perturbation by the width of the bounds; Armoury takes the paper's step. The candidate classes are the
 //! top `candidates` of the clean logits, as in the paper's implementation (MindArmour uses all classes).
 
-use armoury::attack::{resolve_goal, AttackResult};
-use armoury::{Attack, Classifier, Error, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Problem};
+use armoury::{Classifier, Error, Result, Tensor};
 use ndarray::{Array2, Axis};
 use rayon::prelude::*;
 
 use crate::budget::{rows, sign, unrows, Norm};
 use crate::cw::check_count;
+use crate::losses::zero_non_finite;
 
 /// DeepFool, untargeted, L2 or L∞.
 ///
@@ -61,7 +62,7 @@ impl DeepFool {
         DeepFool { norm: Norm::Linf, ..DeepFool::default() }
     }
 
-    fn validate(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         if self.norm == Norm::L1 {
             return Err(Error::invalid("deepfool", "norm must be L2 or Linf"));
         }
@@ -146,7 +147,7 @@ fn difference_gradient(
     Ok(out)
 }
 
-impl Attack for DeepFool {
+impl Algorithm for DeepFool {
     fn name(&self) -> String {
         format!(
             "DeepFool-{}(overshoot={}, max_iter={}, candidates={})",
@@ -157,25 +158,28 @@ impl Attack for DeepFool {
         )
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        _seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let resolved = resolve_goal(model, x, labels, goal)?;
-        if resolved.is_targeted() {
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Minimal { norm: self.norm }
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.check()
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        if p.goal.is_targeted() {
             return Err(Error::invalid("deepfool", "DeepFool is untargeted; use Goal::Untargeted"));
         }
-        let shape = x.shape().to_vec();
-        let (lo, hi) = model.bounds();
-        let x2 = rows(x);
+        let (model, labels, shape) = (p.model, p.labels, p.x.shape());
+        let (lo, hi) = p.bounds();
+        let x2 = p.rows();
         let (n, d) = x2.dim();
         let k = model.num_classes();
-        let clean = model.logits(x)?;
+        let clean = p.logits(p.x, None)?;
         // The other candidate classes of each sample: the next `candidates − 1` by clean logit (ties by index).
         let others: Vec<Vec<usize>> = (0..n)
             .map(|i| {
@@ -193,16 +197,14 @@ impl Attack for DeepFool {
         let mut active: Vec<usize> = (0..n).filter(|&i| preds[i] == labels[i]).collect();
         let mut adv = x2.clone();
         let mut r_tot = Array2::<f32>::zeros((n, d));
-        let mut grads = vec![0u64; n];
-        let mut queries = vec![1u64; n];
         let scale = 1.0 + self.overshoot;
         for it in 0..self.max_iter {
             if active.is_empty() {
                 break;
             }
             let mut xs = adv.select(Axis(0), &active);
-            let (mut pieces, mut logits) = forward_graph(model, &xs, &shape)?;
-            active.iter().for_each(|&i| queries[i] += 1);
+            let (mut pieces, mut logits) = forward_graph(model, &xs, shape)?;
+            active.iter().for_each(|&i| p.add_queries(i, 1));
             if it > 0 {
                 // Stop the samples that are now misclassified; rebuild the graph without them.
                 let now = armoury::classifier::argmax_rows(&logits);
@@ -213,8 +215,8 @@ impl Attack for DeepFool {
                         break;
                     }
                     xs = adv.select(Axis(0), &active);
-                    (pieces, logits) = forward_graph(model, &xs, &shape)?;
-                    active.iter().for_each(|&i| queries[i] += 1);
+                    (pieces, logits) = forward_graph(model, &xs, shape)?;
+                    active.iter().for_each(|&i| p.add_queries(i, 1));
                 }
             }
             let m = active.len();
@@ -224,6 +226,8 @@ impl Attack for DeepFool {
             for column in &by_rank {
                 let to: Vec<usize> = active.iter().map(|&i| column[i]).collect();
                 let mut g = difference_gradient(model, &pieces, &to, &from, d)?;
+                p.note_backward(g.view(), Some(&active));
+                zero_non_finite(&mut g);
                 // Box-aware linearisation: a coordinate at a bound the step would push outward cannot move.
                 ndarray::Zip::from(&mut g).and(&xs).for_each(|gv, &a| {
                     if (a <= lo && *gv < 0.0) || (a >= hi && *gv > 0.0) {
@@ -250,9 +254,8 @@ impl Attack for DeepFool {
             }
             let mut stuck = Vec::new();
             for (r, &i) in active.iter().enumerate() {
-                grads[i] += ncand as u64;
                 let (dist, w) = &best[r];
-                if !dist.is_finite() {
+                if !dist.is_finite() || w.iter().all(|&v| v == 0.0) {
                     stuck.push(i);
                     continue;
                 }
@@ -275,9 +278,9 @@ impl Attack for DeepFool {
                     }
                 }
             }
-            // A zero gradient for every candidate: nothing to follow.
+            // A zero (or non-finite) gradient for every candidate: nothing to follow.
             active.retain(|i| !stuck.contains(i));
         }
-        AttackResult::evaluate(model, x, unrows(adv, &shape), labels, resolved, grads, queries)
+        Ok(p.unrows(adv))
     }
 }

@@ -14,12 +14,12 @@
 
 use std::ops::Range;
 
-use armoury::attack::{resolve_goal, AttackResult};
-use armoury::{Attack, Classifier, Goal, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Norm, Problem};
+use armoury::{Result, Tensor};
 use ndarray::{Array2, Axis};
 
-use crate::budget::{check_positive, rows, unrows};
-use crate::cw::{check_count, check_kappa, cw_loss, goal_classes, subset_gradient, subset_logits, succeeds, Search};
+use crate::budget::check_positive;
+use crate::cw::{check_count, check_kappa, cw_loss, start, subset_gradient, subset_logits, succeeds, Search, Start};
 
 /// Which distance picks EAD's best adversarial example.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Default for ElasticNet {
 }
 
 impl ElasticNet {
-    fn validate(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         check_positive("ead", "c", self.c)?;
         check_positive("ead", "lr", self.lr)?;
         if !self.beta.is_finite() || self.beta < 0.0 {
@@ -101,7 +101,7 @@ fn shrink(z: f32, x: f32, beta: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
-impl Attack for ElasticNet {
+impl Algorithm for ElasticNet {
     fn name(&self) -> String {
         format!(
             "EAD-{}(beta={}, c={}, kappa={}, steps={}, search={})",
@@ -117,34 +117,29 @@ impl Attack for ElasticNet {
         )
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        _seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let shape = x.shape().to_vec();
-        let (lo, hi) = model.bounds();
-        let x2 = rows(x);
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    /// EAD minimises the elastic-net distance; its L1 part is the norm it reports and sweeps.
+    fn budget(&self) -> Budget {
+        Budget::Minimal { norm: Norm::L1 }
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.check()
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        let (lo, hi) = p.bounds();
+        let Start { x2, classes, targeted, already } = start(p, self.kappa)?;
         let n = x2.nrows();
-        let classes = goal_classes(&goal, labels);
-        let targeted = goal.is_targeted();
-        let clean = model.logits(x)?;
-        let already: Vec<bool> = (0..n)
-            .map(|i| succeeds(clean.row(i).as_slice().expect("rows"), classes[i], targeted, self.kappa))
-            .collect();
         let idx: Vec<usize> = (0..n).filter(|&i| !already[i]).collect();
         let mut best = x2.clone();
         let mut best_dist = vec![f64::INFINITY; n];
         let mut search = vec![Search::new(self.c); n];
-        let mut grads = vec![0u64; n];
-        let mut queries = vec![1u64; n];
         if idx.is_empty() {
-            return AttackResult::evaluate(model, x, unrows(best, &shape), labels, goal, grads, queries);
+            return Ok(p.unrows(best));
         }
         let xs = x2.select(Axis(0), &idx);
         for _ in 0..self.binary_search_steps {
@@ -158,8 +153,8 @@ impl Attack for ElasticNet {
             let mut found = vec![false; idx.len()];
             for k in 0..self.steps {
                 let lr = self.lr * (1.0 - k as f32 / self.steps as f32).sqrt();
-                let (_, g, _) = subset_gradient(model, &yk, &shape, &f)?;
-                let g = rows(&g);
+                let met = |r: usize, z: &[f32]| succeeds(z, classes[idx[r]], targeted, self.kappa);
+                let (_, g, _) = subset_gradient(p, &yk, &idx, &f, Some(&met))?;
                 let mut next = Array2::<f32>::zeros(xs.dim());
                 ndarray::Zip::from(&mut next).and(&yk).and(&g).and(&xs).for_each(|o, &y, &gv, &x0| {
                     // ∇ of c·f + ‖y − x‖₂²
@@ -169,10 +164,8 @@ impl Attack for ElasticNet {
                 let mom = k as f32 / (k as f32 + 3.0);
                 yk = &next + &((&next - &xk) * mom);
                 xk = next;
-                let z = subset_logits(model, &xk, &shape)?;
+                let z = subset_logits(p, &xk, &idx)?;
                 for (r, &i) in idx.iter().enumerate() {
-                    grads[i] += 1;
-                    queries[i] += 2;
                     if !succeeds(z.row(r).as_slice().expect("rows"), classes[i], targeted, self.kappa) {
                         continue;
                     }
@@ -197,6 +190,6 @@ impl Attack for ElasticNet {
                 search[i].update(found[r]);
             }
         }
-        AttackResult::evaluate(model, x, unrows(best, &shape), labels, goal, grads, queries)
+        Ok(p.unrows(best))
     }
 }

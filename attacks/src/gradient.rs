@@ -1,22 +1,39 @@
-//! The iterative gradient family as one template over a norm (Foolbox's design): random start, a normalised
+//! The iterative gradient family as one algorithm over a norm (Foolbox's design): random start, a normalised
 //! ascent step, projection onto the ε-ball and the input box. FGSM/FGM are one full step from the clean input;
-//! BIM, PGD, MI-FGSM, DI²-FGSM, M-DI²-FGSM, VMI-FGSM and VNI-FGSM are settings of the same loop.
+//! BIM, PGD, MI-FGSM, DI²-FGSM, M-DI²-FGSM, VMI-FGSM and VNI-FGSM are settings of the same loop. Each runs behind
+//! the attack template ([`armoury::attack::template`]), which validates, resolves the goal, enforces the budget
+//! exactly, re-evaluates success, counts the work and sweeps ε with successes carried forward.
 //!
-//! Where MindArmour differs (SPEC §5) Armoury follows the papers: FGM-L∞ uses sign(∇) (not ∇/max|∇|); PGD has a
-//! random start, honours targets and projects onto L2/L1 balls; MI-FGSM normalises by ‖∇‖₁ (Dong et al. 2018);
-//! DI² really applies its input transform; VMI/VNI use the paper's ‖·‖₁ normaliser.
+//! Where the references differ, Armoury follows the papers:
+//! - FGM-L∞ uses sign(∇) (Goodfellow et al. 2015; MindArmour normalises by max|∇|); FGM-L2 is ε·∇/‖∇‖₂ and FGM-L1
+//!   ε·∇/‖∇‖₁, as ART and Foolbox compute them.
+//! - PGD (Madry et al. 2018) has a random start, honours targets and projects onto L2/L1 balls (MindArmour's PGD
+//!   does neither). With `keep_success` (PGD's presets) a sample whose last iterate is not adversarial returns
+//!   its latest iterate that was (AutoAttack's `x_best_adv`), so robust accuracy never rises with the step count,
+//!   while the ascent itself runs on unchanged (Madry's adversarial training still gets its loss-maximising last
+//!   iterate wherever that one fools the model); FGSM, BIM and the momentum/diversity/variance presets return the
+//!   last iterate like torchattacks, whose images they reproduce.
+//! - PGD-L1 is the sparse L1 descent of Tramèr & Boneh (2019) as Foolbox's `SparseL1DescentAttack` writes it
+//!   (gradient entries that push a pixel at the box edge outward are dropped before the top-q coordinates are
+//!   chosen), with the exact Euclidean projection onto the intersection of the L1 ball and the box (as the L1
+//!   APGD of Croce & Hein 2021 does) instead of Foolbox's ball projection followed by clipping.
+//! - MI-FGSM accumulates ∇/‖∇‖₁ (Dong et al. 2018). VMI/VNI-FGSM (Wang & He 2021) look ahead by α·μ·g with g the
+//!   accumulator of ∇/mean|∇| — the authors' code and torchattacks divide by the *mean* absolute value, so each
+//!   pixel looks ahead by about α·μ; a sign step cannot tell the two normalisers apart, so MI and VMI only use it
+//!   for the look-ahead.
+//! - DI²-FGSM (Xie et al. 2019) really applies its input transform, through [`armoury::Classifier::gradient_through`].
 
-use armoury::attack::{resolve_goal, Access, Algorithm, AttackResult, Budget, Problem, Resolved};
-use armoury::{Attack, Classifier, Goal, Result, Tensor};
-use ndarray::{Array2, Axis, Zip};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use std::ops::Range;
 
-use crate::budget::{
-    check_positive, enforce, project_row, random_in_ball, row_seeds, rows, steepest, steepest_row, unrows, Epsilon,
-    Norm,
-};
-use crate::losses::Loss;
+use armoury::attack::{Access, Algorithm, Budget, Goal, Problem};
+use armoury::classifier::argmax_rows;
+use armoury::{Result, Tensor};
+use ndarray::{Array2, ArrayView1, Axis, Zip};
+use rand::Rng;
+
+use crate::budget::{check_positive, project_row, random_in_ball, row_seeds, rows, unrows, Epsilon, Norm};
+use crate::l1_box::project_l1_box;
+use crate::losses::{succeeded, zero_non_finite, Loss};
 
 /// DI² input diversity (Xie et al. 2019): with probability `prob`, resize each image to a random r×r with
 /// r ∈ [⌊rate·H⌋, H) (nearest neighbour) and pad it back to H×W at a random offset, before the gradient.
@@ -51,6 +68,10 @@ impl Default for VarianceTuning {
 }
 
 /// Projected gradient ascent on a loss, the template of the whole gradient family.
+///
+/// A run costs `steps · (1 + variance samples) · restarts` gradients per sample (and, with `restarts` > 1, one
+/// forward per restart to keep each sample's worst case). At a budget ε other than the configured one (a sweep)
+/// the step size keeps its ratio to ε.
 #[derive(Clone, Debug)]
 pub struct Pgd {
     /// The budget's norm; also the step's normalisation (sign for L∞, ∇/‖∇‖₂ for L2, sparse for L1).
@@ -69,20 +90,24 @@ pub struct Pgd {
     pub loss: Loss,
     /// Momentum decay μ (MI-FGSM: g ← μg + ∇/‖∇‖₁).
     pub momentum: Option<f32>,
-    /// Nesterov look-ahead x + α·μ·g for the gradient (NI/VNI-FGSM).
+    /// Nesterov look-ahead x + α·μ·g for the gradient (NI/VNI-FGSM; g accumulates ∇/mean|∇|).
     pub nesterov: bool,
     /// DI² input diversity.
     pub diversity: Option<Diversity>,
     /// VMI/VNI variance tuning.
     pub variance: Option<VarianceTuning>,
-    /// L1 steps move the coordinates at or above this quantile of |∇| (Tramèr & Boneh 2019).
+    /// L1 steps move the coordinates at or above this quantile of |∇| (Tramèr & Boneh 2019); 0 is the dense
+    /// step ∇/‖∇‖₁ (FGM-L1).
     pub l1_quantile: f32,
+    /// Where the last iterate is not adversarial, return the sample's latest iterate that was (each iterate at
+    /// which a gradient is taken is judged by that gradient's forward pass; the last one by one more forward).
+    pub keep_success: bool,
     /// The name reported (FGSM, BIM, PGD, …).
     pub label: &'static str,
 }
 
 impl Pgd {
-    /// PGD-L∞ (Madry et al. 2018): 40 steps of ε/4 from a random start.
+    /// PGD-L∞ (Madry et al. 2018): 40 steps of ε/4 from a random start; each sample keeps its first success.
     pub fn linf(eps: f32) -> Pgd {
         Pgd {
             norm: Norm::Linf,
@@ -97,6 +122,7 @@ impl Pgd {
             diversity: None,
             variance: None,
             l1_quantile: 0.99,
+            keep_success: true,
             label: "PGD",
         }
     }
@@ -106,14 +132,15 @@ impl Pgd {
         Pgd { norm: Norm::L2, ..Pgd::linf(eps) }
     }
 
-    /// PGD-L1 with sparse steepest-ascent steps (Tramèr & Boneh 2019) and exact projection onto the L1 ball.
+    /// PGD-L1 with sparse steepest-ascent steps (Tramèr & Boneh 2019) and the exact projection onto the
+    /// intersection of the L1 ball and the box.
     pub fn l1(eps: f32) -> Pgd {
         Pgd { norm: Norm::L1, ..Pgd::linf(eps) }
     }
 
     /// FGSM (Goodfellow et al. 2015): x + ε·sign(∇), one full step, no random start.
     pub fn fgsm(eps: f32) -> Pgd {
-        Pgd { steps: 1, step_size: eps, random_start: false, label: "FGSM", ..Pgd::linf(eps) }
+        Pgd { steps: 1, step_size: eps, random_start: false, keep_success: false, label: "FGSM", ..Pgd::linf(eps) }
     }
 
     /// FGM with L1, L2 or L∞ normalisation: x + ε·∇/‖∇‖₁, ε·∇/‖∇‖₂ or ε·sign(∇).
@@ -123,7 +150,7 @@ impl Pgd {
 
     /// BIM / I-FGSM (Kurakin et al. 2017): `steps` sign steps of `alpha` from the clean input, clipped to ε.
     pub fn bim(eps: f32, alpha: f32, steps: usize) -> Pgd {
-        Pgd { step_size: alpha, steps, random_start: false, label: "BIM", ..Pgd::linf(eps) }
+        Pgd { step_size: alpha, steps, random_start: false, keep_success: false, label: "BIM", ..Pgd::linf(eps) }
     }
 
     /// MI-FGSM (Dong et al. 2018): momentum μ = 1 on L1-normalised gradients, 10 steps of ε/10.
@@ -136,7 +163,7 @@ impl Pgd {
         Pgd { diversity: Some(Diversity::default()), label: "DI2-FGSM", ..Pgd::bim(eps, eps / 10.0, 10) }
     }
 
-    /// M-DI²-FGSM: MI-FGSM with input diversity.
+    /// M-DI²-FGSM (Xie et al. 2019): MI-FGSM with input diversity.
     pub fn m_di_fgsm(eps: f32) -> Pgd {
         Pgd { diversity: Some(Diversity::default()), label: "M-DI2-FGSM", ..Pgd::mi_fgsm(eps) }
     }
@@ -146,93 +173,75 @@ impl Pgd {
         Pgd { variance: Some(VarianceTuning::default()), label: "VMI-FGSM", ..Pgd::mi_fgsm(eps) }
     }
 
-    /// VNI-FGSM: VMI-FGSM with the Nesterov look-ahead.
+    /// VNI-FGSM (Wang & He 2021): VMI-FGSM with the Nesterov look-ahead.
     pub fn vni_fgsm(eps: f32) -> Pgd {
         Pgd { nesterov: true, label: "VNI-FGSM", ..Pgd::vmi_fgsm(eps) }
     }
 
-    fn validate(&self) -> Result<()> {
-        if self.steps > 0 {
-            check_positive("pgd", "step size", self.step_size)?;
-        }
-        if self.restarts == 0 {
-            return Err(armoury::Error::invalid("pgd", "restarts must be at least 1"));
-        }
-        if let Some(m) = self.momentum {
-            if !(m.is_finite() && m >= 0.0) {
-                return Err(armoury::Error::invalid("pgd", format!("momentum {m} must be ≥ 0")));
-            }
-        }
-        if let Some(d) = self.diversity {
-            if !((0.0..=1.0).contains(&d.prob) && d.resize_rate > 0.0 && d.resize_rate <= 1.0) {
-                return Err(armoury::Error::invalid("pgd", format!("bad input diversity {d:?}")));
-            }
-        }
-        if let Some(v) = self.variance {
-            if v.samples == 0 || v.beta.is_nan() || v.beta < 0.0 {
-                return Err(armoury::Error::invalid("pgd", format!("bad variance tuning {v:?}")));
-            }
-        }
-        if !(0.0..1.0).contains(&self.l1_quantile) {
-            return Err(armoury::Error::invalid("pgd", format!("l1 quantile {} must be in [0, 1)", self.l1_quantile)));
-        }
-        Ok(())
+    /// The step size of each sample: the configured one, scaled with ε when the budget is not the configured ε.
+    fn step_sizes(&self, eps: &[f32]) -> Vec<f32> {
+        eps.iter()
+            .map(|&e| match self.eps {
+                Epsilon::Scalar(b) if b > 0.0 && e != b => (self.step_size * (e / b)).max(f32::MIN_POSITIVE),
+                _ => self.step_size,
+            })
+            .collect()
     }
 
-    fn gradients_per_run(&self) -> u64 {
-        self.steps as u64 * (1 + self.variance.map_or(0, |v| v.samples as u64))
+    fn is_single_step(&self) -> bool {
+        self.steps == 1
+            && !self.random_start
+            && self.diversity.is_none()
+            && self.variance.is_none()
+            && self.restarts == 1
+            && matches!(self.eps, Epsilon::Scalar(e) if e == self.step_size)
     }
 }
 
-/// What [`Pgd::attack_eps`] produced: a full result, or only the adversarial inputs.
-enum Evaluated {
-    Full(AttackResult),
-    Skipped(Tensor),
-}
-
-/// ∂objective/∂x for the rows of `x2` (shape `shape`), with the DI² transform applied when `div` is given.
-struct Ctx<'a> {
-    model: &'a dyn Classifier,
-    shape: Vec<usize>,
-    labels: &'a [usize],
-    goal: &'a Resolved,
+/// ∂objective/∂x of a problem's rows, through the problem (counted, faults noted, non-finite entries zeroed).
+struct Ctx<'a, 'p> {
+    p: &'a Problem<'p>,
     loss: Loss,
-    seed: u64,
 }
 
-impl Ctx<'_> {
-    fn grad(&self, x2: &Array2<f32>, div: Option<(Diversity, &[u64], u64)>) -> Result<Array2<f32>> {
+/// A gradient and the logits of the forward pass it came from.
+struct Grad {
+    g: Array2<f32>,
+    logits: Array2<f32>,
+}
+
+impl Ctx<'_, '_> {
+    fn grad(&self, x2: &Array2<f32>, div: Option<(Diversity, &[u64], u64)>) -> Result<Grad> {
         Ok(self.grad_owned(x2.clone(), div)?.1)
     }
 
     /// [`Ctx::grad`] of an iterate the caller gives up and gets back: the rows travel into the classifier and
     /// back without a copy (as does the gradient).
-    fn grad_owned(&self, x2: Array2<f32>, div: Option<(Diversity, &[u64], u64)>) -> Result<(Array2<f32>, Array2<f32>)> {
-        let n = x2.nrows();
-        let x = unrows(x2, &self.shape);
-        let g = match div {
-            None => {
-                let f = |z: &Tensor, r: std::ops::Range<usize>| self.loss.objective(z, r, self.labels, self.goal);
-                self.model.gradient(&x, &f)?.1
-            }
-            Some((d, seeds, step)) => {
-                let n = self.shape[0];
-                let xv = x.variable();
-                let xin = diversify(&xv, d, seeds, step)?;
-                let z = self.model.forward(&xin)?;
-                let obj = self.loss.objective(&z, 0..n, self.labels, self.goal)?;
-                self.model.counters().add_forward(n);
-                self.model.counters().add_backward(n);
-                obj.grad_wrt(&[&xv])?.pop().expect("one target")
-            }
-        };
+    fn grad_owned(&self, x2: Array2<f32>, div: Option<(Diversity, &[u64], u64)>) -> Result<(Array2<f32>, Grad)> {
+        let (p, n) = (self.p, x2.nrows());
+        let x = unrows(x2, p.x.shape());
+        let f = |z: &Tensor, r: Range<usize>| self.loss.objective(z, r, p.labels, p.goal);
         let back = |t: Tensor| {
             let a = t.into_array();
             let d = a.len() / n.max(1);
             a.into_shape_with_order((n, d)).expect("N·D elements")
         };
-        let g = if g.value().is_standard_layout() { back(g) } else { rows(&g) };
-        Ok((back(x), g))
+        let (g, logits) = match div {
+            None => {
+                let (_, g, z) = p.gradient(&x, None, &f)?;
+                (if g.value().is_standard_layout() { back(g) } else { rows(&g) }, z)
+            }
+            Some((d, seeds, step)) => {
+                let t = |xv: &Tensor, r: Range<usize>| diversify(xv, d, &seeds[r], step);
+                let (_, g, z) = p.model.gradient_through(&x, &t, &f)?;
+                let g = rows(&g);
+                p.note_gradient(g.view(), None);
+                (g, z)
+            }
+        };
+        let mut g = g;
+        zero_non_finite(&mut g);
+        Ok((back(x), Grad { g, logits }))
     }
 }
 
@@ -241,7 +250,7 @@ fn diversify(x: &Tensor, d: Diversity, seeds: &[u64], step: u64) -> Result<Tenso
     let (n, _, h, w) = x.dims4("input diversity")?;
     let mut parts = Vec::with_capacity(n);
     for (i, &s) in seeds.iter().enumerate().take(n) {
-        let mut rng = ChaCha8Rng::seed_from_u64(s ^ step.wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let mut rng = armoury::seed::rng(s ^ step.wrapping_mul(0xD1B5_4A32_D192_ED03));
         let xi = x.narrow(0, i, 1)?;
         let lo = ((d.resize_rate * h.min(w) as f32).floor() as usize).max(1);
         if rng.random::<f32>() >= d.prob || lo >= h.min(w) {
@@ -274,13 +283,39 @@ fn clip(a: &mut Array2<f32>, (lo, hi): (f32, f32)) {
     a.mapv_inplace(|v| v.clamp(lo, hi));
 }
 
+/// The steepest-ascent direction of unit size in `norm` of gradient row `g` at the point `a`: sign(g) (L∞),
+/// g/‖g‖₂ (L2), g/‖g‖₁ (L1 with quantile 0), or Foolbox's sparse L1 direction: entries that push a coordinate at
+/// the box edge outward dropped, then sign(g) on the coordinates at or above the `q`-quantile of |g|, divided by
+/// their count.
+fn direction(g: &mut [f32], a: &[f32], norm: Norm, q: f32, (lo, hi): (f32, f32)) {
+    match norm {
+        Norm::L1 if q == 0.0 => {
+            let n: f64 = g.iter().map(|v| (*v as f64).abs()).sum();
+            if n > 0.0 {
+                g.iter_mut().for_each(|v| *v = (*v as f64 / n) as f32);
+            }
+        }
+        Norm::L1 => {
+            g.iter_mut().zip(a).for_each(|(v, &x)| {
+                if (x <= lo && *v < 0.0) || (x >= hi && *v > 0.0) {
+                    *v = 0.0;
+                }
+            });
+            crate::budget::steepest_row(g, norm, q);
+        }
+        _ => crate::budget::steepest_row(g, norm, q),
+    }
+}
+
 impl Pgd {
-    /// One run from restart stream `r`: the final adversarial rows.
-    fn run_once(&self, ctx: &Ctx, x2: &Array2<f32>, eps: &[f32], r: usize) -> Result<Array2<f32>> {
-        let bounds = ctx.model.bounds();
+    /// One run from restart stream `r`: the final rows (with `keep_success`, a sample's latest success if the final
+    /// row is not one).
+    fn run_once(&self, ctx: &Ctx, x2: &Array2<f32>, eps: &[f32], alpha: &[f32], r: usize) -> Result<Array2<f32>> {
+        let p = ctx.p;
+        let bounds = p.bounds();
         let (n, d) = x2.dim();
-        let seeds = row_seeds(x2, ctx.seed, r as u64);
-        // Zero steps is the identity (SPEC §4.2): no random start without a step after it.
+        let seeds = row_seeds(x2, p.seed, r as u64);
+        // Zero steps is the identity: no random start without a step after it.
         let delta = if self.random_start && self.steps > 0 {
             random_in_ball(n, d, self.norm, eps, &seeds)
         } else {
@@ -291,24 +326,31 @@ impl Pgd {
         let mut g_acc = Array2::<f32>::zeros((n, d));
         let mut variance = Array2::<f32>::zeros((n, d));
         let mu = self.momentum.unwrap_or(0.0);
+        let mut kept: Option<(Array2<f32>, Vec<bool>)> = self.keep_success.then(|| (x2.clone(), vec![false; n]));
         for t in 0..self.steps {
-            let nesterov_look;
-            let look = if self.nesterov {
-                let mut l = &adv + &(&g_acc * (self.step_size * mu));
-                clip(&mut l, bounds);
-                nesterov_look = l;
-                &nesterov_look
-            } else {
-                &adv
-            };
             let div = self.diversity.map(|dv| (dv, seeds.as_slice(), t as u64));
             let grad = if self.nesterov {
-                ctx.grad(look, div)?
+                // g_acc sums ∇/‖∇‖₁; the look-ahead uses the paper's ∇/mean|∇|, which is d times that.
+                let mut look = adv.clone();
+                for ((mut l, g), &a) in look.rows_mut().into_iter().zip(g_acc.rows()).zip(alpha) {
+                    l.zip_mut_with(&g, |lv, &gv| *lv += gv * (a * mu * d as f32));
+                }
+                clip(&mut look, bounds);
+                ctx.grad(&look, div)?
             } else {
                 let (back, grad) = ctx.grad_owned(std::mem::take(&mut adv), div)?;
                 adv = back;
                 grad
             };
+            if let Some(kept) = kept.as_mut() {
+                let at_adv = !self.nesterov && self.diversity.is_none();
+                let preds = match at_adv {
+                    true => argmax_rows(&grad.logits),
+                    false => argmax_rows(&p.logits(&p.unrows(adv.clone()), None)?),
+                };
+                keep(p, kept, &adv, &preds);
+            }
+            let grad = grad.g;
             let mut dir = match self.variance {
                 None => grad,
                 Some(v) => {
@@ -323,7 +365,7 @@ impl Pgd {
                             .collect();
                         let mut xn = &adv + &random_in_ball(n, d, Norm::Linf, &radius, &ks);
                         clip(&mut xn, bounds);
-                        acc += &ctx.grad(&xn, None)?;
+                        acc += &ctx.grad(&xn, None)?.g;
                     }
                     variance = acc / v.samples as f32 - &grad;
                     dir
@@ -333,80 +375,69 @@ impl Pgd {
                 g_acc = &g_acc * mu + &l1_normalise(&dir);
                 dir = g_acc.clone();
             }
-            // One pass per row: steepest direction, step, projection onto the ball, clip to the bounds.
-            let (alpha, norm, q) = (self.step_size, self.norm, self.l1_quantile);
-            Zip::from(adv.rows_mut())
-                .and(x2.rows())
-                .and(dir.rows_mut())
-                .and(&ndarray::ArrayView1::from(eps))
-                .par_for_each(|mut a, xr, mut s, &e| {
-                    let (a, s) = (a.as_slice_mut().expect("rows"), s.as_slice_mut().expect("rows"));
-                    let xr = xr.as_slice().expect("rows");
-                    steepest_row(s, norm, q);
-                    for ((av, &xv), &sv) in a.iter_mut().zip(xr).zip(s.iter()) {
-                        *av = *av - xv + alpha * sv;
-                    }
-                    project_row(a, norm, e);
-                    for (av, &xv) in a.iter_mut().zip(xr) {
-                        *av = (xv + *av).clamp(bounds.0, bounds.1);
-                    }
-                });
+            self.step(&mut adv, x2, &mut dir, (eps, alpha), bounds);
         }
-        enforce(x2, &mut adv, self.norm, eps, bounds);
-        Ok(adv)
-    }
-
-    /// The attack at the given per-sample budgets.
-    fn run_eps(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Resolved,
-        eps: &[f32],
-        seed: u64,
-    ) -> Result<AttackResult> {
-        match self.attack_eps(model, x, labels, goal, eps, true, seed)? {
-            Evaluated::Full(r) => Ok(r),
-            Evaluated::Skipped(_) => unreachable!("evaluation was asked for"),
+        crate::budget::enforce(x2, &mut adv, self.norm, eps, bounds);
+        match kept {
+            Some(kept) => last_or_kept(p, adv, kept),
+            None => Ok(adv),
         }
     }
 
-    /// The attack at the given budgets; with `evaluate` false only the adversarial inputs (no success forward).
-    #[allow(clippy::too_many_arguments)] // transitional: goes with the move onto the attack template
-    fn attack_eps(
+    /// One pass per row: steepest direction, step, projection onto the ball (for L1 onto the ball and the box),
+    /// clip to the bounds.
+    fn step(
         &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Resolved,
-        eps: &[f32],
-        evaluate: bool,
-        seed: u64,
-    ) -> Result<Evaluated> {
-        let shape = x.shape().to_vec();
-        let x2 = rows(x);
-        let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss, seed };
+        adv: &mut Array2<f32>,
+        x2: &Array2<f32>,
+        dir: &mut Array2<f32>,
+        budget: (&[f32], &[f32]),
+        bounds: (f32, f32),
+    ) {
+        let (eps, alpha) = budget;
+        let (norm, q) = (self.norm, self.l1_quantile);
+        Zip::from(adv.rows_mut())
+            .and(x2.rows())
+            .and(dir.rows_mut())
+            .and(&ArrayView1::from(eps))
+            .and(&ArrayView1::from(alpha))
+            .par_for_each(|mut a, xr, mut s, &e, &al| {
+                let (a, s) = (a.as_slice_mut().expect("rows"), s.as_slice_mut().expect("rows"));
+                let xr = xr.as_slice().expect("rows");
+                direction(s, a, norm, q, bounds);
+                for ((av, &xv), &sv) in a.iter_mut().zip(xr).zip(s.iter()) {
+                    *av = *av - xv + al * sv;
+                }
+                match norm {
+                    Norm::L1 => project_l1_box(a, xr, e, bounds),
+                    _ => project_row(a, norm, e),
+                }
+                for (av, &xv) in a.iter_mut().zip(xr) {
+                    *av = (xv + *av).clamp(bounds.0, bounds.1);
+                }
+            });
+    }
+
+    /// The restarts, each sample keeping its worst case: a success, else the highest objective.
+    fn restarts(&self, p: &Problem<'_>) -> Result<Array2<f32>> {
+        let x2 = p.rows();
+        let n = p.len();
+        let alpha = self.step_sizes(p.eps);
+        let ctx = Ctx { p, loss: self.loss };
         let mut best: Option<(Array2<f32>, Vec<bool>, Vec<f32>)> = None;
         for r in 0..self.restarts {
-            let adv = self.run_once(&ctx, &x2, eps, r)?;
+            let adv = self.run_once(&ctx, &x2, p.eps, &alpha, r)?;
             if self.restarts == 1 {
-                best = Some((adv, vec![], vec![]));
-                break;
+                return Ok(adv);
             }
-            // Keep each sample's worst case: a success, else the highest objective.
-            let t = unrows(adv.clone(), &shape);
-            let z = model.logits(&t)?;
-            let preds = armoury::classifier::argmax_rows(&z);
-            let ok: Vec<bool> = preds.iter().enumerate().map(|(i, &p)| goal.is_success(i, labels[i], p)).collect();
-            let zt = Tensor::new(z.into_dyn());
-            let obj = self.loss.objective(&zt, 0..labels.len(), labels, goal)?.to_vec();
+            let z = p.logits(&p.unrows(adv.clone()), None)?;
+            let ok: Vec<bool> = argmax_rows(&z).iter().enumerate().map(|(i, &c)| succeeded(p, i, c)).collect();
+            let obj = self.loss.objective(&Tensor::new(z.into_dyn()), 0..n, p.labels, p.goal)?.to_vec();
             best = Some(match best {
                 None => (adv, ok, obj),
                 Some((mut b, mut bok, mut bobj)) => {
-                    for i in 0..labels.len() {
-                        let better = (ok[i] && !bok[i]) || (ok[i] == bok[i] && obj[i] > bobj[i]);
-                        if better {
+                    for i in 0..n {
+                        if (ok[i] && !bok[i]) || (ok[i] == bok[i] && obj[i] > bobj[i]) {
                             b.row_mut(i).assign(&adv.row(i));
                             bok[i] = ok[i];
                             bobj[i] = obj[i];
@@ -416,51 +447,61 @@ impl Pgd {
                 }
             });
         }
-        let adv = best.expect("at least one restart").0;
-        if !evaluate {
-            return Ok(Evaluated::Skipped(unrows(adv, &shape)));
-        }
-        let n = labels.len();
-        let grads = vec![self.gradients_per_run() * self.restarts as u64; n];
-        let queries = grads.clone();
-        AttackResult::evaluate(model, x, unrows(adv, &shape), labels, goal.clone(), grads, queries).map(Evaluated::Full)
+        best.map(|b| b.0).ok_or_else(|| armoury::Error::invalid("pgd", "restarts must be at least 1"))
     }
 
-    /// A single gradient step reused for every budget (FGSM/FGM sweeps need one gradient, not one per ε).
-    fn single_step_sweep(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Resolved,
-        eps: &[f32],
-        seed: u64,
-    ) -> Result<Vec<AttackResult>> {
-        let shape = x.shape().to_vec();
-        let x2 = rows(x);
-        let ctx = Ctx { model, shape: shape.clone(), labels, goal, loss: self.loss, seed };
-        let dir = steepest(&ctx.grad(&x2, None)?, self.norm, self.l1_quantile);
-        let n = labels.len();
+    /// One gradient for every budget (FGSM/FGM sweeps need one gradient, not one per ε).
+    fn single_step_sweep(&self, p: &Problem<'_>, eps: &[f32]) -> Result<Vec<Tensor>> {
+        let x2 = p.rows();
+        let bounds = p.bounds();
+        let grad = Ctx { p, loss: self.loss }.grad(&x2, None)?;
+        let clean =
+            (x2.clone(), argmax_rows(&grad.logits).iter().enumerate().map(|(i, &c)| succeeded(p, i, c)).collect());
+        let mut dir = grad.g;
+        for (mut s, a) in dir.rows_mut().into_iter().zip(x2.rows()) {
+            direction(
+                s.as_slice_mut().expect("rows"),
+                a.as_slice().expect("rows"),
+                self.norm,
+                self.l1_quantile,
+                bounds,
+            );
+        }
         eps.iter()
             .map(|&e| {
-                let ev = vec![e; n];
-                let mut adv = &x2 + &(&dir * e);
-                enforce(&x2, &mut adv, self.norm, &ev, model.bounds());
-                AttackResult::evaluate(model, x, unrows(adv, &shape), labels, goal.clone(), vec![1; n], vec![1; n])
+                let adv = &x2 + &(&dir * e);
+                let adv = if self.keep_success { last_or_kept(p, adv, clean.clone())? } else { adv };
+                Ok(p.unrows(adv))
             })
             .collect()
     }
+}
 
-    fn is_single_step(&self) -> bool {
-        self.steps == 1
-            && !self.random_start
-            && self.diversity.is_none()
-            && self.variance.is_none()
-            && self.restarts == 1
+/// Records the rows of `adv` whose predictions `preds` fulfil the goal as the samples' latest successes.
+fn keep(p: &Problem<'_>, (rows, found): &mut (Array2<f32>, Vec<bool>), adv: &Array2<f32>, preds: &[usize]) {
+    for (i, &c) in preds.iter().enumerate() {
+        if succeeded(p, i, c) {
+            rows.row_mut(i).assign(&adv.row(i));
+            found[i] = true;
+        }
     }
 }
 
-impl Attack for Pgd {
+/// `adv`, with each row that is not adversarial (one counted forward) replaced by the sample's kept success.
+fn last_or_kept(p: &Problem<'_>, mut adv: Array2<f32>, (rows, found): (Array2<f32>, Vec<bool>)) -> Result<Array2<f32>> {
+    if !found.iter().any(|&f| f) {
+        return Ok(adv);
+    }
+    let preds = argmax_rows(&p.logits(&p.unrows(adv.clone()), None)?);
+    for (i, &c) in preds.iter().enumerate() {
+        if found[i] && !succeeded(p, i, c) {
+            adv.row_mut(i).assign(&rows.row(i));
+        }
+    }
+    Ok(adv)
+}
+
+impl Algorithm for Pgd {
     fn name(&self) -> String {
         format!(
             "{}-{}(eps={}, step={}, steps={})",
@@ -472,69 +513,48 @@ impl Attack for Pgd {
         )
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let eps = self.eps.resolve(labels.len())?;
-        self.run_eps(model, x, labels, &goal, &eps, seed)
+    fn access(&self) -> Access {
+        Access::Gradients
     }
 
-    /// The adversarial inputs without the success forward pass and the norms.
-    fn generate(&self, model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal, seed: u64) -> Result<Tensor> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let eps = self.eps.resolve(labels.len())?;
-        match self.attack_eps(model, x, labels, &goal, &eps, false, seed)? {
-            Evaluated::Skipped(t) => Ok(t),
-            Evaluated::Full(r) => Ok(r.adversarial),
-        }
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: self.norm, eps: self.eps.clone() }
     }
 
-    fn sweep(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        eps: &[f32],
-        seed: u64,
-    ) -> Result<Vec<AttackResult>> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        for &e in eps {
-            Epsilon::Scalar(e).resolve(1)?;
+    fn validate(&self) -> Result<()> {
+        if self.steps > 0 {
+            check_positive("pgd", "step size", self.step_size)?;
         }
-        if self.is_single_step() && (self.step_size == self.eps_scalar().unwrap_or(f32::NAN)) {
-            return self.single_step_sweep(model, x, labels, &goal, eps, seed);
+        if self.restarts == 0 {
+            return Err(armoury::Error::invalid("pgd", "restarts must be at least 1"));
         }
-        eps.iter()
-            .map(|&e| {
-                // The step scales with ε, as the configured step did with the configured ε.
-                let scale = self.eps_scalar().filter(|&b| b > 0.0).map_or(1.0, |b| e / b);
-                let cfg = Pgd {
-                    eps: Epsilon::Scalar(e),
-                    step_size: (self.step_size * scale).max(f32::MIN_POSITIVE),
-                    ..self.clone()
-                };
-                cfg.run_eps(model, x, labels, &goal, &vec![e; labels.len()], seed)
-            })
-            .collect()
+        if let Some(m) = self.momentum {
+            if !(m.is_finite() && m >= 0.0) {
+                return Err(armoury::Error::invalid("pgd", format!("momentum {m} must be ≥ 0")));
+            }
+        }
+        if let Some(d) = self.diversity {
+            if !((0.0..=1.0).contains(&d.prob) && d.resize_rate > 0.0 && d.resize_rate <= 1.0) {
+                return Err(armoury::Error::invalid("pgd", format!("bad input diversity {d:?}")));
+            }
+        }
+        if let Some(v) = self.variance {
+            if v.samples == 0 || v.beta.is_nan() || v.beta < 0.0 {
+                return Err(armoury::Error::invalid("pgd", format!("bad variance tuning {v:?}")));
+            }
+        }
+        if !(0.0..1.0).contains(&self.l1_quantile) {
+            return Err(armoury::Error::invalid("pgd", format!("l1 quantile {} must be in [0, 1)", self.l1_quantile)));
+        }
+        Ok(())
     }
-}
 
-impl Pgd {
-    fn eps_scalar(&self) -> Option<f32> {
-        match self.eps {
-            Epsilon::Scalar(e) => Some(e),
-            Epsilon::PerSample(_) => None,
-        }
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        Ok(p.unrows(self.restarts(p)?))
+    }
+
+    fn search_sweep(&self, p: &Problem<'_>, eps: &[f32]) -> Option<Result<Vec<Tensor>>> {
+        self.is_single_step().then(|| self.single_step_sweep(p, eps))
     }
 }
 
@@ -595,17 +615,8 @@ impl Algorithm for RFgsm {
             row.iter_mut().zip(xr).zip(&z).for_each(|((v, &xv), &g)| *v = xv + a * crate::budget::sign(g));
         }
         clip(&mut start, p.bounds());
-        let ctx = Ctx {
-            model: p.model,
-            shape: p.x.shape().to_vec(),
-            labels: p.labels,
-            goal: p.goal,
-            loss: self.loss,
-            seed: p.seed,
-        };
-        let g = ctx.grad(&start, None)?;
-        p.note_gradient(g.view(), None);
-        let mut dir = steepest(&g, Norm::Linf, 0.0);
+        let g = Ctx { p, loss: self.loss }.grad(&start, None)?.g;
+        let mut dir = crate::budget::steepest(&g, Norm::Linf, 0.0);
         for ((mut r, &e), &a) in dir.axis_iter_mut(Axis(0)).zip(p.eps).zip(&alpha) {
             r.mapv_inplace(|v| v * (e - a));
         }
@@ -624,31 +635,43 @@ pub struct Llc {
     pub random: bool,
 }
 
-impl Attack for Llc {
+impl Llc {
+    fn inner(&self) -> Box<dyn Algorithm> {
+        match self.random {
+            true => Box::new(RFgsm::new(self.eps)),
+            false => Box::new(Pgd::fgsm(self.eps)),
+        }
+    }
+}
+
+impl Algorithm for Llc {
     fn name(&self) -> String {
         format!("{}LLC(eps={})", if self.random { "R+" } else { "" }, self.eps)
     }
 
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Fixed { norm: Norm::Linf, eps: Epsilon::Scalar(self.eps) }
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.inner().validate()
+    }
+
     /// The goal argument is ignored: this attack always targets the least-likely class.
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        _goal: &Goal,
-        seed: u64,
-    ) -> Result<AttackResult> {
-        if self.random {
-            RFgsm { eps: self.eps, alpha: self.eps / 2.0, loss: Loss::CrossEntropy }.run(
-                model,
-                x,
-                labels,
-                &Goal::LeastLikely,
-                seed,
-            )
-        } else {
-            Pgd::fgsm(self.eps).run(model, x, labels, &Goal::LeastLikely, seed)
-        }
+    fn fixed_goal(&self) -> Option<Goal> {
+        Some(Goal::LeastLikely)
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        self.inner().search(p)
+    }
+
+    fn search_sweep(&self, p: &Problem<'_>, eps: &[f32]) -> Option<Result<Vec<Tensor>>> {
+        self.inner().search_sweep(p, eps)
     }
 }
 

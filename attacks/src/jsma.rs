@@ -16,13 +16,14 @@
 //! - Pairs are searched in O(D²) time and O(D) memory per sample (the D×D pair matrix is never built), in
 //!   parallel over samples; each sample's path depends on that sample alone.
 
-use armoury::attack::{resolve_goal, AttackResult, Resolved};
+use armoury::attack::{Access, Algorithm, Budget, Problem, Resolved};
 use armoury::classifier::argmax_rows;
-use armoury::{Attack, Classifier, Error, Goal, Result, Tensor};
+use armoury::{Error, Result, Tensor};
 use ndarray::{ArrayView1, Axis};
 use rayon::prelude::*;
 
 use crate::budget::{rows, unrows};
+use crate::losses::zero_non_finite;
 
 /// Which way JSMA pushes features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +63,7 @@ impl Jsma {
         Jsma { theta: -1.0, mode: JsmaMode::Decrease, ..Jsma::increase() }
     }
 
-    fn validate(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         let sign_ok = match self.mode {
             JsmaMode::Increase => self.theta > 0.0,
             JsmaMode::Decrease => self.theta < 0.0,
@@ -125,30 +126,35 @@ fn best_pair(
     pair.map(|(i, j)| (idx[i], idx[j]))
 }
 
-impl Attack for Jsma {
+impl Algorithm for Jsma {
     fn name(&self) -> String {
         format!("JSMA(theta={}, gamma={})", self.theta, self.gamma)
     }
 
-    /// Targeted goals only (given, random or least-likely targets); [`Goal::Untargeted`] is an error.
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        _seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let resolved = resolve_goal(model, x, labels, goal)?;
-        let Resolved::Targeted(targets) = &resolved else {
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    /// Unbounded for the template: JSMA's budget is a count of changed features (⌊γ·D⌋, an L0 budget), which
+    /// [`Budget`]'s norms (L1, L2, L∞) cannot state; the attack enforces it itself.
+    fn budget(&self) -> Budget {
+        Budget::Unbounded
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.check()
+    }
+
+    /// Targeted goals only (given, random or least-likely targets); an untargeted goal is an error.
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        let Resolved::Targeted(targets) = p.goal else {
             return Err(Error::invalid("jsma", "JSMA is targeted: use Goal::Targeted, RandomTarget or LeastLikely"));
         };
-        let shape = x.shape().to_vec();
-        let x2 = rows(x);
+        let shape = p.x.shape().to_vec();
+        let x2 = p.rows();
         let mut adv = x2.clone();
         let (n, d) = adv.dim();
-        let (lo, hi) = model.bounds();
+        let (lo, hi) = p.bounds();
         let budget = (self.gamma as f64 * d as f64 + 1e-9).floor() as usize;
         let (sign, limit) = match self.mode {
             JsmaMode::Increase => (1.0f32, hi),
@@ -158,8 +164,7 @@ impl Attack for Jsma {
             .axis_iter(Axis(0))
             .map(|r| State { domain: r.iter().map(|&v| v != limit).collect(), changed: vec![false; d], n_changed: 0 })
             .collect();
-        let (mut gradients, mut queries) = (vec![0u64; n], vec![1u64; n]);
-        let preds = argmax_rows(&model.logits(x)?);
+        let preds = argmax_rows(&p.logits(p.x, None)?);
         let mut active: Vec<usize> = (0..n).filter(|&i| preds[i] != targets[i]).collect();
         while !active.is_empty() {
             let mut bshape = shape.clone();
@@ -168,8 +173,12 @@ impl Attack for Jsma {
             let ta: Vec<usize> = active.iter().map(|&i| targets[i]).collect();
             let fa = |z: &Tensor, r: std::ops::Range<usize>| z.pick(&ta[r]);
             let fb = |z: &Tensor, r: std::ops::Range<usize>| z.sum(&[1], false)?.sub(&z.pick(&ta[r])?);
-            let ga = rows(&model.gradient(&xa, &fa)?.1);
-            let gb = rows(&model.gradient(&xa, &fb)?.1);
+            let grad = |f: &armoury::attack::template::Objective<'_>| -> Result<ndarray::Array2<f32>> {
+                let mut g = rows(&p.gradient(&xa, Some(&active), f)?.1);
+                zero_non_finite(&mut g);
+                Ok(g)
+            };
+            let (ga, gb) = (grad(&fa)?, grad(&fb)?);
             let pairs: Vec<Option<(usize, usize)>> = active
                 .par_iter()
                 .enumerate()
@@ -180,8 +189,6 @@ impl Attack for Jsma {
                 .collect();
             let mut moved = Vec::with_capacity(active.len());
             for (&i, pair) in active.iter().zip(pairs) {
-                gradients[i] += 2;
-                queries[i] += 2;
                 let Some((p, q)) = pair else { continue };
                 let st = &mut states[i];
                 for f in [p, q] {
@@ -203,10 +210,9 @@ impl Attack for Jsma {
             }
             let mut mshape = shape.clone();
             mshape[0] = moved.len();
-            let preds = argmax_rows(&model.logits(&unrows(adv.select(Axis(0), &moved), &mshape))?);
-            moved.iter().for_each(|&i| queries[i] += 1);
+            let preds = argmax_rows(&p.logits(&unrows(adv.select(Axis(0), &moved), &mshape), Some(&moved))?);
             active = moved.into_iter().zip(preds).filter(|&(i, p)| p != targets[i]).map(|(i, _)| i).collect();
         }
-        AttackResult::evaluate(model, x, unrows(adv, &shape), labels, resolved.clone(), gradients, queries)
+        Ok(p.unrows(adv))
     }
 }

@@ -14,12 +14,12 @@
 
 use std::ops::Range;
 
-use armoury::attack::{resolve_goal, AttackResult};
-use armoury::{Attack, Classifier, Goal, Reduction, Result, Tensor};
+use armoury::attack::{Access, Algorithm, Budget, Norm, Problem};
+use armoury::{Reduction, Result, Tensor};
 use ndarray::Array2;
 
-use crate::budget::{check_positive, rows, unrows};
-use crate::cw::{check_count, goal_classes, subset_gradient, succeeds, Search};
+use crate::budget::check_positive;
+use crate::cw::{check_count, start, subset_gradient, succeeds, Search, Start};
 use crate::losses::one_hot;
 
 /// Szegedy et al.'s box-constrained L-BFGS attack.
@@ -53,7 +53,7 @@ impl Default for LbfgsB {
 }
 
 impl LbfgsB {
-    fn validate(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         check_positive("lbfgs", "c", self.c)?;
         check_count("lbfgs", "binary_search_steps", self.binary_search_steps)?;
         check_count("lbfgs", "max_iter", self.max_iter)?;
@@ -112,35 +112,31 @@ fn direction(s: &State, lo: f32, hi: f32) -> Vec<f32> {
     q.iter().zip(&mask).map(|(&r, &m)| if m { -r as f32 } else { 0.0 }).collect()
 }
 
-impl Attack for LbfgsB {
+impl Algorithm for LbfgsB {
     fn name(&self) -> String {
         format!("L-BFGS-B(c={}, search={}, max_iter={})", self.c, self.binary_search_steps, self.max_iter)
     }
 
-    fn run(
-        &self,
-        model: &dyn Classifier,
-        x: &Tensor,
-        labels: &[usize],
-        goal: &Goal,
-        _seed: u64,
-    ) -> Result<AttackResult> {
-        self.validate()?;
-        let goal = resolve_goal(model, x, labels, goal)?;
-        let shape = x.shape().to_vec();
-        let (lo, hi) = model.bounds();
-        let x2 = rows(x);
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    fn budget(&self) -> Budget {
+        Budget::Minimal { norm: Norm::L2 }
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.check()
+    }
+
+    fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
+        let (lo, hi) = p.bounds();
+        let Start { x2, classes, targeted, already } = start(p, 0.0)?;
         let n = x2.nrows();
-        let classes = goal_classes(&goal, labels);
-        let targeted = goal.is_targeted();
-        let clean = model.logits(x)?;
-        let todo: Vec<usize> =
-            (0..n).filter(|&i| !succeeds(clean.row(i).as_slice().expect("rows"), classes[i], targeted, 0.0)).collect();
+        let todo: Vec<usize> = (0..n).filter(|&i| !already[i]).collect();
         let mut best = x2.clone();
         let mut best_l2 = vec![f64::INFINITY; n];
         let mut search = vec![Search::new(self.c); n];
-        let mut grads = vec![0u64; n];
-        let mut queries = vec![1u64; n];
         let x0: Vec<Vec<f32>> = (0..n).map(|i| x2.row(i).to_vec()).collect();
         // F and ∇F at the rows `pts` of samples `who`; records successes.
         let mut evaluate = |who: &[usize],
@@ -156,12 +152,9 @@ impl Attack for LbfgsB {
             let f = |z: &Tensor, r: Range<usize>| -> Result<Tensor> {
                 loss(z, &cls[r.clone()], targeted)?.mul(&Tensor::from_slice(&cs[r.clone()], &[r.len()])?)
             };
-            let (vals, g, logits) = subset_gradient(model, &xs, &shape, &f)?;
-            let g = rows(&g);
+            let (vals, g, logits) = subset_gradient(p, &xs, who, &f, None)?;
             let mut out = Vec::with_capacity(who.len());
             for (r, &i) in who.iter().enumerate() {
-                grads[i] += 1;
-                queries[i] += 1;
                 let p = &pts[r];
                 let l2sq: f64 = p.iter().zip(&x0[i]).map(|(&a, &b)| ((a - b) as f64).powi(2)).sum();
                 if succeeds(logits.row(r).as_slice().expect("rows"), classes[i], targeted, 0.0) {
@@ -272,6 +265,6 @@ impl Attack for LbfgsB {
                 search[i].update(found[k]);
             }
         }
-        AttackResult::evaluate(model, x, unrows(best, &shape), labels, goal, grads, queries)
+        Ok(p.unrows(best))
     }
 }

@@ -57,6 +57,7 @@ mod deepfool;
 mod ead;
 mod gradient;
 mod jsma;
+mod l1_box;
 mod lbfgs;
 pub mod losses;
 pub mod registry;

@@ -2,6 +2,7 @@
 
 use std::ops::Range;
 
+use armoury::attack::Problem;
 use armoury::{Reduction, Resolved, Result, Tensor};
 use ndarray::{Array2, ArrayD, IxDyn};
 
@@ -77,4 +78,17 @@ pub fn one_hot(n: usize, k: usize, class: &[usize]) -> ArrayD<bool> {
 /// The largest logit other than `class[i]` and its index, per row.
 pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Vec<(usize, f32)> {
     armoury::attack::best_other(z, class)
+}
+
+/// Whether prediction `class` of sample `i` fulfils the problem's goal (never the classifier's rejection class).
+pub(crate) fn succeeded(p: &Problem<'_>, i: usize, class: usize) -> bool {
+    Some(class) != p.model.rejection_class() && p.goal.is_success(i, p.labels[i], class)
+}
+
+/// Sets the non-finite entries of gradient rows to zero: a NaN or infinite gradient (already noted as a fault by
+/// the [`Problem`]) gives no direction, instead of a non-finite iterate.
+pub(crate) fn zero_non_finite(g: &mut Array2<f32>) {
+    if g.iter().any(|v| !v.is_finite()) {
+        g.mapv_inplace(|v| if v.is_finite() { v } else { 0.0 });
+    }
 }

@@ -155,10 +155,20 @@ impl<'a> Problem<'a> {
     /// and notes the rows that are all zero or not finite — for gradients an algorithm computes without
     /// [`Problem::gradient`].
     pub fn note_gradient(&self, g: ArrayView2<'_, f32>, samples: Option<&[usize]>) {
+        self.note_rows(g, samples, true);
+    }
+
+    /// Like [`Problem::note_gradient`] but counts no query: for further backward passes over a forward pass
+    /// already counted (DeepFool's backward per candidate class over one graph).
+    pub fn note_backward(&self, g: ArrayView2<'_, f32>, samples: Option<&[usize]>) {
+        self.note_rows(g, samples, false);
+    }
+
+    fn note_rows(&self, g: ArrayView2<'_, f32>, samples: Option<&[usize]>, query: bool) {
         for (row, part) in g.rows().into_iter().enumerate() {
             let i = samples.map_or(row, |m| m[row]);
             self.work.gradients[i].fetch_add(1, Ordering::Relaxed);
-            self.work.queries[i].fetch_add(1, Ordering::Relaxed);
+            self.work.queries[i].fetch_add(u64::from(query), Ordering::Relaxed);
             if part.iter().any(|v| !v.is_finite()) {
                 self.work.non_finite[i].fetch_add(1, Ordering::Relaxed);
             } else if part.iter().all(|&v| v == 0.0) {
