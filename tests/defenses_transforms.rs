@@ -38,8 +38,8 @@ fn all_transforms() -> Vec<Box<dyn Transform>> {
         Box::new(MeanFilter { size: 3 }),
         Box::new(GaussianFilter::new(0.8)),
         Box::new(Jpeg { quality: 50 }),
+        Box::new(TotalVariation::rof(0.05, 50)),
         Box::new(TotalVariation { iterations: 50, ..Default::default() }),
-        Box::new(TotalVariation { iterations: 50, keep_prob: 0.5, ..Default::default() }),
         Box::new(GaussianNoise { sigma: 0.1, clip: true }),
     ]
 }
@@ -158,7 +158,7 @@ fn total_variation_solves_the_rof_model() {
     assert_ne!(a.to_vec(), c.to_vec());
     assert!(rmse(&a.to_vec(), &clean) < before, "in-painted error {}", rmse(&a.to_vec(), &clean));
     // λ = 0 is the identity.
-    let id = TotalVariation { weight: 0.0, ..Default::default() }.apply(&xn, UNIT, 0).unwrap();
+    let id = TotalVariation::rof(0.0, 200).apply(&xn, UNIT, 0).unwrap();
     assert_eq!(id.to_vec(), xn.clamp(0.0, 1.0).to_vec());
 }
 
@@ -189,7 +189,7 @@ fn defended_is_a_classifier_with_bpda_gradients() {
         Arc::new(BitDepth { bits: 3 }) as Arc<dyn Transform>,
         Arc::new(MedianFilter { size: 3 }),
         Arc::new(Jpeg { quality: 60 }),
-        Arc::new(TotalVariation { iterations: 30, ..Default::default() }),
+        Arc::new(TotalVariation::rof(0.05, 30)),
     ] {
         let inner: Arc<dyn Classifier> = Arc::new(fixture_cnn());
         let d = Defended::shared(inner.clone(), t.clone()).unwrap();
@@ -502,4 +502,33 @@ fn bad_settings_and_inputs_are_errors() {
     }
     let rs = RandomizedSmoothing { n: 10, n0: 10, ..Default::default() };
     assert!(matches!(rs.certify(&model, &Tensor::zeros(&[1, 1, 3, 3])), Err(Error::ShapeMismatch { .. })));
+}
+
+/// Guo et al. (2018) drop half the pixels at every draw: that is the default, a random transform; `rof` is the
+/// deterministic variant.
+#[test]
+fn total_variation_defaults_to_the_papers_pixel_dropout() {
+    let tv = TotalVariation::default();
+    assert_eq!(tv.keep_prob, 0.5);
+    assert!(tv.is_random());
+    assert!(!TotalVariation::rof(0.05, 50).is_random());
+}
+
+/// A randomised defense is scored on fresh single draws, as it answers when deployed: the average over draws of
+/// the single-draw accuracies, each draw seeded apart; for a deterministic transform, the plain accuracy.
+#[test]
+fn randomised_defenses_are_scored_on_fresh_single_draws() {
+    let (x, y) = test_images(0..40);
+    let noisy = Defended::new(fixture_cnn(), GaussianNoise { sigma: 0.5, clip: true }).unwrap().with_eot(8, 3).unwrap();
+    let (a, b) = (noisy.single_draw(1).logits(&x).unwrap(), noisy.single_draw(2).logits(&x).unwrap());
+    assert_ne!(a, b, "single draws of different seeds differ");
+    let acc = |d: &Defended| d.predict(&x).unwrap().iter().zip(&y).filter(|(p, l)| p == l).count() as f32 / 40.0;
+    let by_hand: f32 = (0..5).map(|k| acc(&noisy.single_draw(armoury::seed::derive(7, k)))).sum::<f32>() / 5.0;
+    let fresh = noisy.fresh_draw_accuracy(&x, &y, 5, 7).unwrap();
+    assert!((fresh - by_hand).abs() < 1e-6, "{fresh} vs {by_hand}");
+    assert_eq!(fresh, noisy.fresh_draw_accuracy(&x, &y, 5, 7).unwrap(), "seeded");
+    let plain = Defended::new(fixture_cnn(), BitDepth { bits: 3 }).unwrap();
+    assert_eq!(plain.fresh_draw_accuracy(&x, &y, 4, 0).unwrap(), acc(&plain));
+    assert!(noisy.fresh_draw_accuracy(&x, &y, 0, 0).is_err());
+    assert!(noisy.fresh_draw_accuracy(&x, &y[..3], 1, 0).is_err());
 }

@@ -280,14 +280,7 @@ pub(crate) fn compile(node: &NodeProto, info: &NodeInfo) -> Result<Kind> {
     let unary = |k: UnaryKind| Ok(Kind::Unary(k));
     let kind = match node.op_type.as_str() {
         "Identity" => Ok(Kind::Identity { mask: false }),
-        "Dropout" => {
-            a.ignore("ratio");
-            a.ignore("seed");
-            if a.int("is_test", 1)? == 0 && opset < 7 {
-                return Err(info.unsupported("is_test = 0 (training-mode dropout)"));
-            }
-            Ok(Kind::Identity { mask: node.output.get(1).is_some_and(|o| !o.is_empty()) })
-        }
+        "Dropout" => dropout(node, info, &a, opset),
         "Add" => Ok(Kind::Binary(Bin::Add)),
         "Sub" => Ok(Kind::Binary(Bin::Sub)),
         "Mul" => Ok(Kind::Binary(Bin::Mul)),
@@ -325,31 +318,14 @@ pub(crate) fn compile(node: &NodeProto, info: &NodeInfo) -> Result<Kind> {
             trans_b: a.int("transB", 0)? != 0,
         }),
         "MatMul" => Ok(Kind::MatMul),
-        "MaxPool" => {
-            a.ignore("storage_order");
-            if node.output.len() > 1 && node.output.get(1).is_some_and(|o| !o.is_empty()) {
-                return Err(info.unsupported("the Indices output of MaxPool"));
-            }
-            Ok(Kind::MaxPool(window(info, &a, true)?))
-        }
+        "MaxPool" => max_pool(node, info, &a),
         "AveragePool" => {
             let count_include_pad = a.int("count_include_pad", 0)? != 0;
             Ok(Kind::AvgPool { window: window(info, &a, true)?, count_include_pad })
         }
         "GlobalAveragePool" => Ok(Kind::GlobalAvgPool),
         "GlobalMaxPool" => Ok(Kind::GlobalMaxPool),
-        "BatchNormalization" => {
-            a.ignore("momentum");
-            a.ignore("spatial");
-            a.ignore("is_test");
-            if a.int("training_mode", 0)? != 0 {
-                return Err(info.unsupported("training_mode = 1 (BatchNormalization is imported for inference)"));
-            }
-            if node.output.iter().skip(1).any(|o| !o.is_empty()) {
-                return Err(info.unsupported("the running-statistics outputs of BatchNormalization"));
-            }
-            Ok(Kind::BatchNorm { eps: a.float("epsilon", 1e-5)? })
-        }
+        "BatchNormalization" => batch_norm(node, info, &a),
         "Flatten" => Ok(Kind::Flatten { axis: a.int("axis", 1)? }),
         "Reshape" => Ok(Kind::Reshape { allowzero: a.int("allowzero", 0)? != 0 }),
         "Transpose" => Ok(Kind::Transpose { perm: a.ints("perm")? }),
@@ -357,25 +333,8 @@ pub(crate) fn compile(node: &NodeProto, info: &NodeInfo) -> Result<Kind> {
         "Squeeze" => Ok(Kind::Squeeze { axes: a.ints("axes")? }),
         "Unsqueeze" => Ok(Kind::Unsqueeze { axes: a.ints("axes")? }),
         "Gather" => Ok(Kind::Gather { axis: a.int("axis", 0)? }),
-        "Slice" => {
-            let attrs = match (a.ints("starts")?, a.ints("ends")?) {
-                (Some(s), Some(e)) => Some((s, e, a.ints("axes")?)),
-                (None, None) => None,
-                _ => return Err(info.malformed("Slice needs both starts and ends")),
-            };
-            Ok(Kind::Slice { attrs })
-        }
-        "Pad" => {
-            let mode = match a.string("mode", "constant")?.as_str() {
-                "constant" => PadMode::Constant,
-                "reflect" => PadMode::Reflect,
-                "edge" => PadMode::Edge,
-                other => return Err(info.unsupported(format!("mode = {other}"))),
-            };
-            let pads = a.ints("pads")?.or(a.ints("paddings")?);
-            let attrs = pads.map(|p| -> Result<_> { Ok((p, a.float("value", 0.0)?)) }).transpose()?;
-            Ok(Kind::Pad { mode, attrs })
-        }
+        "Slice" => slice(info, &a),
+        "Pad" => pad(info, &a),
         "ReduceMean" | "ReduceSum" => Ok(Kind::Reduce {
             mean: node.op_type == "ReduceMean",
             axes: a.ints("axes")?,
@@ -392,6 +351,62 @@ pub(crate) fn compile(node: &NodeProto, info: &NodeInfo) -> Result<Kind> {
     }?;
     a.finish()?;
     Ok(kind)
+}
+
+/// The `dropout` node: its attributes checked.
+fn dropout(node: &NodeProto, info: &NodeInfo, a: &Attrs, opset: i64) -> Result<Kind> {
+    a.ignore("ratio");
+    a.ignore("seed");
+    if a.int("is_test", 1)? == 0 && opset < 7 {
+        return Err(info.unsupported("is_test = 0 (training-mode dropout)"));
+    }
+    Ok(Kind::Identity { mask: node.output.get(1).is_some_and(|o| !o.is_empty()) })
+}
+
+/// The `max_pool` node: its attributes checked.
+fn max_pool(node: &NodeProto, info: &NodeInfo, a: &Attrs) -> Result<Kind> {
+    a.ignore("storage_order");
+    if node.output.len() > 1 && node.output.get(1).is_some_and(|o| !o.is_empty()) {
+        return Err(info.unsupported("the Indices output of MaxPool"));
+    }
+    Ok(Kind::MaxPool(window(info, a, true)?))
+}
+
+/// The `batch_norm` node: its attributes checked.
+fn batch_norm(node: &NodeProto, info: &NodeInfo, a: &Attrs) -> Result<Kind> {
+    a.ignore("momentum");
+    a.ignore("spatial");
+    a.ignore("is_test");
+    if a.int("training_mode", 0)? != 0 {
+        return Err(info.unsupported("training_mode = 1 (BatchNormalization is imported for inference)"));
+    }
+    if node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        return Err(info.unsupported("the running-statistics outputs of BatchNormalization"));
+    }
+    Ok(Kind::BatchNorm { eps: a.float("epsilon", 1e-5)? })
+}
+
+/// The `slice` node: its attributes checked.
+fn slice(info: &NodeInfo, a: &Attrs) -> Result<Kind> {
+    let attrs = match (a.ints("starts")?, a.ints("ends")?) {
+        (Some(s), Some(e)) => Some((s, e, a.ints("axes")?)),
+        (None, None) => None,
+        _ => return Err(info.malformed("Slice needs both starts and ends")),
+    };
+    Ok(Kind::Slice { attrs })
+}
+
+/// The `pad` node: its attributes checked.
+fn pad(info: &NodeInfo, a: &Attrs) -> Result<Kind> {
+    let mode = match a.string("mode", "constant")?.as_str() {
+        "constant" => PadMode::Constant,
+        "reflect" => PadMode::Reflect,
+        "edge" => PadMode::Edge,
+        other => return Err(info.unsupported(format!("mode = {other}"))),
+    };
+    let pads = a.ints("pads")?.or(a.ints("paddings")?);
+    let attrs = pads.map(|p| -> Result<_> { Ok((p, a.float("value", 0.0)?)) }).transpose()?;
+    Ok(Kind::Pad { mode, attrs })
 }
 
 fn constant(info: &NodeInfo, a: &Attrs) -> Result<Kind> {

@@ -12,7 +12,9 @@
 //!   is exactly `T(x)` (`x − x` is exactly zero) and ∂/∂x is the identity;
 //! - random transforms (Gaussian noise, pixel-dropout TV minimisation) use **EOT** (Athalye et al. 2018,
 //!   "Synthesizing robust adversarial examples"): the defended logits are the mean over `eot_samples` draws, so
-//!   the gradient through them is the average of the per-draw gradients.
+//!   an attack's loss is taken of the averaged logits (the gradient of the loss of the average, not the average
+//!   of per-draw loss gradients); robust accuracy of a randomised defense is reported on fresh single draws
+//!   ([`Defended::fresh_draw_accuracy`]), as a deployed defense answers.
 //!
 //! Draws are seeded per sample from the seed, the draw number and the sample's own values
 //! ([`armoury::seed::sample_seed`]), so results do not depend on batch size, sample order or thread count.
@@ -119,7 +121,12 @@ impl Defended {
         })
     }
 
-    /// Averages random transforms over `samples` draws seeded by `seed` (EOT).
+    /// Averages random transforms over `samples` draws seeded by `seed` (EOT). What is averaged is the logits
+    /// (or, with [`EotAverage::Probabilities`], the probabilities) *before* any loss: an attack through this
+    /// classifier follows the gradient of the loss of the average, not the average of the per-draw loss
+    /// gradients of Athalye et al. — the same direction for a linear loss, a smoother one otherwise. A deployed
+    /// randomised defense answers each query with one fresh draw, so report its robust accuracy on fresh single
+    /// draws ([`Defended::fresh_draw_accuracy`]), not on this average.
     pub fn with_eot(mut self, samples: usize, seed: u64) -> Result<Defended> {
         if samples == 0 {
             return Err(Error::invalid("Defended::with_eot", "at least one EOT sample is needed"));
@@ -133,6 +140,42 @@ impl Defended {
     pub fn with_average(mut self, average: EotAverage) -> Defended {
         self.average = average;
         self
+    }
+
+    /// The same defense answering with one draw per forward pass, seeded by `seed`: how a deployed randomised
+    /// defense answers a query.
+    pub fn single_draw(&self, seed: u64) -> Defended {
+        Defended {
+            inner: self.inner.clone(),
+            transform: self.transform.clone(),
+            eot_samples: 1,
+            seed,
+            average: self.average,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Accuracy on `x` of `draws` independent single-draw answers (seeds derived from `seed`), averaged: the
+    /// robust accuracy of a randomised defense on adversarial inputs `x`, as a user of it would see it. For a
+    /// deterministic transform every draw is the same and this is the plain accuracy.
+    pub fn fresh_draw_accuracy(&self, x: &Tensor, labels: &[usize], draws: usize, seed: u64) -> Result<f32> {
+        if draws == 0 {
+            return Err(Error::invalid("Defended::fresh_draw_accuracy", "at least one draw is needed"));
+        }
+        if labels.len() != x.shape().first().copied().unwrap_or(0) {
+            return Err(Error::ShapeMismatch {
+                op: "Defended::fresh_draw_accuracy",
+                expected: vec![x.shape().first().copied().unwrap_or(0)],
+                got: vec![labels.len()],
+            });
+        }
+        let draws = if self.transform.is_random() { draws } else { 1 };
+        let mut correct = 0usize;
+        for k in 0..draws {
+            let one = self.single_draw(armoury::seed::derive(seed, k as u64));
+            correct += one.predict(x)?.iter().zip(labels).filter(|(p, l)| p == l).count();
+        }
+        Ok(correct as f32 / (draws * labels.len().max(1)) as f32)
     }
 
     /// The undefended classifier.

@@ -29,9 +29,19 @@ pub struct TotalVariation {
     pub keep_prob: f32,
 }
 
+/// Guo et al.'s default: half the pixels dropped from the data term at every draw (a random transform, so
+/// [`super::Defended`] averages it over EOT draws). For deterministic ROF denoising, use
+/// [`TotalVariation::rof`].
 impl Default for TotalVariation {
     fn default() -> Self {
-        TotalVariation { weight: 0.05, iterations: 200, keep_prob: 1.0 }
+        TotalVariation { weight: 0.05, iterations: 200, keep_prob: 0.5 }
+    }
+}
+
+impl TotalVariation {
+    /// Deterministic ROF denoising (Rudin, Osher & Fatemi 1992): every pixel kept (`keep_prob` 1).
+    pub fn rof(weight: f32, iterations: usize) -> TotalVariation {
+        TotalVariation { weight, iterations, keep_prob: 1.0 }
     }
 }
 
