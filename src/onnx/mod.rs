@@ -394,18 +394,20 @@ fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
     *steps = out;
 }
 
-/// Decodes the graph: initialisers into parameters and constants, nodes into steps, constants folded.
-fn build(model: &ModelProto) -> Result<Graph> {
-    let opset = model
-        .opset_import
-        .iter()
-        .filter(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map(|o| o.version)
-        .max()
-        .ok_or_else(|| malformed("no opset_import for the default ONNX domain"))?;
-    let graph = model.graph.as_ref().ok_or_else(|| malformed("the model has no graph"))?;
+/// The initialisers as decoded: slot names, folded constants, trainable parameters and their slots.
+struct Initialisers {
+    /// Every named value's slot, initialisers first.
+    names: HashMap<String, usize>,
+    /// Constant values by slot.
+    consts: HashMap<usize, Value>,
+    /// Parameters and buffers, by initialiser name.
+    params: Vec<(String, Param)>,
+    /// (slot, index into `params`) for every parameter.
+    param_slots: Vec<(usize, usize)>,
+}
 
-    // What each initialiser feeds decides what it becomes.
+/// What each initialiser feeds decides what it becomes: data, buffer or constant.
+fn initialiser_roles(graph: &proto::GraphProto) -> HashMap<&str, InputRole> {
     let mut role: HashMap<&str, InputRole> = HashMap::new();
     for node in &graph.node {
         for (i, name) in node.input.iter().enumerate() {
@@ -416,6 +418,12 @@ fn build(model: &ModelProto) -> Result<Graph> {
             }
         }
     }
+    role
+}
+
+/// Decodes the initialisers into parameters, buffers and constants, each given a slot.
+fn load_initialisers(graph: &proto::GraphProto) -> Result<Initialisers> {
+    let role = initialiser_roles(graph);
     let mut names: HashMap<String, usize> = HashMap::new();
     let mut consts: HashMap<usize, Value> = HashMap::new();
     let mut params = Vec::new();
@@ -438,19 +446,16 @@ fn build(model: &ModelProto) -> Result<Graph> {
             }
         }
     }
-    let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !names.contains_key(&i.name)).collect();
-    let [input] = inputs.as_slice() else {
-        return Err(Error::UnsupportedOnnx {
-            what: format!("a graph with {} data inputs (exactly one image input is supported)", inputs.len()),
-            node: graph.name.clone(),
-            op: "graph".into(),
-            opset,
-        });
-    };
-    let input_slot = names.len();
-    names.insert(input.name.clone(), input_slot);
-    let output = graph.output.first().ok_or_else(|| malformed("the graph has no output"))?;
+    Ok(Initialisers { names, consts, params, param_slots })
+}
 
+/// Compiles the nodes into steps, giving each output a slot and folding those whose inputs are all constant.
+fn compile_nodes(
+    graph: &proto::GraphProto,
+    opset: i64,
+    names: &mut HashMap<String, usize>,
+    consts: &mut HashMap<usize, Value>,
+) -> Result<Vec<Step>> {
     let mut steps = Vec::new();
     for node in &graph.node {
         let info = NodeInfo::new(node, opset);
@@ -492,18 +497,19 @@ fn build(model: &ModelProto) -> Result<Graph> {
             steps.push(Step { info, kind, inputs, outputs, free: Vec::new(), unfused: Vec::new() });
         }
     }
-    let output_slot =
-        *names.get(&output.name).ok_or_else(|| malformed(format!("output '{}' is never computed", output.name)))?;
-    if output_slot != input_slot && consts.contains_key(&output_slot) {
-        return Err(malformed("the output does not depend on the input"));
-    }
+    Ok(steps)
+}
 
-    fuse(&mut steps, output_slot);
-
-    // The tappable values: the input, then what the steps (and the steps a fused one stands for) compute.
+/// The tappable values: the input, then what the steps (and the steps a fused one stands for) compute.
+fn tap_list(
+    names: &HashMap<String, usize>,
+    steps: &[Step],
+    input_name: &str,
+    input_slot: usize,
+) -> Vec<(String, usize)> {
     let slot_names: HashMap<usize, &str> = names.iter().map(|(n, &s)| (s, n.as_str())).collect();
-    let mut taps = vec![(input.name.clone(), input_slot)];
-    for step in &steps {
+    let mut taps = vec![(input_name.to_string(), input_slot)];
+    for step in steps {
         let parts = if step.unfused.is_empty() { std::slice::from_ref(step) } else { &step.unfused[..] };
         for &slot in parts.iter().flat_map(|s| &s.outputs) {
             if let Some(name) = slot_names.get(&slot) {
@@ -511,8 +517,16 @@ fn build(model: &ModelProto) -> Result<Graph> {
             }
         }
     }
+    taps
+}
 
-    // Free every slot after its last reader; load only the constants and parameters that some step reads.
+/// Frees every slot after its last reader; returns the constants and parameters that some step reads.
+fn schedule(
+    steps: &mut [Step],
+    output_slot: usize,
+    param_slots: Vec<(usize, usize)>,
+    consts: HashMap<usize, Value>,
+) -> Vec<(usize, Source)> {
     let mut last: HashMap<usize, usize> = HashMap::new();
     for (i, s) in steps.iter().enumerate() {
         for &slot in s.inputs.iter().flatten() {
@@ -530,6 +544,44 @@ fn build(model: &ModelProto) -> Result<Graph> {
         .map(|(s, p)| (s, Source::Param(p)))
         .collect();
     sources.extend(consts.into_iter().filter(|(s, _)| last.contains_key(s)).map(|(s, v)| (s, Source::Const(v))));
+    sources
+}
+
+/// Decodes the graph: initialisers into parameters and constants, nodes into steps, constants folded.
+fn build(model: &ModelProto) -> Result<Graph> {
+    let opset = model
+        .opset_import
+        .iter()
+        .filter(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map(|o| o.version)
+        .max()
+        .ok_or_else(|| malformed("no opset_import for the default ONNX domain"))?;
+    let graph = model.graph.as_ref().ok_or_else(|| malformed("the model has no graph"))?;
+
+    let Initialisers { mut names, mut consts, params, param_slots } = load_initialisers(graph)?;
+    let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !names.contains_key(&i.name)).collect();
+    let [input] = inputs.as_slice() else {
+        return Err(Error::UnsupportedOnnx {
+            what: format!("a graph with {} data inputs (exactly one image input is supported)", inputs.len()),
+            node: graph.name.clone(),
+            op: "graph".into(),
+            opset,
+        });
+    };
+    let input_slot = names.len();
+    names.insert(input.name.clone(), input_slot);
+    let output = graph.output.first().ok_or_else(|| malformed("the graph has no output"))?;
+
+    let mut steps = compile_nodes(graph, opset, &mut names, &mut consts)?;
+    let output_slot =
+        *names.get(&output.name).ok_or_else(|| malformed(format!("output '{}' is never computed", output.name)))?;
+    if output_slot != input_slot && consts.contains_key(&output_slot) {
+        return Err(malformed("the output does not depend on the input"));
+    }
+
+    fuse(&mut steps, output_slot);
+    let taps = tap_list(&names, &steps, &input.name, input_slot);
+    let sources = schedule(&mut steps, output_slot, param_slots, consts);
     Ok(Graph {
         opset,
         input_name: input.name.clone(),
