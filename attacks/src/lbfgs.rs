@@ -195,22 +195,7 @@ impl Algorithm for LbfgsB {
                 .collect();
             for _ in 0..self.max_iter {
                 // Directions; the first step (no curvature yet) has unit L2 length.
-                for s in st.iter_mut().filter(|s| s.running) {
-                    let mut dir = direction(s, lo, hi);
-                    let slope = dot(&dir, &s.g);
-                    if slope >= 0.0 || slope.is_nan() {
-                        s.history.clear();
-                        dir = direction(s, lo, hi);
-                    }
-                    let dn = dot(&dir, &dir).sqrt();
-                    if dn == 0.0 || !dn.is_finite() {
-                        s.running = false;
-                        continue;
-                    }
-                    s.alpha = if s.history.is_empty() { (1.0 / dn).min(1.0) as f32 } else { 1.0 };
-                    s.dir = dir;
-                    s.trials = 0;
-                }
+                set_directions(&mut st, lo, hi);
                 // Backtracking Armijo line search, all pending samples evaluated together.
                 let mut pending: Vec<usize> = (0..st.len()).filter(|&k| st[k].running).collect();
                 if pending.is_empty() {
@@ -229,33 +214,8 @@ impl Algorithm for LbfgsB {
                     let res = evaluate(&who, &trial, &cs, &mut found, &pending)?;
                     let mut still = Vec::new();
                     for ((k, xn), (fnew, gnew)) in pending.iter().copied().zip(trial).zip(res) {
-                        let s = &mut st[k];
-                        let step: Vec<f32> = xn.iter().zip(&s.x).map(|(&a, &b)| a - b).collect();
-                        let decrease = dot(&s.g, &step);
-                        if fnew.is_finite() && fnew <= s.f + 1e-4 * decrease {
-                            let yv: Vec<f32> = gnew.iter().zip(&s.g).map(|(&a, &b)| a - b).collect();
-                            let sy = dot(&step, &yv);
-                            if sy > 1e-10 {
-                                if s.history.len() == self.memory {
-                                    s.history.remove(0);
-                                }
-                                s.history.push((step, yv, 1.0 / sy));
-                            }
-                            let rel = (s.f - fnew) / s.f.abs().max(1.0);
-                            s.x = xn;
-                            s.g = gnew;
-                            s.f = fnew;
-                            if rel < 1e-9 {
-                                s.running = false;
-                            }
-                        } else {
-                            s.trials += 1;
-                            s.alpha *= 0.5;
-                            if s.trials >= 20 {
-                                s.running = false;
-                            } else {
-                                still.push(k);
-                            }
+                        if try_step(&mut st[k], xn, fnew, gnew, self.memory) {
+                            still.push(k);
                         }
                     }
                     pending = still;
@@ -266,5 +226,60 @@ impl Algorithm for LbfgsB {
             }
         }
         Ok(p.unrows(best))
+    }
+}
+
+/// Sets each running sample's search direction and initial step; stops those with no usable direction.
+/// The first step (no curvature yet) has unit L2 length.
+fn set_directions(st: &mut [State], lo: f32, hi: f32) {
+    for s in st.iter_mut().filter(|s| s.running) {
+        let mut dir = direction(s, lo, hi);
+        let slope = dot(&dir, &s.g);
+        if slope >= 0.0 || slope.is_nan() {
+            s.history.clear();
+            dir = direction(s, lo, hi);
+        }
+        let dn = dot(&dir, &dir).sqrt();
+        if dn == 0.0 || !dn.is_finite() {
+            s.running = false;
+            continue;
+        }
+        s.alpha = if s.history.is_empty() { (1.0 / dn).min(1.0) as f32 } else { 1.0 };
+        s.dir = dir;
+        s.trials = 0;
+    }
+}
+
+/// One Armijo test of the trial point `xn`: accepts it (updating the curvature history) or halves
+/// the step; returns whether the sample still needs another trial.
+fn try_step(s: &mut State, xn: Vec<f32>, fnew: f64, gnew: Vec<f32>, memory: usize) -> bool {
+    let step: Vec<f32> = xn.iter().zip(&s.x).map(|(&a, &b)| a - b).collect();
+    let decrease = dot(&s.g, &step);
+    if fnew.is_finite() && fnew <= s.f + 1e-4 * decrease {
+        let yv: Vec<f32> = gnew.iter().zip(&s.g).map(|(&a, &b)| a - b).collect();
+        let sy = dot(&step, &yv);
+        if sy > 1e-10 {
+            if s.history.len() == memory {
+                s.history.remove(0);
+            }
+            s.history.push((step, yv, 1.0 / sy));
+        }
+        let rel = (s.f - fnew) / s.f.abs().max(1.0);
+        s.x = xn;
+        s.g = gnew;
+        s.f = fnew;
+        if rel < 1e-9 {
+            s.running = false;
+        }
+        false
+    } else {
+        s.trials += 1;
+        s.alpha *= 0.5;
+        if s.trials >= 20 {
+            s.running = false;
+            false
+        } else {
+            true
+        }
     }
 }
