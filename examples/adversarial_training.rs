@@ -117,22 +117,12 @@ fn main() -> std::process::ExitCode {
     cli::finish(run())
 }
 
-fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse()?;
-    let set = model::load_data(args.data.as_deref())?;
-    let train = match args.train_limit {
-        Some(n) => set.train.take(n)?,
-        None => set.train.clone(),
-    };
-    println!("data: {} — {} training / {} test images ({})", set.name, train.len(), set.test.len(), set.source);
-    let module = match &args.model {
-        model::ModelChoice::Reference(r) => Arc::new(r.build(args.seed)) as Arc<dyn armoury::nn::Module>,
-        model::ModelChoice::Onnx(p) => Arc::new(armoury::onnx::OnnxModel::load(p)?),
-    };
+/// The training method named by `--defense`, its attacks built from the attack crate.
+fn build_method(args: &Args, train: &armoury::data::Dataset) -> Result<Box<dyn Method>, Box<dyn std::error::Error>> {
     let eps = args.eps;
     let step = 0.025 * eps / 0.1; // Madry et al.'s MNIST recipe scaled to ε: 7 steps of 0.025 at ε = 0.1
     let pgd = |steps: usize| Box::new(Pgd { step_size: step, steps, ..Pgd::linf(eps) });
-    let method: Box<dyn Method> = match args.defense.as_str() {
+    Ok(match args.defense.as_str() {
         "pgd" | "madry" => Box::new(ProjectedAdversarialDefense::madry(pgd(7))),
         "trades" => Box::new(Trades::new(eps, step, 7)),
         "mart" => Box::new(Mart::new(pgd(7))),
@@ -149,7 +139,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 armoury::train::fit(
                     &net,
                     &mut opt,
-                    &train,
+                    train,
                     None,
                     &TrainConfig { epochs: 1, ..Default::default() },
                     &mut (),
@@ -163,7 +153,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 format!("unknown defense '{other}' (pgd, trades, mart, fast, free, nad, ensemble, standard)").into()
             )
         }
+    })
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    let set = model::load_data(args.data.as_deref())?;
+    let train = match args.train_limit {
+        Some(n) => set.train.take(n)?,
+        None => set.train.clone(),
     };
+    println!("data: {} — {} training / {} test images ({})", set.name, train.len(), set.test.len(), set.source);
+    let module = match &args.model {
+        model::ModelChoice::Reference(r) => Arc::new(r.build(args.seed)) as Arc<dyn armoury::nn::Module>,
+        model::ModelChoice::Onnx(p) => Arc::new(armoury::onnx::OnnxModel::load(p)?),
+    };
+    let eps = args.eps;
+    let method = build_method(&args, &train)?;
     println!("defense: {} for {} epochs", method.name(), args.epochs);
     let box_eps = args.bounds.1 - args.bounds.0;
     let pgd40: Box<dyn Attack> = Box::new(Pgd { step_size: 0.01 * eps / 0.1, steps: 40, ..Pgd::linf(eps) });
