@@ -1,5 +1,5 @@
-//! Auto-PGD (APGD-CE, APGD-DLR, APGD-T) and JSMA through the SPEC §4 property checks on the tiny seeded model,
-//! JSMA's L0 budget, and the robust-accuracy comparisons with PGD-40 on the fixture cnn.
+//! Auto-PGD (APGD-CE, APGD-DLR, APGD-T) and JSMA through the property checks (docs/testing.md#attack-properties) on the
+//! tiny seeded model, JSMA's L0 budget, and the robust-accuracy comparisons with PGD-40 on the fixture cnn.
 
 use std::time::Instant;
 
@@ -260,10 +260,11 @@ fn jsma_fixture_cnn() {
     assert!(r.success_rate() >= 0.5, "JSMA success {}", r.success_rate());
 }
 
-/// SPEC-style gates on the fixture cnn and the first 1000 Fashion-MNIST test images at ε = 0.1 L∞: APGD-CE is
-/// at least as strong as PGD-40 (step 0.01, random start), APGD-DLR is within a few points of APGD-CE, and APGD-T
-/// fools at least as many as APGD-CE. Targeted APGD (random targets, first 300 images) reaches at least as many
-/// targets as targeted PGD-40, give or take sampling noise (random targets at ε = 0.1 are hard: about 0.6).
+/// Gates on the fixture cnn (docs/reference.md#gates-on-the-fixture-cnn) and the first 1000 Fashion-MNIST test images
+/// at ε = 0.1 L∞: APGD-CE is at least as strong as PGD-40 (step 0.01, random start), APGD-DLR is within a few points of
+/// APGD-CE, and APGD-T fools at least as many as APGD-CE. Targeted APGD (random targets, first 300 images) reaches at
+/// least as many targets as targeted PGD-40, give or take sampling noise (random targets at ε = 0.1 are hard: about
+/// 0.6).
 #[test]
 fn apgd_fixture_cnn_beats_pgd40() {
     let model = fixture_cnn();

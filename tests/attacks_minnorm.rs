@@ -1,6 +1,7 @@
-//! The minimum-norm attacks (DeepFool L2/L∞, Carlini–Wagner L2, EAD, box-constrained L-BFGS) through the SPEC §4
-//! property checks, the binary linear-model oracle, MindArmour's DeepFool golden value, and the CW numbers of
-//! SPEC §6 on the fixture cnn (torchattacks: success 0.77, mean L2 0.72 on the first 100 test images).
+//! The minimum-norm attacks (DeepFool L2/L∞, Carlini–Wagner L2, EAD, box-constrained L-BFGS) through the property
+//! checks (docs/testing.md#attack-properties), the binary linear-model oracle, MindArmour's DeepFool golden value, and
+//! the CW numbers of the torchattacks baseline on the fixture cnn (docs/reference.md#gates-on-the-fixture-cnn;
+//! torchattacks: success 0.77, mean L2 0.72 on the first 100 test images).
 
 use std::time::Instant;
 
@@ -174,8 +175,8 @@ impl Classifier for BinaryLinear {
     }
 }
 
-/// SPEC §4.5: the minimal distance to the boundary of a binary linear classifier is |w·x + b|/‖w‖₂ (L2) and
-/// |w·x + b|/‖w‖₁ (L∞); the attacks land within tolerance above it, never below.
+/// Linear-model oracle (docs/testing.md#linear-model-oracle): the minimal distance to the boundary of a binary linear
+/// classifier is |w·x + b|/‖w‖₂ (L2) and |w·x + b|/‖w‖₁ (L∞); the attacks land within tolerance above it, never below.
 #[test]
 fn linear_oracle() {
     let w = Tensor::normal(&[10], 0.0, 1.0, 31).to_vec();
@@ -260,7 +261,8 @@ impl Classifier for Softmax5 {
     }
 }
 
-/// SPEC §5, MindArmour's DeepFool test: the logits are softmax(x); one iteration to class 3.
+/// MindArmour's DeepFool test, recomputed (docs/reference.md#from-mindarmours-tests): the logits are softmax(x); one
+/// iteration to class 3.
 #[test]
 fn deepfool_golden() {
     let model = Softmax5(Counters::default());
@@ -334,9 +336,9 @@ fn mean_l2(r: &AttackResult, keep: &[bool]) -> f32 {
     v.iter().sum::<f32>() / v.len().max(1) as f32
 }
 
-/// SPEC §6: CW-L2 (c = 1, κ = 0, 100 Adam steps of 0.01, no search) on the fixture cnn and the first 100 test
-/// images — torchattacks: success 0.77, mean L2 0.72. With a binary search every image falls. DeepFool and CW
-/// with a search need smaller L2 perturbations than PGD-L2 does.
+/// The torchattacks baseline (docs/reference.md#speed-baselines): CW-L2 (c = 1, κ = 0, 100 Adam steps of 0.01, no
+/// search) on the fixture cnn and the first 100 test images — torchattacks: success 0.77, mean L2 0.72. With a binary
+/// search every image falls. DeepFool and CW with a search need smaller L2 perturbations than PGD-L2 does.
 #[test]
 fn fixture_cnn_cw_deepfool_vs_pgd() {
     let model = fixture_cnn();
