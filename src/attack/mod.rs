@@ -77,11 +77,6 @@ impl Resolved {
     }
 }
 
-/// Checks inputs and labels against the classifier and resolves the goal's targets, for a white-box attack.
-pub fn resolve_goal(model: &dyn Classifier, x: &Tensor, labels: &[usize], goal: &Goal) -> Result<Resolved> {
-    resolve_goal_for(model, x, labels, goal, Access::Gradients)
-}
-
 /// Checks inputs and labels against the classifier and resolves the goal's targets for an attack with `access`:
 /// the least-likely class needs the scores, so a label-only attack refuses it.
 pub fn resolve_goal_for(
