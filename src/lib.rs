@@ -38,6 +38,7 @@ pub use ops::{Conv2dParams, Pool2dParams, Reduction, UnaryKind};
 pub use tensor::{enable_grad, grad_enabled, no_grad, Array, Tensor, TensorId};
 pub mod attack;
 pub mod classifier;
+pub mod coverage;
 pub mod data;
 pub mod detector;
 pub mod io;

@@ -8,6 +8,7 @@ mod attacks_minnorm;
 mod attacks_score;
 mod attacks_table;
 mod common;
+mod coverage;
 mod data;
 mod defenses_training;
 mod defenses_transforms;
