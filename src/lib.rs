@@ -41,6 +41,7 @@ pub mod classifier;
 pub mod coverage;
 pub mod data;
 pub mod detector;
+pub mod fuzz;
 pub mod io;
 pub mod nn;
 pub mod onnx;

@@ -1,0 +1,280 @@
+//! One fuzzing round: draw seeds by the power schedule, make their mutants in parallel, run them through the
+//! model as one batch, and update coverage, the corpus and the failures in slot order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::Rng;
+use rayon::prelude::*;
+
+use super::mutate::{apply, Group, Method, Step};
+use super::{l0_linf, Failure, Fuzzer, GroupStats};
+use crate::coverage::Tracker;
+use crate::{seed, Goal, Result, Tensor};
+
+/// A corpus entry.
+pub(super) struct Entry {
+    pub image: Arc<Vec<f32>>,
+    /// What validity is measured against: the seed, or the seed under the lineage's affine step.
+    pub reference: Arc<Vec<f32>>,
+    pub origin: usize,
+    pub chain: Vec<Step>,
+    /// The lineage already has its affine or adversarial step.
+    pub locked: bool,
+    pub fuzzed: u32,
+    pub recent: u32,
+}
+
+/// A mutant of a round, before the model saw it.
+struct Mutant {
+    parent: usize,
+    step: Step,
+    image: Vec<f32>,
+    reference: Arc<Vec<f32>>,
+}
+
+pub(super) struct State {
+    pub seeds: Vec<Arc<Vec<f32>>>,
+    pub labels: Vec<usize>,
+    pub correct: Vec<bool>,
+    pub corpus: Vec<Entry>,
+    pub tracker: Tracker,
+    pub failures: Vec<Failure>,
+    pub groups: BTreeMap<Group, GroupStats>,
+    pub curve: Vec<(usize, f64)>,
+    pub mutants: usize,
+    pub iterations: usize,
+    pub rounds: usize,
+    pub kept: usize,
+}
+
+impl State {
+    /// The seeds as the first corpus entries, their coverage, and which the model classifies correctly.
+    pub fn new(f: &Fuzzer<'_>, seeds: &Tensor, labels: &[usize]) -> Result<State> {
+        let (batch, logits) = f.taps.read(f.model, seeds)?;
+        let mut tracker = Tracker::new(&f.bounds, f.config.coverage)?;
+        tracker.add(&batch)?;
+        let predictions = crate::classifier::argmax_rows(&logits);
+        let n = labels.len();
+        let per = seeds.numel() / n;
+        let data = seeds.to_vec();
+        let images: Vec<Arc<Vec<f32>>> = (0..n).map(|i| Arc::new(data[i * per..(i + 1) * per].to_vec())).collect();
+        let corpus = (0..n)
+            .map(|i| Entry {
+                image: images[i].clone(),
+                reference: images[i].clone(),
+                origin: i,
+                chain: Vec::new(),
+                locked: false,
+                fuzzed: 0,
+                recent: 1,
+            })
+            .collect();
+        let curve = vec![(0, tracker.value(f.config.metric))];
+        Ok(State {
+            seeds: images,
+            labels: labels.to_vec(),
+            correct: predictions.iter().zip(labels).map(|(p, l)| p == l).collect(),
+            corpus,
+            tracker,
+            failures: Vec::new(),
+            groups: [Group::Pixel, Group::Affine, Group::Adversarial]
+                .into_iter()
+                .map(|g| (g, Default::default()))
+                .collect(),
+            curve,
+            mutants: 0,
+            iterations: 0,
+            rounds: 0,
+            kept: 0,
+        })
+    }
+
+    /// Whether a budget is spent.
+    pub fn done(&self, f: &Fuzzer<'_>, elapsed: f64) -> bool {
+        let c = &f.config;
+        c.max_iterations.is_some_and(|m| self.iterations >= m)
+            || c.max_mutants.is_some_and(|m| self.mutants >= m)
+            || c.max_seconds.is_some_and(|s| elapsed >= s)
+            || c.target_coverage.is_some_and(|t| self.tracker.value(c.metric) >= t)
+    }
+
+    /// Seed draws this round: `seeds_per_round`, fewer when an iteration or mutant budget ends sooner.
+    fn draws(&self, f: &Fuzzer<'_>) -> usize {
+        let c = &f.config;
+        let mut k = c.seeds_per_round;
+        if let Some(m) = c.max_iterations {
+            k = k.min(m.saturating_sub(self.iterations));
+        }
+        if let Some(m) = c.max_mutants {
+            k = k.min(m.saturating_sub(self.mutants).div_ceil(c.mutants_per_seed));
+        }
+        k.max(1)
+    }
+
+    /// The power schedule: an entry with probability ∝ (1 + 2·recent) / (1 + fuzzed).
+    fn pick(&self, rng: &mut impl Rng) -> usize {
+        let w = |e: &Entry| (1.0 + 2.0 * f64::from(e.recent)) / (1.0 + f64::from(e.fuzzed));
+        let total: f64 = self.corpus.iter().map(w).sum();
+        let mut u = rng.random::<f64>() * total;
+        for (i, e) in self.corpus.iter().enumerate() {
+            u -= w(e);
+            if u < 0.0 {
+                return i;
+            }
+        }
+        self.corpus.len() - 1
+    }
+
+    /// One round.
+    pub fn round(&mut self, f: &Fuzzer<'_>) -> Result<()> {
+        let round_seed = seed::derive(f.config.seed, self.rounds as u64);
+        let mut rng = seed::rng(round_seed);
+        let draws = self.draws(f);
+        let picks: Vec<usize> = (0..draws).map(|_| self.pick(&mut rng)).collect();
+        let steps = self.plan(f, &picks, round_seed, &mut rng);
+        let mutants = self.make(f, steps)?;
+        self.iterations += draws;
+        self.rounds += 1;
+        self.mutants += mutants.len();
+        for &p in &picks {
+            self.corpus[p].fuzzed += 1;
+            self.corpus[p].recent = 0;
+        }
+        self.evaluate(f, mutants)?;
+        self.curve.push((self.mutants, self.tracker.value(f.config.metric)));
+        Ok(())
+    }
+
+    /// Each slot's step: a method among those the lineage may still use (only pixel-value ones once it has its
+    /// affine or adversarial step), its parameters, and a seed of its own.
+    fn plan(&self, f: &Fuzzer<'_>, picks: &[usize], round_seed: u64, rng: &mut impl Rng) -> Vec<(usize, Step)> {
+        let mut out = Vec::with_capacity(picks.len() * f.config.mutants_per_seed);
+        for &p in picks {
+            let allowed: Vec<&super::config::MethodSpec> = f
+                .mutations
+                .methods
+                .iter()
+                .filter(|m| !self.corpus[p].locked || m.method.group() == Group::Pixel)
+                .collect();
+            if allowed.is_empty() {
+                continue;
+            }
+            for _ in 0..f.config.mutants_per_seed {
+                let spec = allowed[rng.random_range(0..allowed.len())];
+                let step = Step {
+                    method: spec.method,
+                    params: spec.draw(rng),
+                    attack: spec.attack.as_deref().and_then(|a| f.attack_index(a)),
+                    seed: seed::derive(round_seed, 1 + out.len() as u64),
+                };
+                out.push((p, step));
+            }
+        }
+        out
+    }
+
+    /// The mutants' images: image steps in parallel, then each attack once on the batch of its slots.
+    fn make(&self, f: &Fuzzer<'_>, steps: Vec<(usize, Step)>) -> Result<Vec<Mutant>> {
+        let shape = f.image_shape()?;
+        let bounds = f.model.bounds();
+        let mut mutants: Vec<Mutant> = steps
+            .into_par_iter()
+            .map(|(parent, step)| {
+                let e = &self.corpus[parent];
+                let image = apply(&step, &e.image, shape, bounds);
+                let reference = match step.method.group() {
+                    Group::Affine => Arc::new(apply(&step, &self.seeds[e.origin], shape, bounds)),
+                    _ => e.reference.clone(),
+                };
+                Mutant { parent, step, image, reference }
+            })
+            .collect();
+        for (a, (_, attack)) in f.attacks.iter().enumerate() {
+            let slots: Vec<usize> = (0..mutants.len())
+                .filter(|&i| mutants[i].step.method == Method::Adversarial && mutants[i].step.attack == Some(a))
+                .collect();
+            if slots.is_empty() {
+                continue;
+            }
+            let call_seed = mutants[slots[0]].step.seed;
+            let flat: Vec<f32> =
+                slots.iter().flat_map(|&i| self.corpus[mutants[i].parent].image.iter().copied()).collect();
+            let mut dims = vec![slots.len()];
+            dims.extend_from_slice(&shape);
+            let x = Tensor::from_vec(flat, &dims)?;
+            let labels: Vec<usize> =
+                slots.iter().map(|&i| self.labels[self.corpus[mutants[i].parent].origin]).collect();
+            let adv = attack.generate(f.model, &x, &labels, &Goal::Untargeted, call_seed)?.to_vec();
+            let per = adv.len() / slots.len();
+            for (k, &i) in slots.iter().enumerate() {
+                mutants[i].image = adv[k * per..(k + 1) * per].to_vec();
+                mutants[i].step.seed = call_seed;
+            }
+        }
+        Ok(mutants)
+    }
+
+    /// Validity, one forward pass over the valid mutants, then coverage, failures and the corpus in slot order.
+    fn evaluate(&mut self, f: &Fuzzer<'_>, mutants: Vec<Mutant>) -> Result<()> {
+        let range = f.range();
+        let valid: Vec<bool> =
+            mutants.par_iter().map(|m| f.config.validity.check(&m.reference, &m.image, range)).collect();
+        for (m, &v) in mutants.iter().zip(&valid) {
+            let g = self.groups.entry(m.step.method.group()).or_default();
+            g.mutants += 1;
+            g.valid += usize::from(v);
+        }
+        let mutants: Vec<Mutant> = mutants.into_iter().zip(valid).filter(|(_, v)| *v).map(|(m, _)| m).collect();
+        if mutants.is_empty() {
+            return Ok(());
+        }
+        let shape = f.image_shape()?;
+        let flat: Vec<f32> = mutants.iter().flat_map(|m| m.image.iter().copied()).collect();
+        let x = Tensor::from_vec(flat, &[mutants.len(), shape[0], shape[1], shape[2]])?;
+        let (batch, logits) = f.taps.read(f.model, &x)?;
+        let predictions = crate::classifier::argmax_rows(&logits);
+        for (i, m) in mutants.into_iter().enumerate() {
+            let origin = self.corpus[m.parent].origin;
+            let (label, group) = (self.labels[origin], m.step.method.group());
+            if self.correct[origin] {
+                self.groups.entry(group).or_default().valid_from_correct += 1;
+            }
+            let mut chain = self.corpus[m.parent].chain.clone();
+            chain.push(m.step);
+            if self.correct[origin] && predictions[i] != label {
+                self.groups.entry(group).or_default().failures += 1;
+                let (l0, linf) = l0_linf(&self.seeds[origin], &m.image);
+                self.failures.push(Failure {
+                    seed: origin,
+                    label,
+                    prediction: predictions[i],
+                    chain,
+                    group,
+                    image: m.image,
+                    linf,
+                    l0,
+                    shrunk: None,
+                });
+                continue;
+            }
+            let gain = self.tracker.gain(&batch, i)?;
+            if self.tracker.delta(&gain, f.config.metric) > f.config.gain_threshold {
+                self.tracker.commit(&batch, i)?;
+                self.kept += 1;
+                self.corpus[m.parent].recent += 1;
+                let locked = self.corpus[m.parent].locked || group != Group::Pixel;
+                self.corpus.push(Entry {
+                    image: Arc::new(m.image),
+                    reference: m.reference,
+                    origin,
+                    chain,
+                    locked,
+                    fuzzed: 0,
+                    recent: 1,
+                });
+            }
+        }
+        Ok(())
+    }
+}
