@@ -4,9 +4,12 @@
 //! threshold joins the corpus; a valid mutant of a correctly classified seed that the model gets wrong is a
 //! failure, which is then shrunk towards its seed ([`shrink`]).
 //!
-//! - **Power schedule.** Each round draws `seeds_per_round` corpus entries with probability proportional to
-//!   `(1 + 2 · recent) / (1 + fuzzed)`: `recent` is how many of the entry's mutants joined the corpus the last
-//!   time it was fuzzed (1 for a new entry, which just raised coverage), `fuzzed` how often it was drawn.
+//! - **Power schedule.** Each round draws `seeds_per_round` corpus entries on two levels: a seed's family (the
+//!   seed and its descendants) with probability ∝ `(1 + 2 · recent) / √(1 + drawn)`, then an entry of the family
+//!   with probability ∝ `(1 + 2 · recent) / (1 + fuzzed)`: `recent` is how many mutants joined the corpus the
+//!   last time the family (entry) was drawn — 1 for a new entry, which just raised coverage —, `drawn` and
+//!   `fuzzed` how often it was drawn. The family level keeps every seed in play however large one lineage
+//!   grows (with one level, a few prolific lineages took most draws and failures came from half the seeds).
 //! - **DeepHunter's rules.** A lineage holds at most one affine or adversarial mutation; once it has one, only
 //!   pixel-value mutations follow. Validity is measured against the *reference* of the lineage — its original
 //!   seed, or for an affine lineage the seed under that affine transformation alone — and holds when at most a
@@ -160,6 +163,15 @@ pub struct Failure {
     pub shrunk: Option<shrink::Shrunk>,
 }
 
+/// `a / b`, 0 when `b` is 0.
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
 /// Per strategy group: mutants made, valid ones, valid ones of correctly classified seeds, failures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GroupStats {
@@ -176,11 +188,7 @@ pub struct GroupStats {
 impl GroupStats {
     /// Failures / valid mutants of correctly classified seeds (0 when there is none).
     pub fn success_rate(&self) -> f64 {
-        if self.valid_from_correct == 0 {
-            0.0
-        } else {
-            self.failures as f64 / self.valid_from_correct as f64
-        }
+        ratio(self.failures, self.valid_from_correct)
     }
 }
 
@@ -229,12 +237,7 @@ impl FuzzReport {
 
     /// Failures / valid mutants of correctly classified seeds (defined at 100%; 0 with no valid mutant).
     pub fn success_rate(&self) -> f64 {
-        let v = self.valid_from_correct();
-        if v == 0 {
-            0.0
-        } else {
-            self.failures.len() as f64 / v as f64
-        }
+        ratio(self.failures.len(), self.valid_from_correct())
     }
 
     /// The model's accuracy on the valid mutants of correctly classified seeds: 1 − success rate.

@@ -12,6 +12,19 @@ use super::{l0_linf, Failure, Fuzzer, GroupStats};
 use crate::coverage::Tracker;
 use crate::{seed, Goal, Result, Tensor};
 
+/// An index in `0..n` drawn with probability ∝ `w(i)` (sums in index order, so the draw is reproducible).
+fn weighted(rng: &mut impl Rng, n: usize, w: impl Fn(usize) -> f64) -> usize {
+    let total: f64 = (0..n).map(&w).sum();
+    let mut u = rng.random::<f64>() * total;
+    for i in 0..n {
+        u -= w(i);
+        if u < 0.0 {
+            return i;
+        }
+    }
+    n - 1
+}
+
 /// A corpus entry.
 pub(super) struct Entry {
     pub image: Arc<Vec<f32>>,
@@ -38,6 +51,10 @@ pub(super) struct State {
     pub labels: Vec<usize>,
     pub correct: Vec<bool>,
     pub corpus: Vec<Entry>,
+    /// Per seed, its corpus entries (the seed first).
+    families: Vec<Vec<usize>>,
+    family_draws: Vec<u32>,
+    family_recent: Vec<u32>,
     pub tracker: Tracker,
     pub failures: Vec<Failure>,
     pub groups: BTreeMap<Group, GroupStats>,
@@ -76,6 +93,9 @@ impl State {
             labels: labels.to_vec(),
             correct: predictions.iter().zip(labels).map(|(p, l)| p == l).collect(),
             corpus,
+            families: (0..n).map(|i| vec![i]).collect(),
+            family_draws: vec![0; n],
+            family_recent: vec![0; n],
             tracker,
             failures: Vec::new(),
             groups: [Group::Pixel, Group::Affine, Group::Adversarial]
@@ -112,18 +132,20 @@ impl State {
         k.max(1)
     }
 
-    /// The power schedule: an entry with probability ∝ (1 + 2·recent) / (1 + fuzzed).
+    /// The power schedule, on two levels: a seed's family (the seed and every corpus entry descended from it)
+    /// with probability ∝ (1 + 2·recent) / √(1 + drawn), where `recent` counts the family's entries that joined
+    /// the corpus the last time it was drawn; then an entry of the family with probability ∝
+    /// (1 + 2·recent) / (1 + fuzzed). Families keep every seed in play however large one lineage grows.
     fn pick(&self, rng: &mut impl Rng) -> usize {
-        let w = |e: &Entry| (1.0 + 2.0 * f64::from(e.recent)) / (1.0 + f64::from(e.fuzzed));
-        let total: f64 = self.corpus.iter().map(w).sum();
-        let mut u = rng.random::<f64>() * total;
-        for (i, e) in self.corpus.iter().enumerate() {
-            u -= w(e);
-            if u < 0.0 {
-                return i;
-            }
-        }
-        self.corpus.len() - 1
+        let fam =
+            |f: usize| (1.0 + 2.0 * f64::from(self.family_recent[f])) / (1.0 + f64::from(self.family_draws[f])).sqrt();
+        let f = weighted(rng, self.families.len(), fam);
+        let members = &self.families[f];
+        let w = |k: usize| {
+            let e = &self.corpus[members[k]];
+            (1.0 + 2.0 * f64::from(e.recent)) / (1.0 + f64::from(e.fuzzed))
+        };
+        members[weighted(rng, members.len(), w)]
     }
 
     /// One round.
@@ -138,8 +160,11 @@ impl State {
         self.rounds += 1;
         self.mutants += mutants.len();
         for &p in &picks {
+            let origin = self.corpus[p].origin;
             self.corpus[p].fuzzed += 1;
             self.corpus[p].recent = 0;
+            self.family_draws[origin] += 1;
+            self.family_recent[origin] = 0;
         }
         self.evaluate(f, mutants)?;
         self.curve.push((self.mutants, self.tracker.value(f.config.metric)));
@@ -263,6 +288,8 @@ impl State {
                 self.tracker.commit(&batch, i)?;
                 self.kept += 1;
                 self.corpus[m.parent].recent += 1;
+                self.family_recent[origin] += 1;
+                self.families[origin].push(self.corpus.len());
                 let locked = self.corpus[m.parent].locked || group != Group::Pixel;
                 self.corpus.push(Entry {
                     image: Arc::new(m.image),
