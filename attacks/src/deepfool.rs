@@ -180,24 +180,11 @@ impl Algorithm for DeepFool {
         let (n, d) = x2.dim();
         let k = model.num_classes();
         let clean = p.logits(p.x, None)?;
-        // The other candidate classes of each sample: the next `candidates − 1` by clean logit (ties by index).
-        let others: Vec<Vec<usize>> = (0..n)
-            .map(|i| {
-                let z = clean.row(i);
-                let mut order: Vec<usize> = (0..k).filter(|&j| j != labels[i]).collect();
-                order.sort_by(|&a, &b| z[b].total_cmp(&z[a]).then(a.cmp(&b)));
-                order.truncate(self.candidates.min(k) - 1);
-                order
-            })
-            .collect();
-        // by_rank[c][i]: sample i's candidate of rank c.
-        let ncand = self.candidates.min(k) - 1;
-        let by_rank: Vec<Vec<usize>> = (0..ncand).map(|c| others.iter().map(|o| o[c]).collect()).collect();
+        let by_rank = candidates_by_rank(&clean, labels, self.candidates.min(k) - 1);
         let preds = armoury::classifier::argmax_rows(&clean);
         let mut active: Vec<usize> = (0..n).filter(|&i| preds[i] == labels[i]).collect();
         let mut adv = x2.clone();
         let mut r_tot = Array2::<f32>::zeros((n, d));
-        let scale = 1.0 + self.overshoot;
         for it in 0..self.max_iter {
             if active.is_empty() {
                 break;
@@ -252,35 +239,68 @@ impl Algorithm for DeepFool {
                     }
                 }
             }
-            let mut stuck = Vec::new();
-            for (r, &i) in active.iter().enumerate() {
-                let (dist, w) = &best[r];
-                if !dist.is_finite() || w.iter().all(|&v| v == 0.0) {
-                    stuck.push(i);
-                    continue;
-                }
-                let step: Vec<f32> = match self.norm {
-                    Norm::Linf => w.iter().map(|&v| (*dist * sign(v) as f64) as f32).collect(),
-                    _ => {
-                        let wn = Norm::L2.of(w) + 1e-8;
-                        w.iter().map(|&v| (*dist * v as f64 / wn) as f32).collect()
-                    }
-                };
-                // x' = clip(x + (1 + overshoot)·Σr); a clipped coordinate keeps only the part of Σr realised.
-                let mut ar = adv.row_mut(i);
-                let mut rt = r_tot.row_mut(i);
-                for (((a, t), &xv), &s) in ar.iter_mut().zip(rt.iter_mut()).zip(x2.row(i)).zip(&step) {
-                    *t += s;
-                    let v = xv + scale * *t;
-                    *a = v.clamp(lo, hi);
-                    if *a != v {
-                        *t = (*a - xv) / scale;
-                    }
-                }
-            }
+            let stuck = self.step(&active, &best, &x2, &mut adv, &mut r_tot, (lo, hi));
             // A zero (or non-finite) gradient for every candidate: nothing to follow.
             active.retain(|i| !stuck.contains(i));
         }
         Ok(p.unrows(adv))
     }
+}
+
+impl DeepFool {
+    /// Moves each active sample along its best linearised step; returns the samples with nothing to follow.
+    fn step(
+        &self,
+        active: &[usize],
+        best: &[(f64, Vec<f32>)],
+        x2: &Array2<f32>,
+        adv: &mut Array2<f32>,
+        r_tot: &mut Array2<f32>,
+        (lo, hi): (f32, f32),
+    ) -> Vec<usize> {
+        let scale = 1.0 + self.overshoot;
+        let mut stuck = Vec::new();
+        for (r, &i) in active.iter().enumerate() {
+            let (dist, w) = &best[r];
+            if !dist.is_finite() || w.iter().all(|&v| v == 0.0) {
+                stuck.push(i);
+                continue;
+            }
+            let step: Vec<f32> = match self.norm {
+                Norm::Linf => w.iter().map(|&v| (*dist * sign(v) as f64) as f32).collect(),
+                _ => {
+                    let wn = Norm::L2.of(w) + 1e-8;
+                    w.iter().map(|&v| (*dist * v as f64 / wn) as f32).collect()
+                }
+            };
+            // x' = clip(x + (1 + overshoot)·Σr); a clipped coordinate keeps only the part of Σr realised.
+            let mut ar = adv.row_mut(i);
+            let mut rt = r_tot.row_mut(i);
+            for (((a, t), &xv), &s) in ar.iter_mut().zip(rt.iter_mut()).zip(x2.row(i)).zip(&step) {
+                *t += s;
+                let v = xv + scale * *t;
+                *a = v.clamp(lo, hi);
+                if *a != v {
+                    *t = (*a - xv) / scale;
+                }
+            }
+        }
+        stuck
+    }
+}
+
+/// The other candidate classes of each sample, by rank: `by_rank[c][i]` is sample i's candidate of rank c, the
+/// next `count` classes by clean logit (ties by index).
+fn candidates_by_rank(clean: &Array2<f32>, labels: &[usize], count: usize) -> Vec<Vec<usize>> {
+    let k = clean.ncols();
+    let others: Vec<Vec<usize>> = (0..clean.nrows())
+        .map(|i| {
+            let z = clean.row(i);
+            let mut order: Vec<usize> = (0..k).filter(|&j| j != labels[i]).collect();
+            order.sort_by(|&a, &b| z[b].total_cmp(&z[a]).then(a.cmp(&b)));
+            order.truncate(count);
+            order
+        })
+        .collect();
+    (0..count).map(|c| others.iter().map(|o| o[c]).collect()).collect()
 }
