@@ -4,7 +4,7 @@
 //! `cargo run --release --example fuzz -- [--model cnn|mlp|FILE.onnx] [--weights FILE] [--bounds 0,1] [--data DIR] [--seeds 100]
 //! [--iterations 900] [--mutants-per-seed 20] [--max-mutants N] [--seconds S] [--coverage nc|tknc|nbc|snac|kmnc]
 //! [--gain-threshold G] [--config FILE.json] [--attacks fgsm,pgd,mdifgsm] [--groups pixel,affine,adversarial]
-//! [--taps a,b,…] [--per-position] [--bounds-images 10000] [--retrain-epochs 1] [--no-shrink] [--seed S]
+//! [--taps a,b,…] [--per-position] [--bounds-images 10000] [--retrain-epochs 1] [--min-ssim S] [--no-shrink] [--seed S]
 //! [--out DIR] [--coverage-only]`
 //!
 //! The model defaults to the fixture cnn (`tests/fixtures/cnn.safetensors`); the data to full Fashion-MNIST when
@@ -97,6 +97,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             Long("bounds-images") => a.bounds_images = p.value()?.parse()?,
             Long("retrain-epochs") => a.retrain_epochs = p.value()?.parse()?,
             Long("no-shrink") => a.fuzz.shrink = false,
+            Long("min-ssim") => a.fuzz.validity.min_ssim = Some(p.value()?.parse()?),
             Long("seed") => a.fuzz.seed = p.value()?.parse()?,
             Long("out") => a.out = p.value()?.into(),
             Long("coverage-only") => a.coverage_only = true,

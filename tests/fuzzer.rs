@@ -156,6 +156,38 @@ fn fuzz_validity_rejects_with_the_defaults() {
     few[15] = 1.0;
     assert!(!v.check(&seed, &few, 1.0), "16 pixels changed by 0.5");
     assert!(v.check(&seed, &bright(30.0), 255.0), "β is relative to the range: 30 ≤ 0.2 · 255");
+    // The optional SSIM floor: uniform noise of amplitude 0.15 on a flat image passes L∞ but has SSIM
+    // C2 / (σ² + C2) = 0.0009 / (0.0075 + 0.0009) ≈ 0.11; a brightness shift of 0.1 keeps SSIM ≈ 0.98.
+    let shape = [1, 28, 28];
+    let noisy = apply(&step(Method::UniformNoise, 0.15, 0.0), &seed, shape, (0.0, 1.0));
+    let strict = Validity { min_ssim: Some(0.9), ..Validity::default() };
+    assert!(v.check_image(&seed, &noisy, 1.0, shape) && !strict.check_image(&seed, &noisy, 1.0, shape));
+    assert!(strict.check_image(&seed, &bright(0.1), 1.0, shape));
+}
+
+/// With an SSIM floor the fuzzer keeps fewer mutants valid; a floor on images SSIM cannot score is refused.
+#[test]
+fn fuzz_ssim_validity_rejects_more() {
+    let model = cnn();
+    let valid = |r: &FuzzReport| r.groups.values().map(|g| g.valid).sum::<usize>();
+    let plain = run(&model, MutationConfig::default(), Vec::new(), small(4));
+    let strict = FuzzConfig { validity: Validity { min_ssim: Some(0.8), ..Validity::default() }, ..small(4) };
+    let with_ssim = run(&model, MutationConfig::default(), Vec::new(), strict.clone());
+    assert!(valid(&with_ssim) < valid(&plain), "{} vs {}", valid(&with_ssim), valid(&plain));
+    for f in &with_ssim.failures {
+        let seed = seeds().0.narrow(0, f.seed, 1).expect("seed").to_vec();
+        if non_pixel(&f.chain) == 0 {
+            let s = armoury::metrics::ssim_slices(&seed, &f.image, [1, 28, 28], 1.0).expect("ssim");
+            assert!(s >= 0.8, "a failure below the SSIM floor: {s}");
+        }
+    }
+    // 2 × 5 images: SSIM's 11 × 11 window does not fit.
+    let net: Arc<dyn Module> = Arc::new(armoury::nn::Sequential::new().add("flat", armoury::nn::Flatten));
+    let tiny = ModuleClassifier::new(net, &[1, 2, 5], 10, (0.0, 1.0)).expect("classifier");
+    let taps = NeuronTaps::new(&["flat"]);
+    let x = Tensor::zeros(&[2, 1, 2, 5]);
+    let b = Bounds::fit(&tiny, &taps, &x, 2).expect("bounds");
+    assert!(Fuzzer::new(&tiny, taps, b, MutationConfig::default(), Vec::new(), strict).is_err(), "2×5 images");
 }
 
 fn cnn() -> ModuleClassifier {

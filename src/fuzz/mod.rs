@@ -16,7 +16,8 @@
 //!   fraction `l0_fraction` of the elements changed (any amount) or every element changed by at most
 //!   `linf_fraction` of the input range ([`Validity`]; defaults α = 0.02, β = 0.2 as in DeepHunter, taken relative
 //!   to the model's bounds, so they reject on [0, 1] images — MindArmour compares [0, 1] images with
-//!   β · 255 and rejects nothing).
+//!   β · 255 and rejects nothing). Optionally, a mutant must also keep an SSIM of at least `min_ssim` with
+//!   its reference ([`crate::metrics::ssim`]).
 //! - **Gain threshold.** A mutant joins the corpus when the chosen metric rises by *more than* `gain_threshold`
 //!   (in the metric's units); with 0, any gain counts (MindArmour's threshold is never applied).
 //! - **Batched and reproducible.** A round's mutants are made in parallel, each from its own seed
@@ -47,19 +48,33 @@ pub struct Validity {
     pub l0_fraction: f32,
     /// Otherwise it is valid when no element changed by more than this fraction of the range (β, 0.2).
     pub linf_fraction: f32,
+    /// Optionally, also require at least this SSIM with the reference ([`crate::metrics::ssim`], Wang et al.
+    /// 2004; images of at least 11 × 11). Off by default.
+    #[serde(default)]
+    pub min_ssim: Option<f32>,
 }
 
 impl Default for Validity {
     fn default() -> Self {
-        Validity { l0_fraction: 0.02, linf_fraction: 0.2 }
+        Validity { l0_fraction: 0.02, linf_fraction: 0.2, min_ssim: None }
     }
 }
 
 impl Validity {
-    /// Whether `mutant` is a valid change of `reference` for inputs of range `range`.
+    /// Whether `mutant` is a valid change of `reference` for inputs of range `range` under the L0 / L∞ rule
+    /// (SSIM not checked).
     pub fn check(&self, reference: &[f32], mutant: &[f32], range: f32) -> bool {
         let (l0, linf) = l0_linf(reference, mutant);
         l0 as f32 <= self.l0_fraction * reference.len() as f32 || linf <= self.linf_fraction * range
+    }
+
+    /// The whole rule: [`Validity::check`], and the SSIM floor when set, for images of shape [C, H, W]. An
+    /// image SSIM cannot score (smaller than 11 × 11) is invalid; [`Fuzzer::new`] refuses such a set-up.
+    pub fn check_image(&self, reference: &[f32], mutant: &[f32], range: f32, shape: [usize; 3]) -> bool {
+        self.check(reference, mutant, range)
+            && self.min_ssim.is_none_or(|s| {
+                crate::metrics::ssim_slices(reference, mutant, shape, f64::from(range)).is_ok_and(|v| v >= f64::from(s))
+            })
     }
 }
 
@@ -294,6 +309,7 @@ impl<'a> Fuzzer<'a> {
         config: FuzzConfig,
     ) -> Result<Fuzzer<'a>> {
         config.validate()?;
+        image_shape(model)?;
         if mutations.methods.is_empty() {
             return Err(Error::invalid("fuzz", "no mutation method"));
         }
@@ -303,6 +319,15 @@ impl<'a> Fuzzer<'a> {
             }
         }
         Tracker::new(&bounds, config.coverage)?;
+        if let Some(s) = config.validity.min_ssim {
+            let [_, h, w] = image_shape(model)?;
+            if !(s.is_finite() && s <= 1.0) || h < crate::metrics::SSIM_WINDOW || w < crate::metrics::SSIM_WINDOW {
+                return Err(Error::invalid(
+                    "fuzz",
+                    format!("min_ssim {s} needs a value ≤ 1 and images of 11 × 11 or more"),
+                ));
+            }
+        }
         Ok(Fuzzer { model, taps, bounds, mutations, attacks, config })
     }
 
@@ -368,9 +393,19 @@ impl<'a> Fuzzer<'a> {
     }
 
     fn image_shape(&self) -> Result<[usize; 3]> {
-        match self.model.input_shape() {
-            &[c, h, w] => Ok([c, h, w]),
-            s => Err(Error::invalid("fuzz", format!("input shape {s:?} is not [C, H, W]"))),
-        }
+        image_shape(self.model)
+    }
+
+    /// The validity rule for a mutant of a lineage with this reference.
+    fn valid(&self, reference: &[f32], mutant: &[f32]) -> bool {
+        let shape = self.image_shape().expect("checked by Fuzzer::new");
+        self.config.validity.check_image(reference, mutant, self.range(), shape)
+    }
+}
+
+fn image_shape(model: &dyn Classifier) -> Result<[usize; 3]> {
+    match model.input_shape() {
+        &[c, h, w] => Ok([c, h, w]),
+        s => Err(Error::invalid("fuzz", format!("input shape {s:?} is not [C, H, W]"))),
     }
 }

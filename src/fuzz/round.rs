@@ -242,9 +242,7 @@ impl State {
 
     /// Validity, one forward pass over the valid mutants, then coverage, failures and the corpus in slot order.
     fn evaluate(&mut self, f: &Fuzzer<'_>, mutants: Vec<Mutant>) -> Result<()> {
-        let range = f.range();
-        let valid: Vec<bool> =
-            mutants.par_iter().map(|m| f.config.validity.check(&m.reference, &m.image, range)).collect();
+        let valid: Vec<bool> = mutants.par_iter().map(|m| f.valid(&m.reference, &m.image)).collect();
         for (m, &v) in mutants.iter().zip(&valid) {
             let g = self.groups.entry(m.step.method.group()).or_default();
             g.mutants += 1;

@@ -179,7 +179,6 @@ pub(super) fn shrink_all(f: &Fuzzer<'_>, seeds: &Tensor, failures: &mut [Failure
         })
         .collect::<Result<_>>()?;
     let shape = f.image_shape()?;
-    let range = f.range();
     loop {
         let proposals: Vec<(usize, Proposal)> =
             jobs.iter_mut().enumerate().filter_map(|(i, j)| j.propose().map(|p| (i, p))).collect();
@@ -197,7 +196,7 @@ pub(super) fn shrink_all(f: &Fuzzer<'_>, seeds: &Tensor, failures: &mut [Failure
         let x = Tensor::from_vec(flat, &[made.len(), shape[0], shape[1], shape[2]])?;
         let predictions = f.model.predict(&x)?;
         for (((i, p), (image, reference)), pred) in proposals.into_iter().zip(made).zip(predictions) {
-            let fails = pred != failures[i].label && f.config.validity.check(&reference, &image, range);
+            let fails = pred != failures[i].label && f.valid(&reference, &image);
             jobs[i].accept(p, image, reference, pred, fails);
         }
     }
