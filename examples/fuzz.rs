@@ -5,12 +5,13 @@
 //! [--iterations 900] [--mutants-per-seed 20] [--max-mutants N] [--seconds S] [--coverage nc|tknc|nbc|snac|kmnc]
 //! [--gain-threshold G] [--config FILE.json] [--attacks fgsm,pgd,mdifgsm] [--groups pixel,affine,adversarial]
 //! [--taps a,b,…] [--per-position] [--bounds-images 10000] [--retrain-epochs 1] [--min-ssim S] [--no-shrink] [--seed S]
-//! [--out DIR] [--coverage-only]`
+//! [--out DIR] [--resume DIR/checkpoint.json] [--coverage-only]`
 //!
 //! The model defaults to the fixture cnn (`tests/fixtures/cnn.safetensors`); the data to full Fashion-MNIST when
 //! installed, else the embedded sample. Seeds are the first `--seeds` test images, neuron bounds come from the
 //! first `--bounds-images` training images (one streaming pass). Prints a progress bar, a summary table, writes
-//! `report.json`, `coverage.svg` and `failures.png` (seed | failing mutant | shrunk mutant) into `--out`, retrains
+//! `report.json`, `coverage.svg`, `failures.png` (seed | failing mutant | shrunk mutant) and `checkpoint.json`
+//! (the corpus, for `--resume` with a larger budget) into `--out`, retrains
 //! on the failures of half the seeds and measures the other half, and ends with one JSON line. With
 //! `--coverage-only`, prints NC (0.1), TKNC (3), NBC, SNAC and KMNC (100) of the seeds and nothing else.
 
@@ -50,6 +51,7 @@ struct Args {
     bounds_images: usize,
     retrain_epochs: usize,
     out: PathBuf,
+    resume: Option<PathBuf>,
     coverage_only: bool,
 }
 
@@ -70,6 +72,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         bounds_images: 10_000,
         retrain_epochs: 1,
         out: PathBuf::from("out/fuzz"),
+        resume: None,
         coverage_only: false,
     };
     let list = |s: String| s.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect::<Vec<_>>();
@@ -100,6 +103,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             Long("min-ssim") => a.fuzz.validity.min_ssim = Some(p.value()?.parse()?),
             Long("seed") => a.fuzz.seed = p.value()?.parse()?,
             Long("out") => a.out = p.value()?.into(),
+            Long("resume") => a.resume = Some(p.value()?.into()),
             Long("coverage-only") => a.coverage_only = true,
             Long("help") | Short('h') => {
                 println!("see the top of examples/fuzz.rs; attacks for --attacks:");
@@ -190,11 +194,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .progress_chars("=> "),
     );
     let metric = args.fuzz.metric;
-    let report = fuzzer.run(&x, &y, &mut |p| {
+    let resume = args.resume.as_ref().map(armoury::fuzz::Checkpoint::load).transpose()?;
+    let (report, checkpoint) = fuzzer.run_from(&x, &y, resume.as_ref(), &mut |p| {
         bar.set_position(p.mutants as u64);
         bar.set_message(format!("{} {:.4}, {} failures", metric.name(), p.coverage, p.failures));
     })?;
     bar.finish_and_clear();
+    std::fs::create_dir_all(&args.out)?;
+    checkpoint.save(args.out.join("checkpoint.json"))?;
     fuzz_report::print_table(&report);
     fuzz_report::write_files(&report, &x, &args.out)?;
     let retrain = if args.retrain_epochs > 0 && !report.failures.is_empty() {

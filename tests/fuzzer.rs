@@ -345,3 +345,40 @@ fn fuzz_adversarial_mutations_and_errors() {
     let f = Fuzzer::new(&model, taps, bounds, MutationConfig::default(), Vec::new(), small(0)).expect("fuzzer");
     assert!(f.run(&x, &y[..3], &mut |_| {}).is_err(), "labels do not match the seeds");
 }
+
+/// A run stopped after 32 iterations, saved, and resumed to 64 reports exactly what one run to 64 does; a
+/// checkpoint of another run is refused.
+#[test]
+fn fuzz_resumes_from_a_saved_corpus() {
+    let model = cnn();
+    let (x, y) = seeds();
+    let taps = NeuronTaps::new(&TAPS);
+    let bounds = Bounds::fit(&model, &taps, &x, 8).expect("bounds");
+    let mutations = MutationConfig::with_attacks(&["fgsm"]);
+    let fgsm = || {
+        vec![(
+            "fgsm".to_string(),
+            by_name("fgsm", &AttackParams { eps: 0.05, ..AttackParams::default() }).expect("fgsm"),
+        )]
+    };
+    let fuzzer = |iterations: usize, seed: u64| {
+        let cfg = FuzzConfig { max_iterations: Some(iterations), ..small(seed) };
+        Fuzzer::new(&model, taps.clone(), bounds.clone(), mutations.clone(), fgsm(), cfg).expect("fuzzer")
+    };
+    let clean = |mut r: FuzzReport| {
+        (r.seconds, r.shrink_seconds) = (0.0, 0.0);
+        serde_json::to_string(&r).expect("json")
+    };
+    let (whole, _) = fuzzer(64, 9).run_from(&x, &y, None, &mut |_| {}).expect("whole run");
+    let (_, cp) = fuzzer(32, 9).run_from(&x, &y, None, &mut |_| {}).expect("first half");
+    let path = std::env::temp_dir().join(format!("armoury-fuzz-checkpoint-{}.json", std::process::id()));
+    cp.save(&path).expect("save");
+    let cp = armoury::fuzz::Checkpoint::load(&path).expect("load");
+    assert_eq!(cp.iterations, 32);
+    let (resumed, _) = fuzzer(64, 9).run_from(&x, &y, Some(&cp), &mut |_| {}).expect("resumed");
+    assert_eq!(clean(resumed), clean(whole));
+    assert!(fuzzer(64, 10).run_from(&x, &y, Some(&cp), &mut |_| {}).is_err(), "another seed");
+    std::fs::write(&path, "{").expect("write");
+    assert!(armoury::fuzz::Checkpoint::load(&path).is_err());
+    let _ = std::fs::remove_file(&path);
+}

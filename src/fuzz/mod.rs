@@ -274,6 +274,63 @@ impl FuzzReport {
     }
 }
 
+/// A corpus entry of a checkpoint: its seed, its mutation chain and its power-schedule counts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedEntry {
+    /// Index of its seed.
+    pub origin: usize,
+    /// The steps from the seed (empty for a seed).
+    pub chain: Vec<Step>,
+    /// Times drawn.
+    pub fuzzed: u32,
+    /// Mutants that joined the corpus the last time it was drawn.
+    pub recent: u32,
+}
+
+/// What a run needs to continue where it stopped ([`Fuzzer::run_from`]): the corpus as mutation chains (images
+/// are replayed, so the file stays small), the power schedule's counts, the failures found (unshrunk), and the
+/// counters. Saved and read as JSON ([`Checkpoint::save`], [`Checkpoint::load`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The run's seed.
+    pub seed: u64,
+    /// Number of seeds.
+    pub seeds: usize,
+    /// Every corpus entry, the seeds first.
+    pub entries: Vec<SavedEntry>,
+    /// Per seed family: times drawn, and entries kept the last time.
+    pub families: Vec<(u32, u32)>,
+    /// Failures so far (unshrunk).
+    pub failures: Vec<Failure>,
+    /// Per strategy group.
+    pub groups: BTreeMap<Group, GroupStats>,
+    /// The coverage curve so far.
+    pub curve: Vec<(usize, f64)>,
+    /// Mutants made.
+    pub mutants: usize,
+    /// Seed draws made.
+    pub iterations: usize,
+    /// Rounds run.
+    pub rounds: usize,
+    /// Mutants kept.
+    pub kept: usize,
+}
+
+impl Checkpoint {
+    /// Writes the checkpoint as JSON, atomically.
+    pub fn save(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let text = serde_json::to_vec(self).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
+        crate::io::write_atomic(path.as_ref(), &text)
+    }
+
+    /// Reads a checkpoint written by [`Checkpoint::save`].
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        serde_json::from_slice(&text).map_err(|e| Error::bad_file(path, format!("not a fuzz checkpoint: {e}")))
+    }
+}
+
 /// Progress after a round, for a progress bar.
 #[derive(Clone, Copy, Debug)]
 pub struct Progress {
@@ -338,6 +395,21 @@ impl<'a> Fuzzer<'a> {
 
     /// Fuzzes from `seeds` [N, C, H, W] with their `labels`, calling `progress` after every round.
     pub fn run(&self, seeds: &Tensor, labels: &[usize], progress: &mut dyn FnMut(&Progress)) -> Result<FuzzReport> {
+        Ok(self.run_from(seeds, labels, None, progress)?.0)
+    }
+
+    /// Like [`Fuzzer::run`], continuing from a [`Checkpoint`] of an earlier run with the same seeds, model,
+    /// mutations and seed (its corpus is replayed from the saved mutation chains, coverage rebuilt from it),
+    /// until this fuzzer's budgets; also returns the checkpoint at the end. A run stopped at a round boundary (N
+    /// iterations, N a multiple of `seeds_per_round`) and resumed to M gives the report of one run to M (a
+    /// shorter last round before the stop shifts the later rounds' draws).
+    pub fn run_from(
+        &self,
+        seeds: &Tensor,
+        labels: &[usize],
+        from: Option<&Checkpoint>,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<(FuzzReport, Checkpoint)> {
         let n = self.model.check_input(seeds)?;
         if labels.len() != n {
             return Err(Error::invalid("fuzz", format!("{} labels for {n} seeds", labels.len())));
@@ -348,6 +420,9 @@ impl<'a> Fuzzer<'a> {
         let start = Instant::now();
         let mut state = round::State::new(self, seeds, labels)?;
         let seed_coverage = state.tracker.values();
+        if let Some(cp) = from {
+            state.restore(self, cp)?;
+        }
         while !state.done(self, start.elapsed().as_secs_f64()) {
             state.round(self)?;
             progress(&Progress {
@@ -359,11 +434,12 @@ impl<'a> Fuzzer<'a> {
         }
         let seconds = start.elapsed().as_secs_f64();
         let t = Instant::now();
+        let checkpoint = state.checkpoint(self);
         let mut failures = std::mem::take(&mut state.failures);
         if self.config.shrink && !failures.is_empty() {
             shrink::shrink_all(self, seeds, &mut failures)?;
         }
-        Ok(FuzzReport {
+        let report = FuzzReport {
             seeds: n,
             seeds_correct: state.correct.iter().filter(|&&c| c).count(),
             iterations: state.iterations,
@@ -380,7 +456,8 @@ impl<'a> Fuzzer<'a> {
             attacks: self.attacks.iter().map(|(n, _)| n.clone()).collect(),
             seconds,
             shrink_seconds: t.elapsed().as_secs_f64(),
-        })
+        };
+        Ok((report, checkpoint))
     }
 
     fn attack_index(&self, name: &str) -> Option<usize> {

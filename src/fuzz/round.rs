@@ -8,7 +8,7 @@ use rand::Rng;
 use rayon::prelude::*;
 
 use super::mutate::{apply, Group, Method, Step};
-use super::{l0_linf, Failure, Fuzzer, GroupStats};
+use super::{l0_linf, Checkpoint, Failure, Fuzzer, GroupStats, SavedEntry};
 use crate::coverage::Tracker;
 use crate::{seed, Goal, Result, Tensor};
 
@@ -108,6 +108,77 @@ impl State {
             rounds: 0,
             kept: 0,
         })
+    }
+
+    /// The checkpoint of this state.
+    pub fn checkpoint(&self, f: &Fuzzer<'_>) -> Checkpoint {
+        Checkpoint {
+            seed: f.config.seed,
+            seeds: self.seeds.len(),
+            entries: self
+                .corpus
+                .iter()
+                .map(|e| SavedEntry { origin: e.origin, chain: e.chain.clone(), fuzzed: e.fuzzed, recent: e.recent })
+                .collect(),
+            families: self.family_draws.iter().copied().zip(self.family_recent.iter().copied()).collect(),
+            failures: self.failures.clone(),
+            groups: self.groups.clone(),
+            curve: self.curve.clone(),
+            mutants: self.mutants,
+            iterations: self.iterations,
+            rounds: self.rounds,
+            kept: self.kept,
+        }
+    }
+
+    /// Continues from a checkpoint: replays its corpus entries from their seeds, adds them to coverage, and
+    /// takes its counts. Errors when it belongs to another run (seed, number of seeds, a bad entry).
+    pub fn restore(&mut self, f: &Fuzzer<'_>, cp: &Checkpoint) -> Result<()> {
+        let n = self.seeds.len();
+        if cp.seed != f.config.seed || cp.seeds != n || cp.entries.len() < n || cp.families.len() != n {
+            return Err(crate::Error::invalid("fuzz checkpoint", "made by a run with another seed or other seeds"));
+        }
+        if let Some(e) = cp
+            .entries
+            .iter()
+            .find(|e| e.origin >= n || e.chain.iter().any(|s| s.attack.is_some_and(|a| a >= f.attacks.len())))
+        {
+            return Err(crate::Error::invalid(
+                "fuzz checkpoint",
+                format!("entry of seed {} does not fit this fuzzer", e.origin),
+            ));
+        }
+        let replayed: Vec<(Vec<f32>, Vec<f32>)> = cp.entries[n..]
+            .par_iter()
+            .map(|e| super::shrink::replay(f, &self.seeds[e.origin], self.labels[e.origin], &e.chain))
+            .collect::<Result<_>>()?;
+        let shape = f.image_shape()?;
+        for chunk in replayed.chunks(512) {
+            let flat: Vec<f32> = chunk.iter().flat_map(|(im, _)| im.iter().copied()).collect();
+            let x = Tensor::from_vec(flat, &[chunk.len(), shape[0], shape[1], shape[2]])?;
+            self.tracker.add(&f.taps.read(f.model, &x)?.0)?;
+        }
+        for (e, (image, reference)) in cp.entries[n..].iter().zip(replayed) {
+            self.families[e.origin].push(self.corpus.len());
+            self.corpus.push(Entry {
+                image: Arc::new(image),
+                reference: Arc::new(reference),
+                origin: e.origin,
+                locked: e.chain.iter().any(|s| s.method.group() != Group::Pixel),
+                chain: e.chain.clone(),
+                fuzzed: 0,
+                recent: 0,
+            });
+        }
+        for (entry, saved) in self.corpus.iter_mut().zip(&cp.entries) {
+            (entry.fuzzed, entry.recent) = (saved.fuzzed, saved.recent);
+        }
+        (self.family_draws, self.family_recent) = cp.families.iter().copied().unzip();
+        self.failures = cp.failures.clone();
+        self.groups = cp.groups.clone();
+        self.curve = cp.curve.clone();
+        (self.mutants, self.iterations, self.rounds, self.kept) = (cp.mutants, cp.iterations, cp.rounds, cp.kept);
+        Ok(())
     }
 
     /// Whether a budget is spent.

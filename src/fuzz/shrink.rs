@@ -132,7 +132,7 @@ impl Job {
 }
 
 /// The image of `chain` applied to `seed`, and its reference (the seed, or the seed under the affine step).
-fn replay(f: &Fuzzer<'_>, seed: &[f32], label: usize, chain: &[Step]) -> Result<(Vec<f32>, Vec<f32>)> {
+pub(super) fn replay(f: &Fuzzer<'_>, seed: &[f32], label: usize, chain: &[Step]) -> Result<(Vec<f32>, Vec<f32>)> {
     let shape = f.image_shape()?;
     let bounds = f.model.bounds();
     let mut image = seed.to_vec();
