@@ -61,6 +61,10 @@ pub fn print_table(r: &FuzzReport) {
                 mean(r.failures.iter().map(|f| f.linf))
             ),
         ),
+        (
+            "median Linf to the reference",
+            format!("{:.4}", median(r.failures.iter().map(|f| f.reference_linf).collect())),
+        ),
         ("mean Linf shrunk", format!("{:.4}", shrunk_mean_linf(r))),
         ("failures within Linf 0.1", format!("{}", r.failures.iter().filter(|f| f.linf <= 0.1).count())),
         ("mutants/s", format!("{:.0}", r.mutants_per_second())),
@@ -94,7 +98,8 @@ fn failure_json(f: &Failure, attacks: &[String]) -> serde_json::Value {
     });
     serde_json::json!({
         "seed": f.seed, "label": f.label, "prediction": f.prediction, "group": f.group.name(),
-        "chain": chain, "steps": f.chain, "linf": f.linf, "l0": f.l0, "shrunk": shrunk,
+        "chain": chain, "steps": f.chain, "linf": f.linf, "l0": f.l0, "reference_linf": f.reference_linf,
+        "shrunk": shrunk,
     })
 }
 

@@ -174,6 +174,9 @@ pub struct Failure {
     pub linf: f32,
     /// Elements that differ from the seed.
     pub l0: usize,
+    /// L∞ of mutant − the lineage's reference (the seed, or the seed under the lineage's affine step): what the
+    /// validity rule bounds. For an affine lineage `linf` is large by nature (a shifted edge), this is not.
+    pub reference_linf: f32,
     /// The shrunk mutant, when shrinking ran.
     pub shrunk: Option<shrink::Shrunk>,
 }

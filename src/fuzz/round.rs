@@ -339,6 +339,7 @@ impl State {
             if self.correct[origin] && predictions[i] != label {
                 self.groups.entry(group).or_default().failures += 1;
                 let (l0, linf) = l0_linf(&self.seeds[origin], &m.image);
+                let reference_linf = l0_linf(&m.reference, &m.image).1;
                 self.failures.push(Failure {
                     seed: origin,
                     label,
@@ -348,6 +349,7 @@ impl State {
                     image: m.image,
                     linf,
                     l0,
+                    reference_linf,
                     shrunk: None,
                 });
                 continue;
