@@ -382,3 +382,21 @@ fn fuzz_resumes_from_a_saved_corpus() {
     assert!(armoury::fuzz::Checkpoint::load(&path).is_err());
     let _ = std::fs::remove_file(&path);
 }
+
+/// Each budget stops a run: mutants (the last round is cut to fit), time, and a coverage target.
+#[test]
+fn fuzz_stops_at_each_budget() {
+    let model = cnn();
+    let none = FuzzConfig { max_iterations: None, ..small(6) };
+    let by_mutants =
+        run(&model, MutationConfig::default(), Vec::new(), FuzzConfig { max_mutants: Some(250), ..none.clone() });
+    assert_eq!((by_mutants.mutants, by_mutants.rounds), (250, 2), "16 draws of 10, then 9");
+    let by_time =
+        run(&model, MutationConfig::default(), Vec::new(), FuzzConfig { max_seconds: Some(0.0), ..none.clone() });
+    assert_eq!(by_time.rounds, 0);
+    let target = by_mutants.curve[1].1;
+    let by_target =
+        run(&model, MutationConfig::default(), Vec::new(), FuzzConfig { target_coverage: Some(target), ..none });
+    assert_eq!(by_target.rounds, 1, "the first round reaches the first round's coverage");
+    assert!(by_target.final_coverage.kmnc >= target);
+}
