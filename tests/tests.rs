@@ -14,6 +14,7 @@ mod defenses_transforms;
 mod detector;
 mod fixtures_xcheck;
 mod gradcheck;
+mod metrics;
 mod nn;
 mod onnx;
 mod ops;
