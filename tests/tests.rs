@@ -18,5 +18,6 @@ mod metrics;
 mod nn;
 mod onnx;
 mod ops;
+mod report;
 mod taps;
 mod train;
