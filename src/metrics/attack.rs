@@ -21,7 +21,7 @@ const ZERO_NORM: f64 = 1e-12;
 /// label, or equals its target when `targets` is given — MindArmour's criterion, computed from the probabilities
 /// alone. Over the successes: ACAC is the mean probability of the predicted class, ACTC that of the true class,
 /// the relative distances are ‖δ‖_p / ‖x‖_p for p = 0, 2, ∞ (δ = x_adv − x; ‖·‖₀ counts nonzero values; a zero
-/// ‖x‖_p counts as 1), ASS is the mean SSIM of `(x, x_adv)` ([`super::ssim`]; `None` when the images are smaller
+/// ‖x‖_p counts as 1), ASS is the mean SSIM of `(x, x_adv)` ([`crate::metrics::ssim()`]; `None` when the images are smaller
 /// than its 11×11 window) and NTE (Luo et al. 2018, "Towards imperceptible and robust adversarial example
 /// attacks against neural networks") is the mean gap between the largest and the second-largest probability.
 /// With no success every average is 0.

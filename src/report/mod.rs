@@ -1,4 +1,4 @@
-//! The evaluation report: a plain serde data model that an evaluation fills in, and [`write`]'s three files —
+//! The evaluation report: a plain serde data model that an evaluation fills in, and [`write()`]'s three files —
 //! `report.json` (every figure), `report.md` (summary tables) and one self-contained `report.html` with SVG
 //! plots (radar chart, robust accuracy against ε with confidence bands, the distribution of minimal
 //! perturbation norms, the class-flip matrix, per-attack bars, the audit verdicts, example images).
@@ -141,7 +141,7 @@ pub struct ExampleImage {
     pub attack: String,
 }
 
-/// Everything an evaluation found, as plain data: what [`write`] renders.
+/// Everything an evaluation found, as plain data: what [`write()`] renders.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Report {
     /// The report's title.
@@ -200,7 +200,7 @@ impl Report {
     }
 }
 
-/// The files [`write`] wrote.
+/// The files [`write()`] wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReportFiles {
     /// `report.json`: the [`Report`] itself (read it back with [`read`]).
@@ -247,7 +247,7 @@ pub fn write(report: &Report, dir: &Path) -> Result<ReportFiles> {
     Ok(files)
 }
 
-/// Reads a `report.json` written by [`write`].
+/// Reads a `report.json` written by [`write()`].
 pub fn read(path: &Path) -> Result<Report> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))
