@@ -30,8 +30,8 @@ pub const SSIM_K2: f64 = 0.03;
 
 /// SSIM of two images of the same shape — `[C, H, W]`, `[H, W]` or `[1, C, H, W]` — with data range
 /// `data_range` (max − min of the value range, e.g. 1 for images in [0, 1]; a classifier's
-/// `bounds().1 − bounds().0`). 1 for identical images; the paper's settings and border rule are in the
-/// [module docs](self).
+/// `bounds().1 − bounds().0`). 1 for identical images; the paper's settings and border rule are those of
+/// `docs/metrics.md#ssim` (window 11, σ = 1.5, only positions whose whole window lies inside the image).
 ///
 /// Errors: different shapes, another rank, H or W below 11, a non-positive or non-finite data range, NaN or
 /// infinite pixels.
