@@ -40,7 +40,12 @@ pub fn detection_metrics(detector: &dyn Detector, clean: &Tensor, adversarial: &
 /// [`armoury::Guarded`]) on `x`: a sample counts when it is classified correctly, or — with
 /// `rejection_defends`, for adversarial inputs — when it is rejected. On clean data pass `false`: a rejected
 /// clean input is an error.
-pub fn protected_accuracy(pipeline: &dyn Classifier, x: &Tensor, labels: &[usize], rejection_defends: bool) -> Result<f64> {
+pub fn protected_accuracy(
+    pipeline: &dyn Classifier,
+    x: &Tensor,
+    labels: &[usize],
+    rejection_defends: bool,
+) -> Result<f64> {
     let pred = pipeline.predict(x)?;
     if pred.len() != labels.len() {
         return Err(Error::invalid("protected_accuracy", "one label per sample"));

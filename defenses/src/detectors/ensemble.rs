@@ -80,7 +80,10 @@ impl Ensemble {
             .iter()
             .map(|m| {
                 m.threshold().filter(|t| !t.is_nan()).ok_or_else(|| {
-                    Error::invalid("Ensemble", format!("member '{}' has no threshold: fit it or the ensemble", m.name()))
+                    Error::invalid(
+                        "Ensemble",
+                        format!("member '{}' has no threshold: fit it or the ensemble", m.name()),
+                    )
                 })
             })
             .collect()
@@ -95,11 +98,7 @@ impl Ensemble {
             return Err(Error::invalid("Ensemble", "members returned different numbers of scores"));
         }
         Ok((0..n)
-            .map(|i| {
-                (0..self.members.len())
-                    .map(|j| margin(scores[j][i], taus[j], self.spreads[j]))
-                    .collect()
-            })
+            .map(|i| (0..self.members.len()).map(|j| margin(scores[j][i], taus[j], self.spreads[j])).collect())
             .collect())
     }
 }

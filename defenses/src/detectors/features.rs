@@ -55,7 +55,8 @@ impl<S: LayerStatistic> LayerDetector<S> {
     fn feature_tensor(&self, x: &Tensor) -> Result<Tensor> {
         self.classifier.check_input(x)?;
         let (_, acts) = self.classifier.forward_activations(x, &layer_refs(&self.layers))?;
-        let cols = acts.iter().enumerate().map(|(l, a)| self.statistic.layer_score(l, a)).collect::<Result<Vec<_>>>()?;
+        let cols =
+            acts.iter().enumerate().map(|(l, a)| self.statistic.layer_score(l, a)).collect::<Result<Vec<_>>>()?;
         Tensor::stack(&cols, 1)
     }
 
@@ -87,7 +88,10 @@ impl<S: LayerStatistic> LayerDetector<S> {
 
     fn combined(&self, x: &Tensor) -> Result<Tensor> {
         let c = self.combiner.as_ref().ok_or_else(|| {
-            Error::invalid("LayerDetector", format!("{}: no combiner: fit the detector on clean data first", self.statistic.name()))
+            Error::invalid(
+                "LayerDetector",
+                format!("{}: no combiner: fit the detector on clean data first", self.statistic.name()),
+            )
         })?;
         c.apply(&self.feature_tensor(x)?)
     }
@@ -279,11 +283,8 @@ pub fn spd_inverse(a: &[f64], d: usize) -> Result<Vec<f64>> {
             let s: f64 = (0..j).map(|m| l[i * d + m] * l[j * d + m]).sum();
             if i == j {
                 let v = a[i * d + i] - s;
-                if !(v > 0.0) {
-                    return Err(Error::invalid(
-                        "Mahalanobis",
-                        "the covariance is singular: give a positive ridge",
-                    ));
+                if v.is_nan() || v <= 0.0 {
+                    return Err(Error::invalid("Mahalanobis", "the covariance is singular: give a positive ridge"));
                 }
                 l[i * d + i] = v.sqrt();
             } else {

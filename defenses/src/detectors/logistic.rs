@@ -73,8 +73,7 @@ impl Logistic {
         let l = both.ncols();
         let standard = Logistic { mean: mean.clone(), std: std.clone(), weights: vec![0.0; l], bias: 0.0 };
         let z = standard.standardise(&both)?;
-        let sign: Vec<f32> =
-            (0..both.nrows()).map(|i| if i < clean.nrows() { 1.0 } else { -1.0 }).collect();
+        let sign: Vec<f32> = (0..both.nrows()).map(|i| if i < clean.nrows() { 1.0 } else { -1.0 }).collect();
         let sign = Tensor::from_vec(sign, &[both.nrows()])?;
         let w = Param::new(ArrayD::zeros(ndarray::IxDyn(&[l, 1])));
         let b = Param::new(ArrayD::zeros(ndarray::IxDyn(&[1])));
@@ -106,7 +105,11 @@ impl Logistic {
     pub fn apply(&self, f: &Tensor) -> Result<Tensor> {
         let (n, l) = f.dims2("Logistic::apply")?;
         if l != self.weights.len() {
-            return Err(Error::ShapeMismatch { op: "Logistic::apply", expected: vec![n, self.weights.len()], got: vec![n, l] });
+            return Err(Error::ShapeMismatch {
+                op: "Logistic::apply",
+                expected: vec![n, self.weights.len()],
+                got: vec![n, l],
+            });
         }
         let mean = Tensor::new(Array1::from(self.mean.clone()).into_dyn());
         let inv: Vec<f32> = self.std.iter().map(|s| 1.0 / s).collect();

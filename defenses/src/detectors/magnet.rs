@@ -9,14 +9,12 @@
 
 use std::sync::Arc;
 
-use armoury::data::Dataset;
-use armoury::nn::{AvgPool2d, Conv2d, Module, ModuleExt, Param, Sequential, Sigmoid};
-use armoury::optim::{Adam, AdamConfig};
-use armoury::train::{Method, StepContext, StepReport, TrainConfig, Trainer};
+use armoury::nn::{AvgPool2d, Conv2d, Module, Param, Sequential, Sigmoid};
+use armoury::train::{Method, StepContext, StepReport, TrainConfig};
 use armoury::{no_grad, Classifier, Conv2dParams, Detector, Error, Pool2dParams, Reduction, Result, Tensor};
 
 use super::ensemble::{Ensemble, Policy};
-use super::{in_pieces, check_batch};
+use super::{check_batch, in_pieces, train_unlabelled};
 
 /// Nearest-neighbour 2× upsampling of a batch `[N, C, H, W]` to `[N, C, 2H, 2W]` (MagNet's `UpSampling2D`),
 /// as two index selections, so it is differentiable.
@@ -137,17 +135,14 @@ pub fn train_autoencoder(
     bounds: (f32, f32),
     cfg: &AutoencoderTraining,
 ) -> Result<Vec<f32>> {
-    let (n, ..) = check_batch("train_autoencoder", images)?;
+    check_batch("train_autoencoder", images)?;
     if !(cfg.noise >= 0.0 && cfg.noise.is_finite()) {
         return Err(Error::invalid("train_autoencoder", format!("noise {} must be finite and ≥ 0", cfg.noise)));
     }
-    let data = Dataset::new(images.clone(), vec![0; n], 2)?;
-    let mut opt =
-        Adam::new(ae.parameters(), AdamConfig { lr: cfg.lr, weight_decay: cfg.weight_decay, ..Default::default() })?;
-    let tc = TrainConfig { epochs: cfg.epochs, batch_size: cfg.batch_size, seed: cfg.seed, bounds, ..Default::default() };
+    let tc =
+        TrainConfig { epochs: cfg.epochs, batch_size: cfg.batch_size, seed: cfg.seed, bounds, ..Default::default() };
     let method = Reconstruction { noise: cfg.noise, bounds };
-    let reports = Trainer::new(tc).method(&method).fit(ae, &mut opt, &data, &mut ())?;
-    Ok(reports.iter().map(|r| r.train_loss).collect())
+    train_unlabelled(ae, images, &method, tc, cfg.lr, cfg.weight_decay)
 }
 
 /// A trained auto-encoder over inputs within `bounds`: inputs are mapped to [0, 1] for the network (whose

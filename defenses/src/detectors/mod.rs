@@ -38,13 +38,13 @@ pub use features::{
 };
 pub use logistic::{Logistic, LogisticTraining};
 pub use magnet::{
-    autoencoder, jensen_shannon, train_autoencoder, Architecture, Autoencoder, AutoencoderTraining,
-    DivergenceDetector, ErrorDetector, MagNet, Upsample2x,
+    autoencoder, jensen_shannon, train_autoencoder, Architecture, Autoencoder, AutoencoderTraining, DivergenceDetector,
+    ErrorDetector, MagNet, Upsample2x,
 };
 pub use region::RegionClassifier;
 pub use similarity::{
-    train_similarity_encoder, Encoder, IndexConfig, ModuleEncoder, Monitored, SimilarityTraining,
-    StatefulDetector, TapEncoder,
+    train_similarity_encoder, Encoder, IndexConfig, ModuleEncoder, Monitored, SimilarityTraining, StatefulDetector,
+    TapEncoder,
 };
 pub use squeeze::FeatureSqueezing;
 
@@ -73,6 +73,25 @@ pub(crate) fn in_pieces(x: &Tensor, f: impl Fn(&Tensor) -> Result<Vec<f32>> + Sy
     let parts: Vec<Vec<f32>> =
         starts.into_par_iter().map(|s| f(&x.detach().narrow(0, s, PIECE.min(n - s))?)).collect::<Result<_>>()?;
     Ok(parts.concat())
+}
+
+/// Trains `module` on unlabelled `images` with the core's [`armoury::train::Trainer`] running `method`, and Adam
+/// at rate `lr` with weight decay `weight_decay`; returns each epoch's mean loss.
+pub(crate) fn train_unlabelled(
+    module: &dyn armoury::Module,
+    images: &Tensor,
+    method: &dyn armoury::train::Method,
+    config: armoury::train::TrainConfig,
+    lr: f32,
+    weight_decay: f32,
+) -> Result<Vec<f32>> {
+    use armoury::optim::{Adam, AdamConfig};
+    use armoury::ModuleExt;
+    let n = check_batch("train_unlabelled", images)?.0;
+    let data = armoury::data::Dataset::new(images.clone(), vec![0; n], 2)?;
+    let mut opt = Adam::new(module.parameters(), AdamConfig { lr, weight_decay, ..Default::default() })?;
+    let reports = armoury::train::Trainer::new(config).method(method).fit(module, &mut opt, &data, &mut ())?;
+    Ok(reports.iter().map(|r| r.train_loss).collect())
 }
 
 /// A tensor whose value is `values` exactly and whose gradient is that of `t` (`values + (t − t.detach())`):

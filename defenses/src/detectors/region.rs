@@ -86,7 +86,8 @@ impl RegionClassifier {
         let v = x.value().as_standard_layout().iter().copied().collect::<Vec<f32>>();
         let mut noise = Vec::with_capacity(n * d);
         for i in 0..n {
-            let mut rng = ChaCha8Rng::seed_from_u64(sample_seed(derive(self.seed, k as u64), 0, &v[i * d..(i + 1) * d]));
+            let mut rng =
+                ChaCha8Rng::seed_from_u64(sample_seed(derive(self.seed, k as u64), 0, &v[i * d..(i + 1) * d]));
             noise.extend((0..d).map(|_| rng.random_range(-self.radius..=self.radius)));
         }
         let (lo, hi) = self.inner.bounds();
@@ -114,7 +115,8 @@ impl RegionClassifier {
         if labels.len() != check_batch("RegionClassifier::fit_radius", x)?.0 {
             return Err(Error::invalid("RegionClassifier::fit_radius", "one label per image"));
         }
-        let accuracy = |pred: Vec<usize>| pred.iter().zip(labels).filter(|(p, l)| p == l).count() as f32 / labels.len() as f32;
+        let accuracy =
+            |pred: Vec<usize>| pred.iter().zip(labels).filter(|(p, l)| p == l).count() as f32 / labels.len() as f32;
         let base = accuracy(self.inner.predict(x)?);
         let mut sorted: Vec<f32> = radii.to_vec();
         sorted.sort_by(|a, b| b.total_cmp(a));

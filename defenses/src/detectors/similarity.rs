@@ -14,14 +14,13 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use armoury::classifier::{Classifier, Counters};
-use armoury::nn::{Module, ModuleExt};
-use armoury::optim::{Adam, AdamConfig};
+use armoury::nn::Module;
 use armoury::seed::{derive, normal_vec, rng};
-use armoury::train::{Method, StepContext, StepReport, TrainConfig, Trainer};
+use armoury::train::{Method, StepContext, StepReport, TrainConfig};
 use armoury::{calibrate_threshold, grad_enabled, no_grad, Detector, Error, Result, Tensor};
 use ndarray::Array2;
 
-use super::check_batch;
+use super::{check_batch, train_unlabelled};
 
 /// Maps a batch of inputs to one encoding per row.
 pub trait Encoder: Send + Sync {
@@ -154,13 +153,10 @@ pub fn train_similarity_encoder(
     bounds: (f32, f32),
     cfg: &SimilarityTraining,
 ) -> Result<Vec<f32>> {
-    let n = check_batch("train_similarity_encoder", images)?.0;
-    let data = armoury::data::Dataset::new(images.clone(), vec![0; n], 2)?;
-    let mut opt = Adam::new(encoder.parameters(), AdamConfig { lr: cfg.lr, ..Default::default() })?;
-    let tc = TrainConfig { epochs: cfg.epochs, batch_size: cfg.batch_size, seed: cfg.seed, bounds, ..Default::default() };
+    let tc =
+        TrainConfig { epochs: cfg.epochs, batch_size: cfg.batch_size, seed: cfg.seed, bounds, ..Default::default() };
     let method = Contrastive { cfg: *cfg, bounds };
-    let reports = Trainer::new(tc).method(&method).fit(encoder, &mut opt, &data, &mut ())?;
-    Ok(reports.iter().map(|r| r.train_loss).collect())
+    train_unlabelled(encoder, images, &method, tc, cfg.lr, 0.0)
 }
 
 /// The neighbour index of [`StatefulDetector`].

@@ -27,7 +27,10 @@ impl FeatureSqueezing {
         for s in &squeezers {
             s.validate()?;
             if s.is_random() {
-                return Err(Error::invalid("FeatureSqueezing::new", format!("{} is random: a squeezer is not", s.name())));
+                return Err(Error::invalid(
+                    "FeatureSqueezing::new",
+                    format!("{} is random: a squeezer is not", s.name()),
+                ));
             }
         }
         Ok(FeatureSqueezing { classifier, squeezers, threshold: None })
