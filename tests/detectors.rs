@@ -219,6 +219,19 @@ fn detectors_region_classifier_votes_and_fits_its_radius() {
     let all = r.score(&x).expect("score");
     let one = r.score(&x.narrow(0, 5, 1).expect("one")).expect("score");
     assert_eq!(one[0], all[5]);
+    // As a classifier: the outputs are vote fractions (rows sum to 1), the same on the graph, and the EOT
+    // gradient of the noisy copies' mean logits is not zero.
+    let few = x.narrow(0, 0, 4).expect("few");
+    let z = r.logits(&few).expect("logits");
+    for row in z.rows() {
+        assert!((row.sum() - 1.0).abs() < 1e-6 && row.iter().all(|v| (v * 20.0 - (v * 20.0).round()).abs() < 1e-4));
+    }
+    let labels = &y[0..4];
+    let ce = |z: &Tensor, rows: std::ops::Range<usize>| z.cross_entropy(&labels[rows], armoury::Reduction::None);
+    let (_, grad, tracked_z) = r.gradient(&few, &ce).expect("gradient");
+    let grad = grad.to_vec();
+    assert_eq!(tracked_z, z, "the value on the graph is the vote");
+    assert!(grad.iter().any(|g| *g != 0.0), "EOT gradient");
     // Fitting: the largest radius within the tolerance; a huge radius costs accuracy.
     let mut fit = RegionClassifier::new(clf.clone(), 0.0, 20, 0).expect("region");
     let chosen = fit.fit_radius(&x, &y, &[0.0, 0.05, 0.1, 0.9], 0.02).expect("fits");
