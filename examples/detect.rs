@@ -123,11 +123,13 @@ fn attack_params(args: &Args) -> AttackParams {
 /// Adversarial inputs of the attack against the bare classifier.
 fn attack(args: &Args, clf: &dyn Classifier, x: &Tensor, y: &[usize], seed: u64) -> Res<Tensor> {
     let attack = registry::by_name(&args.attack, &attack_params(args))?;
+    // JSMA is targeted by definition: a random target other than the label.
+    let goal = if args.attack == "jsma" { Goal::RandomTarget { seed } } else { Goal::Untargeted };
     let mut parts = Vec::new();
     let n = y.len();
     for s in (0..n).step_by(250) {
         let e = (s + 250).min(n);
-        parts.push(attack.run(clf, &x.narrow(0, s, e - s)?, &y[s..e], &Goal::Untargeted, seed)?.adversarial);
+        parts.push(attack.run(clf, &x.narrow(0, s, e - s)?, &y[s..e], &goal, seed)?.adversarial);
     }
     Ok(Tensor::concat(&parts, 0)?)
 }
