@@ -13,6 +13,7 @@ mod data;
 mod defenses_training;
 mod defenses_transforms;
 mod detector;
+mod detectors;
 mod fixtures_xcheck;
 mod fuzzer;
 mod gradcheck;

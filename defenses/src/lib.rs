@@ -12,5 +12,6 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod detectors;
 pub mod training;
 pub mod transforms;

@@ -9,11 +9,15 @@
 //! easily detected: bypassing ten detection methods", and Tramèr et al. 2020, "On adaptive attacks to adversarial
 //! example defenses"): [`Guarded`] is that pair.
 
+pub mod roc;
+
 use std::sync::Arc;
 
 use crate::classifier::{Classifier, Counters};
 use crate::tensor::{grad_enabled, Tensor};
 use crate::{Error, Result};
+
+pub use roc::{roc_auc, roc_curve, tpr_at_fpr};
 
 /// An adversarial-example detector: a score per input, higher meaning more suspicious, and a threshold above
 /// which an input is flagged.

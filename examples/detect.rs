@@ -1,0 +1,543 @@
+//! Detect adversarial examples, and evaluate the detector honestly.
+//!
+//! `cargo run --release --example detect -- --detector magnet|squeeze|region|ensemble|lid|mahalanobis|similarity
+//! --attack fgsm|pgd|cw|jsma|hsj|nes|square --eps 0.1 [--adaptive] [--lambda L] [--model cnn|mlp|FILE.onnx]
+//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-epochs E] [--ae-lr LR] [--layers L1,L2,…] [--seed S] [--out DIR]`
+//!
+//! Fits the detector on clean training images (thresholds at 1% FPR; MagNet's auto-encoders trained here; LID's
+//! and Mahalanobis' logistic combiners on attacked training images), attacks the first N test images (PGD-40 of
+//! step 0.01 for `pgd`), and reports ROC AUC, TPR at fitted 1% / 5% FPR, the protected pipeline's clean accuracy
+//! and its robust accuracy (detected or correct) under the non-adaptive attack and, with `--adaptive`, under PGD
+//! on the detector in front of the model (loss = classifier loss − λ·detector score inside the rejection region;
+//! BPDA through squeezers, EOT through the region classifier's noise). `similarity` runs query attacks (one
+//! image at a time, 200 queries) against the model watched by the stateful detector instead, and benign streams
+//! of 100 shuffled test images. Writes an SVG ROC curve and ends with one JSON line.
+
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "support/load.rs"]
+mod load;
+#[path = "support/model.rs"]
+mod model;
+#[path = "support/progress.rs"]
+mod progress;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use armoury::data::TrainTest;
+use armoury::{Classifier, Detector, Goal, Guarded, Tensor};
+use armoury_attacks::registry::{self, AttackParams};
+use armoury_defenses::detectors::{
+    autoencoder, detection_metrics, protected_accuracy, train_autoencoder, AdaptivePgd, Architecture, Autoencoder,
+    AutoencoderTraining, DivergenceDetector, Ensemble, ErrorDetector, FeatureSqueezing, IndexConfig, Lid,
+    LogisticTraining, MagNet, Mahalanobis, Monitored, Policy, RegionClassifier, StatefulDetector, TapEncoder,
+};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Args {
+    detector: String,
+    attack: String,
+    eps: f32,
+    adaptive: bool,
+    lambda: f32,
+    model: model::ModelChoice,
+    bounds: (f32, f32),
+    weights: Option<PathBuf>,
+    data: Option<PathBuf>,
+    limit: usize,
+    fit: usize,
+    ae_epochs: usize,
+    ae_lr: f32,
+    layers: Vec<String>,
+    seed: u64,
+    out: PathBuf,
+}
+
+fn parse() -> Res<Args> {
+    use lexopt::prelude::*;
+    let fixture = PathBuf::from("tests/fixtures/cnn.safetensors");
+    let mut a = Args {
+        detector: "magnet".into(),
+        attack: "pgd".into(),
+        eps: 0.1,
+        adaptive: false,
+        lambda: 1.0,
+        model: model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
+        bounds: (0.0, 1.0),
+        weights: fixture.exists().then_some(fixture),
+        data: None,
+        limit: 1000,
+        fit: 1000,
+        ae_epochs: 10,
+        ae_lr: 1e-2,
+        layers: ["conv1_relu", "conv2_relu", "fc1_relu", "fc2"].map(String::from).to_vec(),
+        seed: 0,
+        out: PathBuf::from("out"),
+    };
+    let mut p = lexopt::Parser::from_env();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("detector") => a.detector = p.value()?.string()?.to_lowercase(),
+            Long("attack") => a.attack = p.value()?.string()?.to_lowercase(),
+            Long("eps") => a.eps = p.value()?.parse()?,
+            Long("adaptive") => a.adaptive = true,
+            Long("lambda") => a.lambda = p.value()?.parse()?,
+            Long("model") => a.model = p.value()?.parse()?,
+            Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
+            Long("weights") => a.weights = Some(p.value()?.into()),
+            Long("data") => a.data = Some(p.value()?.into()),
+            Long("limit") => a.limit = p.value()?.parse()?,
+            Long("fit") => a.fit = p.value()?.parse()?,
+            Long("ae-epochs") => a.ae_epochs = p.value()?.parse()?,
+            Long("ae-lr") => a.ae_lr = p.value()?.parse()?,
+            Long("layers") => a.layers = p.value()?.string()?.split(',').map(String::from).collect(),
+            Long("seed") => a.seed = p.value()?.parse()?,
+            Long("out") => a.out = p.value()?.into(),
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> std::process::ExitCode {
+    cli::finish(run())
+}
+
+fn attack_params(args: &Args) -> AttackParams {
+    let mut params = AttackParams { eps: args.eps, ..AttackParams::default() };
+    match args.attack.as_str() {
+        "pgd" => {
+            params.steps = Some(40);
+            params.step_size = Some(0.01);
+        }
+        "hsj" | "nes" | "square" => params.queries = Some(200),
+        _ => {}
+    }
+    params
+}
+
+/// Adversarial inputs of the attack against the bare classifier.
+fn attack(args: &Args, clf: &dyn Classifier, x: &Tensor, y: &[usize], seed: u64) -> Res<Tensor> {
+    let attack = registry::by_name(&args.attack, &attack_params(args))?;
+    // JSMA is targeted by definition: a random target other than the label.
+    let goal = if args.attack == "jsma" { Goal::RandomTarget { seed } } else { Goal::Untargeted };
+    let mut parts = Vec::new();
+    let n = y.len();
+    for s in (0..n).step_by(250) {
+        let e = (s + 250).min(n);
+        parts.push(attack.run(clf, &x.narrow(0, s, e - s)?, &y[s..e], &goal, seed)?.adversarial);
+    }
+    Ok(Tensor::concat(&parts, 0)?)
+}
+
+fn accuracy(pred: &[usize], y: &[usize]) -> f64 {
+    pred.iter().zip(y).filter(|(p, l)| p == l).count() as f64 / y.len().max(1) as f64
+}
+
+/// MagNet's auto-encoders (detector I / reformer and detector II) trained on the training images, its four
+/// detectors (L2 error of I, L1 error of II, JSD at T = 10 and 40 through I) and the reformer.
+fn magnet_parts(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<(Vec<Box<dyn Detector>>, Autoencoder)> {
+    let n = set.train.len().min(20_000);
+    let (x, _) = set.train.batch(0..n)?;
+    let channels = set.train.image_shape()[0];
+    let mut aes = Vec::new();
+    for (k, arch) in [Architecture::MnistI, Architecture::MnistII].into_iter().enumerate() {
+        let ae = autoencoder(arch, channels, args.seed + 10 * k as u64)?;
+        let cfg = AutoencoderTraining { epochs: args.ae_epochs, lr: args.ae_lr, seed: args.seed, ..Default::default() };
+        // Trained auto-encoders are kept in --out and reused by runs with the same settings.
+        let cache =
+            args.out.join(format!("magnet-{arch:?}-n{n}-e{}-lr{}-s{}.safetensors", cfg.epochs, cfg.lr, cfg.seed));
+        if cache.exists() {
+            armoury::io::load_module(&ae, &cache)?;
+            println!("MagNet auto-encoder {arch:?} loaded from {}", cache.display());
+        } else {
+            let t = Instant::now();
+            let losses = train_autoencoder(&ae, &x, clf.bounds(), &cfg)?;
+            println!(
+                "trained MagNet auto-encoder {arch:?}: {} epochs on {n} images, loss {:.5} → {:.5}, {:.1} s ({:.0} images/s)",
+                cfg.epochs,
+                losses[0],
+                losses[losses.len() - 1],
+                t.elapsed().as_secs_f64(),
+                (n * cfg.epochs) as f64 / t.elapsed().as_secs_f64()
+            );
+            std::fs::create_dir_all(&args.out)?;
+            armoury::io::save_module(&ae, &cache)?;
+        }
+        aes.push(Autoencoder::new(Arc::new(ae), clf.bounds())?);
+    }
+    let detectors: Vec<Box<dyn Detector>> = vec![
+        Box::new(ErrorDetector::new(aes[0].clone(), 2)?),
+        Box::new(ErrorDetector::new(aes[1].clone(), 1)?),
+        Box::new(DivergenceDetector::new(aes[0].clone(), clf.clone(), 10.0)?),
+        Box::new(DivergenceDetector::new(aes[0].clone(), clf.clone(), 40.0)?),
+    ];
+    Ok((detectors, aes[0].clone()))
+}
+
+/// `magnet` (the pipeline) or one of its parts: `magnet-l2`, `magnet-l1`, `magnet-jsd10`, `magnet-jsd40`, each
+/// with the reformer.
+fn magnet(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<MagNet> {
+    let name = args.detector.as_str();
+    let (mut parts, reformer) = magnet_parts(args, clf, set)?;
+    let pick = ["magnet-l2", "magnet-l1", "magnet-jsd10", "magnet-jsd40"].iter().position(|p| *p == name);
+    if let Some(i) = pick {
+        parts = vec![parts.swap_remove(i)];
+    }
+    Ok(MagNet::new(parts, Some(reformer))?)
+}
+
+/// Layer detectors' logistic combiners are fitted on clean and attacked training images (Ma et al., Lee et al.).
+fn supervised(
+    args: &Args,
+    clf: &dyn Classifier,
+    set: &TrainTest,
+    fit_combiner: &mut dyn FnMut(&Tensor, &Tensor) -> Res<()>,
+) -> Res<()> {
+    let (x, y) = set.train.batch(set.train.len() - 500..set.train.len())?;
+    let adv = attack(args, clf, &x, &y, args.seed + 1)?;
+    fit_combiner(&x, &adv)
+}
+
+/// The detector, and the fitted radius when it is the region classifier.
+fn build(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<(Box<dyn Detector>, Option<f32>)> {
+    let fit = args.fit.min(set.train.len() / 2);
+    let (reference, ref_y) = set.train.batch(fit..2 * fit)?;
+    let layers: Vec<&str> = args.layers.iter().map(String::as_str).collect();
+    Ok((
+        match args.detector.as_str() {
+            m if m.starts_with("magnet") => Box::new(magnet(args, clf, set)?),
+            "squeeze" => Box::new(FeatureSqueezing::with_defaults(clf.clone(), 4)?),
+            "region" => {
+                let mut r = RegionClassifier::new(clf.clone(), 0.0, 100, args.seed)?;
+                let (x, y) = set.train.batch(0..500.min(set.train.len()))?;
+                let radius = r.fit_radius(&x, &y, &[0.02, 0.05, 0.1, 0.15, 0.2, 0.3], 0.01)?;
+                println!("region radius fitted: {radius}");
+                return Ok((Box::new(r), Some(radius)));
+            }
+            "lid" => {
+                let mut d = Lid::new(clf.clone(), &layers, 20, &reference)?;
+                supervised(args, clf.as_ref(), set, &mut |c, a| {
+                    Ok(d.fit_combiner(c, a, &LogisticTraining::default())?)
+                })?;
+                Box::new(d)
+            }
+            "mahalanobis" => {
+                let mut d = Mahalanobis::new(clf.clone(), &layers, &reference, &ref_y, 1e-3)?;
+                supervised(args, clf.as_ref(), set, &mut |c, a| {
+                    Ok(d.fit_combiner(c, a, &LogisticTraining::default())?)
+                })?;
+                Box::new(d)
+            }
+            "ensemble" => {
+                let members: Vec<Box<dyn Detector>> = vec![
+                    Box::new(FeatureSqueezing::with_defaults(clf.clone(), 4)?),
+                    Box::new(Mahalanobis::new(clf.clone(), &layers, &reference, &ref_y, 1e-3)?),
+                    Box::new(Lid::new(clf.clone(), &layers, 20, &reference)?),
+                ];
+                Box::new(Ensemble::new(members, Policy::Vote)?)
+            }
+            other => return Err(format!("unknown detector '{other}'").into()),
+        },
+        None,
+    ))
+}
+
+/// An SVG ROC curve with the chance diagonal.
+fn roc_svg(title: &str, roc: &[(f64, f64)]) -> String {
+    let (w, h, m) = (420.0, 420.0, 50.0);
+    let (pw, ph) = (w - 2.0 * m, h - 2.0 * m);
+    let px = |f: f64| m + pw * f;
+    let py = |t: f64| m + ph * (1.0 - t);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="24" text-anchor="middle" font-size="14">{}</text><rect x="{m}" y="{m}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#,
+        w / 2.0,
+        title.replace('&', "&amp;").replace('<', "&lt;")
+    );
+    let _ = write!(
+        s,
+        r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#bbb" stroke-dasharray="4"/>"##,
+        px(0.0),
+        py(0.0),
+        px(1.0),
+        py(1.0)
+    );
+    for k in 0..=5 {
+        let v = k as f64 / 5.0;
+        let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">{v:.1}</text>"#, px(v), h - m + 16.0);
+        let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="end">{v:.1}</text>"#, m - 6.0, py(v) + 4.0);
+    }
+    let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">false-positive rate</text>"#, w / 2.0, h - 12.0);
+    let _ = write!(
+        s,
+        r#"<text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">true-positive rate</text>"#,
+        h / 2.0,
+        h / 2.0
+    );
+    let pts: Vec<String> = roc.iter().map(|&(f, t)| format!("{:.1},{:.1}", px(f), py(t))).collect();
+    let _ =
+        write!(s, r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="2"/></svg>"##, pts.join(" "));
+    s.push('\n');
+    s
+}
+
+fn run() -> Res<()> {
+    let args = parse()?;
+    let set = model::load_data(args.data.as_deref())?;
+    println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
+    let (_, clf) = load::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.seed)?;
+    let clf: Arc<dyn Classifier> = Arc::new(clf);
+    if args.detector == "similarity" {
+        return similarity(&args, &clf, &set);
+    }
+    evaluate(&args, &clf, &set)
+}
+
+fn median_spread(scores: &[f32], tau: f32) -> f32 {
+    let mut s = scores.to_vec();
+    s.sort_by(f32::total_cmp);
+    let spread = tau - s[s.len() / 2];
+    if spread.is_finite() && spread > 0.0 {
+        spread
+    } else {
+        1.0
+    }
+}
+
+fn evaluate(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> {
+    let start = Instant::now();
+    let n = args.limit.min(set.test.len());
+    let (x, y) = set.test.batch(0..n)?;
+    let (mut detector, radius) = build(args, clf, set)?;
+    let (fit_x, _) = set.train.batch(0..args.fit.min(set.train.len() / 2))?;
+    let t = Instant::now();
+    let tau = detector.fit(&fit_x, 0.01)?;
+    let fit_rate = fit_x.shape()[0] as f64 / t.elapsed().as_secs_f64();
+    let clean_scores = detector.score(&fit_x)?;
+    let spread = median_spread(&clean_scores, tau);
+    println!("detector {}: threshold {tau} at 1% FPR on {} clean training images", detector.name(), fit_x.shape()[0]);
+
+    let undefended_clean = accuracy(&clf.predict(&x)?, &y);
+    let adv = attack(args, clf.as_ref(), &x, &y, args.seed)?;
+    let adv_pred = clf.predict(&adv)?;
+    let undefended_robust = accuracy(&adv_pred, &y);
+    // Detection is measured on the adversarial examples that fool the classifier, against all clean images.
+    let fooled: Vec<usize> = (0..n).filter(|&i| adv_pred[i] != y[i]).collect();
+    let t = Instant::now();
+    let metrics = detection_metrics(detector.as_ref(), &x, &adv.index_select(0, &fooled)?)?;
+    let score_rate = (n + fooled.len()) as f64 / t.elapsed().as_secs_f64();
+
+    let detector: Arc<dyn Detector> = Arc::from(detector);
+    let guarded = Guarded::new(clf.clone(), detector.clone())?.with_scale(1.0 / spread)?;
+    // The region classifier is its own protected pipeline (it classifies; it does not reject).
+    let region_clf = radius.map(|r| RegionClassifier::new(clf.clone(), r, 100, args.seed)).transpose()?;
+    let pipeline: &dyn Classifier = match &region_clf {
+        Some(r) => r,
+        None => &guarded,
+    };
+    let protected_clean = protected_accuracy(pipeline, &x, &y, false)?;
+    let non_adaptive = protected_accuracy(pipeline, &adv, &y, true)?;
+    let adaptive = if args.adaptive {
+        let pgd = AdaptivePgd { eps: args.eps, steps: 40, step_size: 0.01, lambda: args.lambda, random_start: true };
+        let adv_a = match &region_clf {
+            Some(r) => {
+                // The attacker votes over 10 copies and differentiates 8 (EOT); the defense answers with its 100.
+                let attacker =
+                    RegionClassifier::new(clf.clone(), r.radius(), 10, args.seed + 1)?.with_eot_samples(8)?;
+                pgd.run(&attacker, &x, &y, args.seed)?
+            }
+            None => pgd.run(&guarded, &x, &y, args.seed)?,
+        };
+        Some(protected_accuracy(pipeline, &adv_a, &y, true)?)
+    } else {
+        None
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    report(
+        args,
+        detector.name(),
+        &metrics,
+        (undefended_clean, undefended_robust, protected_clean, non_adaptive, adaptive),
+        (fit_rate, score_rate),
+        fooled.len(),
+        seconds,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    args: &Args,
+    name: &str,
+    m: &armoury_defenses::detectors::DetectionMetrics,
+    acc: (f64, f64, f64, f64, Option<f64>),
+    rates: (f64, f64),
+    fooled: usize,
+    seconds: f64,
+) -> Res<()> {
+    let (clean, robust, p_clean, p_robust, p_adaptive) = acc;
+    println!("\n{:<44} {:>10}", format!("{name} vs {} (ε = {})", args.attack, args.eps), "value");
+    let rows = [
+        ("undefended clean accuracy", format!("{clean:.4}")),
+        ("undefended robust accuracy", format!("{robust:.4}")),
+        ("adversarial examples scored (fooling the model)", format!("{fooled}")),
+        ("ROC AUC", format!("{:.4}", m.auc)),
+        ("TPR at 1% FPR", format!("{:.4}", m.tpr_at_1fpr)),
+        ("TPR at 5% FPR", format!("{:.4}", m.tpr_at_5fpr)),
+        ("protected clean accuracy", format!("{p_clean:.4}")),
+        ("protected robust accuracy, non-adaptive", format!("{p_robust:.4}")),
+        ("protected robust accuracy, adaptive", p_adaptive.map_or("not run".into(), |v| format!("{v:.4}"))),
+        ("fit images/s", format!("{:.0}", rates.0)),
+        ("score images/s", format!("{:.0}", rates.1)),
+        ("seconds", format!("{seconds:.1}")),
+    ];
+    for (k, v) in rows {
+        println!("{k:<48} {v:>10}");
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let svg = args.out.join(format!("detect-{}-{}.svg", args.detector, args.attack));
+    let title = format!("{name} vs {} (ε = {}): AUC {:.3}", args.attack, args.eps, m.auc);
+    armoury::io::write_atomic(&svg, roc_svg(&title, &m.roc).as_bytes())?;
+    println!("ROC curve: {}", svg.display());
+    let round = |v: f64| (v * 1e4).round() / 1e4;
+    let line = serde_json::json!({
+        "example": "detect",
+        "detector": args.detector,
+        "attack": args.attack,
+        "eps": args.eps.to_string().parse::<f64>().unwrap_or(f64::NAN),
+        "auc": round(m.auc),
+        "tpr_at_1fpr": round(m.tpr_at_1fpr),
+        "tpr_at_5fpr": round(m.tpr_at_5fpr),
+        "protected_clean_accuracy": round(p_clean),
+        // With --adaptive: the worse of the two attacks, the figure a defender can claim.
+        "protected_robust_accuracy": round(p_adaptive.map_or(p_robust, |a| a.min(p_robust))),
+        "adaptive": args.adaptive,
+        "seconds": (seconds * 1e3).round() / 1e3,
+    });
+    println!("{line}");
+    Ok(())
+}
+
+/// Streams of `len` images in the order `order`.
+fn streams(images: &Tensor, order: &[usize], len: usize) -> Res<Vec<Tensor>> {
+    Ok(order.chunks_exact(len).map(|c| images.index_select(0, c)).collect::<Result<_, _>>()?)
+}
+
+fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> {
+    let start = Instant::now();
+    let encoder = Arc::new(TapEncoder::new(clf.clone(), "fc1_relu")?);
+    let mut d = StatefulDetector::new(encoder, 20, IndexConfig::default())?;
+    let train = set.train.images();
+    let nt = set.train.len().min(30_000);
+    let calib = streams(train, &armoury::seed::shuffled(nt, args.seed, 1), 100)?;
+    let t = Instant::now();
+    let tau = d.calibrate(&calib, 0.01)?;
+    let fit_rate = (calib.len() * 100) as f64 / t.elapsed().as_secs_f64();
+    println!(
+        "similarity: threshold {tau} (mean 20-NN distance {:.3}) from {} benign streams of 100",
+        -tau,
+        calib.len()
+    );
+    // Benign streams of shuffled test images, each from an empty history.
+    let benign = streams(set.test.images(), &armoury::seed::shuffled(set.test.len(), args.seed, 2), 100)?;
+    let mut flagged = 0;
+    for s in &benign {
+        d.reset();
+        flagged += usize::from(d.observe(s)?.iter().any(|&f| f));
+    }
+    let benign_rate = flagged as f64 / benign.len() as f64;
+    d.reset();
+    // Query attacks, one image at a time, against the watched model.
+    let n = args.limit.min(set.test.len());
+    let (x, y) = set.test.batch(0..n)?;
+    let attack = registry::by_name(&args.attack, &attack_params(args))?;
+    let watched = Monitored::new(clf.clone(), d);
+    let (mut within, mut first_sum, mut detected) = (0usize, 0usize, 0usize);
+    // Only the images the model classifies correctly are attacked (an attack stops at once on the others).
+    let clean_pred = clf.predict(&x)?;
+    let attacked: Vec<usize> = (0..n).filter(|&i| clean_pred[i] == y[i]).collect();
+    let t = Instant::now();
+    for &i in &attacked {
+        watched.with_detector(|d| d.reset())?;
+        attack.run(&watched, &x.narrow(0, i, 1)?, &y[i..i + 1], &Goal::Untargeted, args.seed + i as u64)?;
+        if let Some(&first) = watched.with_detector(|d| d.detections().first().copied())?.as_ref() {
+            detected += 1;
+            first_sum += first + 1;
+            within += usize::from(first < 100);
+        }
+    }
+    let attack_seconds = t.elapsed().as_secs_f64();
+    let costs = query_costs(args.seed)?;
+    let within_rate = within as f64 / attacked.len().max(1) as f64;
+    let mean_q = if detected > 0 { first_sum as f64 / detected as f64 } else { f64::NAN };
+    let seconds = start.elapsed().as_secs_f64();
+    println!("\n{:<44} {:>10}", format!("similarity vs {} ({} attacked images)", args.attack, attacked.len()), "value");
+    let rows = [
+        ("detected within the first 100 queries", format!("{within_rate:.4}")),
+        ("detected at all (200 queries)", format!("{:.4}", detected as f64 / attacked.len().max(1) as f64)),
+        ("mean queries to detection", format!("{mean_q:.1}")),
+        ("benign streams flagged", format!("{benign_rate:.4} of {}", benign.len())),
+        ("calibration queries/s", format!("{fit_rate:.0}")),
+        ("attack seconds", format!("{attack_seconds:.1}")),
+        ("µs/query at history 1k / 10k / 100k", format!("{:.1} / {:.1} / {:.1}", costs[0], costs[1], costs[2])),
+        ("seconds", format!("{seconds:.1}")),
+    ];
+    for (k, v) in rows {
+        println!("{k:<48} {v:>10}");
+    }
+    let round = |v: f64| (v * 1e4).round() / 1e4;
+    let line = serde_json::json!({
+        "example": "detect",
+        "detector": "similarity",
+        "attack": args.attack,
+        "eps": args.eps.to_string().parse::<f64>().unwrap_or(f64::NAN),
+        "detected_within_100": round(within_rate),
+        "benign_flag_rate": round(benign_rate),
+        "mean_queries_to_detection": if mean_q.is_finite() { serde_json::json!((mean_q * 10.0).round() / 10.0) } else { serde_json::Value::Null },
+        "adaptive": false,
+        "seconds": (seconds * 1e3).round() / 1e3,
+    });
+    println!("{line}");
+    Ok(())
+}
+
+/// The stateful index's cost per query (score + insert of a 128-value encoding) once its history holds 1k,
+/// 10k and 100k encodings (random Gaussian ones), in µs.
+fn query_costs(seed: u64) -> Res<[f64; 3]> {
+    let dim = 128;
+    let mut rng = armoury::seed::rng(seed);
+    let mut d = StatefulDetector::new(Arc::new(TapEncoderless), 20, IndexConfig::default())?;
+    let mut out = [0.0; 3];
+    let mut filled = 0;
+    for (slot, target) in [1_000usize, 10_000, 100_000].into_iter().enumerate() {
+        while filled < target {
+            d.insert_encoding(&armoury::seed::normal_vec(&mut rng, dim))?;
+            filled += 1;
+        }
+        let probes: Vec<Vec<f32>> = (0..1000).map(|_| armoury::seed::normal_vec(&mut rng, dim)).collect();
+        let t = Instant::now();
+        let mut sink = 0.0f32;
+        for p in &probes {
+            sink += d.score_encoding(p).max(-1e9);
+            d.insert_encoding(p)?;
+        }
+        filled += probes.len();
+        out[slot] = t.elapsed().as_secs_f64() * 1e6 / probes.len() as f64;
+        std::hint::black_box(sink);
+    }
+    Ok(out)
+}
+
+/// An encoder that is never called (the cost bench inserts encodings directly).
+struct TapEncoderless;
+
+impl armoury_defenses::detectors::Encoder for TapEncoderless {
+    fn encode(&self, _x: &Tensor) -> armoury::Result<ndarray::Array2<f32>> {
+        Err(armoury::Error::invalid("bench", "no encoder"))
+    }
+}
