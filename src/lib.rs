@@ -40,6 +40,7 @@ pub mod attack;
 pub mod classifier;
 pub mod data;
 pub mod detector;
+pub mod eval;
 pub mod io;
 pub mod nn;
 pub mod onnx;

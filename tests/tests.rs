@@ -12,6 +12,7 @@ mod data;
 mod defenses_training;
 mod defenses_transforms;
 mod detector;
+mod eval;
 mod fixtures_xcheck;
 mod gradcheck;
 mod nn;
