@@ -13,6 +13,8 @@
 //!   detector in front of a classifier that any attack can run against;
 //! - [`train`]: the one training loop, running any [`train::Method`]; [`robustness`]: clean and robust accuracy
 //!   with gradient-masking checks;
+//! - [`metrics`]: Wilson intervals, SSIM and MindArmour's attack, defense and neuron metrics; [`report`]: the
+//!   evaluation report's data model and its JSON, Markdown and HTML files;
 //! - [`seed`]: every random choice's seed, so results are bit-identical whatever the thread count or batch size.
 //!
 //! ```
@@ -42,9 +44,11 @@ pub mod data;
 pub mod detector;
 pub mod eval;
 pub mod io;
+pub mod metrics;
 pub mod nn;
 pub mod onnx;
 pub mod optim;
+pub mod report;
 pub mod robustness;
 pub mod seed;
 pub mod train;

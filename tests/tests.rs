@@ -15,6 +15,7 @@ mod detector;
 mod eval;
 mod fixtures_xcheck;
 mod gradcheck;
+mod metrics;
 mod nn;
 mod onnx;
 mod ops;
