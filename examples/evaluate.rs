@@ -174,6 +174,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         Vec::new()
     };
+    let report = eval::to_report(&clf, &set.test, &tm, &ledger, &summary, verdicts.clone())?;
+    let json = serde_json::json!({ "threat_model": tm, "report": report, "summary": summary });
+    armoury::io::write_atomic(&args.out.join("report.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
     print_and_save(&args, &tm, &summary, &verdicts, start.elapsed().as_secs_f64())
 }
 
@@ -206,8 +209,6 @@ fn print_and_save(
     println!("\n{md}");
     let report = args.out.join("report.md");
     armoury::io::write_atomic(&report, md.as_bytes())?;
-    let json = serde_json::json!({ "threat_model": tm, "summary": s, "audit": verdicts });
-    armoury::io::write_atomic(&args.out.join("report.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
     let round = |v: f64| (v * 1e4).round() / 1e4;
     let head = s.headline();
     let per_attack: serde_json::Map<String, serde_json::Value> = s

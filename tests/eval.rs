@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use armoury::data;
-use armoury::eval::{audit, merge, run_cascade, shard_range, summarise, AuditConfig, CascadeRun, Ledger, ThreatModel};
+use armoury::eval::{
+    audit, merge, run_cascade, shard_range, summarise, to_report, AuditConfig, CascadeRun, Ledger, ThreatModel,
+};
 use armoury::{Classifier, Counters, ModuleClassifier, Result, Tensor};
 use armoury_attacks::registry::from_spec;
 
@@ -116,6 +118,18 @@ fn cascade_ledger_resume_and_shards() {
     assert_eq!(after[2], s.headline().value);
     assert_eq!(s.class_flips.iter().flatten().sum::<u64>() as usize, broken);
     assert!(s.minimal_norms[0].1.iter().flatten().count() > 0, "DeepFool finds minimal perturbations");
+    let report = to_report(&model, &set, &t, &full, &s, Vec::new()).unwrap();
+    assert_eq!(report.threat_model_hash, t.hash());
+    assert_eq!(report.robust_accuracy, s.headline());
+    assert_eq!(report.per_attack.len(), 3);
+    assert_eq!(report.examples.len(), 8.min(broken));
+    assert!(report.examples.iter().all(|e| e.adversarial_prediction != e.label && e.original.len() == 784));
+    // MindArmour's misclassification rate of the cascade after its last attack: the broken share of the
+    // correctly classified samples.
+    let correct = full.records.iter().filter(|r| r.clean_correct()).count();
+    let mr = report.attack_metrics[2].1.misclassification_rate;
+    assert!((mr - broken as f64 / correct as f64).abs() < 1e-9, "{mr} vs {broken}/{correct}");
+    assert_eq!(report.radar.as_ref().map(|r| r.series.len()), Some(3));
 
     // Interrupted after 5 steps, then after 7 more, then to the end: the uninterrupted ledger.
     let dir = std::env::temp_dir().join(format!("armoury-eval-{}", std::process::id()));

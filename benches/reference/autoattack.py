@@ -2,8 +2,8 @@
 `evaluate` example's cascade (docs/evaluation.md, docs/reference.md).
 
 Runs torchattacks 3.5.1 `AutoAttack(version="standard")` (APGD-CE, APGD-T, FAB-T, Square 5,000 queries, as in
-Croce & Hein's standard protocol) on the weights of an Armoury safetensors file (PyTorch names: the reference cnn
-is the same `nn.Sequential`) and on the first N test images of an IDX directory (default: the Fashion-MNIST
+Croce & Hein's standard protocol) on the weights of an Armoury safetensors file (the reference cnn is the same
+`nn.Sequential`; its layer names conv1, conv2, fc1, fc2 are mapped to the Sequential's indices) and on the first N test images of an IDX directory (default: the Fashion-MNIST
 sample embedded in the repository, whose test images are the first 1,000 of the full test set).
 
 Needs `pip install torch torchattacks==3.5.1 safetensors numpy`. From the repository root:
@@ -35,7 +35,11 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = cnn()
-    model.load_state_dict(load_file(args.weights))
+    # Armoury's cnn names its layers conv1, conv2, fc1, fc2; PyTorch's Sequential numbers them.
+    names = {"conv1": "0", "conv2": "3", "fc1": "7", "fc2": "9"}
+    state = {names.get(k.split(".")[0], k.split(".")[0]) + "." + k.split(".", 1)[1]: v
+             for k, v in load_file(args.weights).items()}
+    model.load_state_dict(state)
     model.eval()
     x = load_idx(f"{args.data}/t10k-images-idx3-ubyte.gz")[: args.limit].astype(np.float32) / 255.0
     x = torch.from_numpy(x).reshape(-1, 1, 28, 28)

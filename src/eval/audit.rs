@@ -17,25 +17,13 @@
 //! counting as broken. The attacks are built by the caller's [`Builder`] from registry names (`fgsm`/`fgm`,
 //! `pgd`, `noise`, `square`), so the core needs no attack implementation.
 
-use serde::{Deserialize, Serialize};
-
 use super::cascade::Builder;
 use super::threat::AttackSpec;
 use crate::attack::{Attack, AttackResult, Goal, Norm};
 use crate::classifier::Classifier;
+pub use crate::report::Verdict;
 use crate::tensor::Tensor;
 use crate::Result;
-
-/// One check's outcome.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Verdict {
-    /// The check's name.
-    pub check: String,
-    /// Whether it passed.
-    pub pass: bool,
-    /// What was measured, and what a failure means.
-    pub explanation: String,
-}
 
 /// What the audit attacks with.
 #[derive(Clone, Debug)]

@@ -5,6 +5,7 @@
 //!   samples, with a per-sample ledger, a resumable state file, shards and their merge;
 //! - [`summary`]: the figures of a ledger (Wilson intervals, per-attack robust accuracy, class flips,
 //!   minimal norms);
+//! - [`report`]: the ledger's figures as an [`crate::report::Report`];
 //! - [`audit`]: the gradient-masking audit, one pass/fail verdict with an explanation per check.
 //!
 //! The core takes attacks as `Box<dyn Attack>` from a [`cascade::Builder`]; `armoury_attacks::registry::from_spec`
@@ -12,10 +13,12 @@
 
 pub mod audit;
 pub mod cascade;
+pub mod report;
 pub mod summary;
 pub mod threat;
 
 pub use audit::{audit, AuditConfig, Verdict};
 pub use cascade::{merge, run_cascade, shard_range, AttackWork, Break, Builder, CascadeRun, Ledger, SampleRecord};
-pub use summary::{summarise, AttackLine, Proportion, Summary};
+pub use report::to_report;
+pub use summary::{proportion, summarise, AttackLine, Summary};
 pub use threat::{AttackSpec, ThreatModel};

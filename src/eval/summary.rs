@@ -6,30 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use super::cascade::Ledger;
 use super::threat::ThreatModel;
+use crate::report::Interval;
 
-/// A proportion with its 95% Wilson score interval.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Proportion {
-    /// successes / n.
-    pub value: f64,
-    /// Lower end of the interval.
-    pub lo: f64,
-    /// Upper end.
-    pub hi: f64,
-}
-
-impl Proportion {
-    /// `k` of `n` with the Wilson score interval at z (1.96 for 95%); n = 0 gives 0 in [0, 1].
-    pub fn wilson(k: usize, n: usize, z: f64) -> Proportion {
-        if n == 0 {
-            return Proportion { value: 0.0, lo: 0.0, hi: 1.0 };
-        }
-        let (p, n) = (k as f64 / n as f64, n as f64);
-        let z2 = z * z;
-        let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
-        let half = z / (1.0 + z2 / n) * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-        Proportion { value: p, lo: (centre - half).max(0.0), hi: (centre + half).min(1.0) }
-    }
+/// `k` of `n` with its 95% Wilson interval ([`crate::metrics::wilson`]); no samples give 0 in [0, 1].
+pub fn proportion(k: usize, n: usize) -> Interval {
+    crate::metrics::wilson(k, n, crate::metrics::Z95).unwrap_or(Interval { value: 0.0, lo: 0.0, hi: 1.0 })
 }
 
 /// One attack's line of the summary.
@@ -38,7 +19,7 @@ pub struct AttackLine {
     /// The attack's label (registry name and settings).
     pub attack: String,
     /// Robust accuracy after this attack (cumulative, cascade order), at each ε.
-    pub robust_after: Vec<Proportion>,
+    pub robust_after: Vec<Interval>,
     /// Samples this attack broke first, at the headline ε.
     pub broken: usize,
     /// Gradient evaluations per attacked sample.
@@ -61,9 +42,9 @@ pub struct Summary {
     /// The ε grid.
     pub eps: Vec<f64>,
     /// Clean accuracy.
-    pub clean_accuracy: Proportion,
+    pub clean_accuracy: Interval,
     /// Robust accuracy after the whole cascade, per ε.
-    pub robust_accuracy: Vec<Proportion>,
+    pub robust_accuracy: Vec<Interval>,
     /// Per attack, in cascade order.
     pub per_attack: Vec<AttackLine>,
     /// At the headline ε: counts[true class][prediction on the adversarial input] over the broken samples.
@@ -77,7 +58,7 @@ pub struct Summary {
 
 impl Summary {
     /// The headline robust accuracy (at the largest ε).
-    pub fn headline(&self) -> Proportion {
+    pub fn headline(&self) -> Interval {
         *self.robust_accuracy.last().expect("at least one ε")
     }
 }
@@ -86,11 +67,10 @@ impl Summary {
 pub fn summarise(tm: &ThreatModel, ledger: &Ledger, classes: usize) -> Summary {
     let r = &ledger.records;
     let n = r.len();
-    let z = 1.959_963_984_540_054;
     let count = |f: &dyn Fn(&super::cascade::SampleRecord) -> bool| r.iter().filter(|s| f(s)).count();
     let clean = count(&|s| s.clean_correct());
     let ks = tm.eps.len();
-    let robust_accuracy = (0..ks).map(|k| Proportion::wilson(count(&|s| s.robust_at(k, None)), n, z)).collect();
+    let robust_accuracy = (0..ks).map(|k| proportion(count(&|s| s.robust_at(k, None)), n)).collect();
     let last = ks - 1;
     let per_attack = tm
         .attacks
@@ -101,7 +81,7 @@ pub fn summarise(tm: &ThreatModel, ledger: &Ledger, classes: usize) -> Summary {
             let per = |v: u64| if w.attacked == 0 { 0.0 } else { v as f64 / w.attacked as f64 };
             AttackLine {
                 attack: spec.label(),
-                robust_after: (0..ks).map(|k| Proportion::wilson(count(&|s| s.robust_at(k, Some(j))), n, z)).collect(),
+                robust_after: (0..ks).map(|k| proportion(count(&|s| s.robust_at(k, Some(j))), n)).collect(),
                 broken: count(&|s| s.broken.as_ref().is_some_and(|b| b.eps_index == last && b.attack_index == j)),
                 mean_gradients: per(w.gradients),
                 mean_queries: per(w.queries),
@@ -128,26 +108,11 @@ pub fn summarise(tm: &ThreatModel, ledger: &Ledger, classes: usize) -> Summary {
         model: ledger.model.clone(),
         samples: n,
         eps: tm.eps.clone(),
-        clean_accuracy: Proportion::wilson(clean, n, z),
+        clean_accuracy: proportion(clean, n),
         robust_accuracy,
         per_attack,
         class_flips,
         minimal_norms,
         robust_with_faults: count(&|s| s.robust_at(last, None) && s.gradient_faults > 0),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Proportion;
-
-    /// Hand-computed: 8 of 10 at z = 1.96 → centre (0.8 + 0.19208)/1.38416 = 0.71674, half-width
-    /// 1.96/1.38416·√(0.016 + 0.009604) = 0.22664, so [0.4901, 0.9433]; 0 of 10 → [0, 0.2775].
-    #[test]
-    fn wilson_matches_hand_computed_values() {
-        let p = Proportion::wilson(8, 10, 1.96);
-        assert!((p.lo - 0.4901).abs() < 1e-4 && (p.hi - 0.9433).abs() < 1e-4, "{p:?}");
-        let p = Proportion::wilson(0, 10, 1.96);
-        assert!(p.lo == 0.0 && (p.hi - 0.2775).abs() < 1e-4, "{p:?}");
     }
 }
