@@ -1,5 +1,6 @@
 //! How robust is a model: the threat model's cascade (default: AutoAttack's standard L∞ list at ε = 0.1), the
-//! gradient-masking audit, a summary table, report files and one JSON line.
+//! gradient-masking audit, a summary table, the report (`armoury::report::write`: report.json, report.md and a
+//! self-contained report.html) and one JSON line.
 //!
 //! `cargo run --release --example evaluate -- [--model cnn|mlp|FILE.safetensors|FILE.onnx] [--weights FILE]
 //! [--bounds 0,1] [--data DIR] [--threat-model FILE.json] [--eps E] [--limit N] [--shard i/n | --shards n]
@@ -175,16 +176,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Vec::new()
     };
     let report = eval::to_report(&clf, &set.test, &tm, &ledger, &summary, verdicts.clone())?;
-    let json = serde_json::json!({ "threat_model": tm, "report": report, "summary": summary });
-    armoury::io::write_atomic(&args.out.join("report.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
-    print_and_save(&args, &tm, &summary, &verdicts, start.elapsed().as_secs_f64())
+    let files = armoury::report::write(&report, &args.out)?;
+    armoury::io::write_atomic(&args.out.join("threat-model.json"), serde_json::to_string_pretty(&tm)?.as_bytes())?;
+    print_and_save(&tm, &summary, &verdicts, &files.html, start.elapsed().as_secs_f64())
 }
 
 fn print_and_save(
-    args: &Args,
     tm: &ThreatModel,
     s: &eval::Summary,
     verdicts: &[eval::Verdict],
+    report: &std::path::Path,
     seconds: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let eps = *tm.eps.last().unwrap_or(&0.0);
@@ -206,9 +207,7 @@ fn print_and_save(
     for v in verdicts {
         md += &format!("| {} | {} | {} |\n", v.check, if v.pass { "pass" } else { "FAIL" }, v.explanation);
     }
-    println!("\n{md}");
-    let report = args.out.join("report.md");
-    armoury::io::write_atomic(&report, md.as_bytes())?;
+    println!("\n{md}\nreport: {}", report.display());
     let round = |v: f64| (v * 1e4).round() / 1e4;
     let head = s.headline();
     let per_attack: serde_json::Map<String, serde_json::Value> = s

@@ -19,5 +19,6 @@ mod metrics;
 mod nn;
 mod onnx;
 mod ops;
+mod report;
 mod taps;
 mod train;

@@ -4,10 +4,27 @@
 //! perturbation norms, the class-flip matrix, per-attack bars, the audit verdicts, example images).
 //!
 //! The figures in a report are described in `docs/report.md`.
+//!
+//! ```no_run
+//! use armoury::report::{write, Interval, Report};
+//! let report = Report::new("cnn on the Fashion-MNIST sample", "cnn", 1000, Interval::exact(0.886));
+//! let files = write(&report, std::path::Path::new("out/report"))?;
+//! println!("{}", files.html.display());
+//! # Ok::<(), armoury::Error>(())
+//! ```
+
+mod html;
+mod markdown;
+mod plots;
+
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::{perturbation_image, save_png_grid, GridRow};
+use crate::io::write_atomic;
 use crate::metrics::AttackMetrics;
+use crate::{Error, Result, Tensor};
 
 /// A proportion (or any estimate) with its confidence interval, e.g. a robust accuracy with its 95% Wilson
 /// interval ([`crate::metrics::wilson`]).
@@ -157,4 +174,241 @@ pub struct Report {
     pub audit: Vec<Verdict>,
     /// Example adversarial images.
     pub examples: Vec<ExampleImage>,
+}
+
+impl Report {
+    /// A report with its headline figures only (robust accuracy = clean accuracy until attacks are added, no
+    /// attacks, curves, metrics, audit or examples; empty threat-model hash, seed 0): fill in the rest by field.
+    pub fn new(title: impl Into<String>, model: impl Into<String>, samples: usize, clean_accuracy: Interval) -> Report {
+        Report {
+            title: title.into(),
+            model: model.into(),
+            threat_model_hash: String::new(),
+            seed: 0,
+            samples,
+            clean_accuracy,
+            robust_accuracy: clean_accuracy,
+            per_attack: Vec::new(),
+            curves: Vec::new(),
+            minimal_norms: Vec::new(),
+            class_flips: None,
+            attack_metrics: Vec::new(),
+            radar: None,
+            audit: Vec::new(),
+            examples: Vec::new(),
+        }
+    }
+}
+
+/// The files [`write`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReportFiles {
+    /// `report.json`: the [`Report`] itself (read it back with [`read`]).
+    pub json: PathBuf,
+    /// `report.md`: the summary tables.
+    pub markdown: PathBuf,
+    /// `report.html`: the self-contained page with every plot.
+    pub html: PathBuf,
+    /// `examples.png`: the grid of example images (also embedded in the page), when there are examples.
+    pub examples_png: Option<PathBuf>,
+}
+
+/// At most this many example images go into the grid.
+pub const MAX_EXAMPLES: usize = 16;
+
+/// Writes `report.json`, `report.md`, `report.html` and, with examples, `examples.png` into `dir` (created if
+/// missing), each atomically. The page embeds its SVG plots and the PNG grid, so it can be mailed or archived
+/// alone; when `report.radar` is `None` and there are attack metrics, its radar chart is
+/// [`crate::metrics::attack_radar`] of them.
+///
+/// Errors: an inconsistent report (a non-finite figure, an interval with lo > value or value > hi, lengths that
+/// disagree, an invalid radar, an example whose values do not fit its shape — each error names the field), and
+/// I/O failures.
+pub fn write(report: &Report, dir: &Path) -> Result<ReportFiles> {
+    validate(report)?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let json = serde_json::to_string_pretty(report).map_err(|e| Error::invalid("report", e.to_string()))?;
+    let files = ReportFiles {
+        json: dir.join("report.json"),
+        markdown: dir.join("report.md"),
+        html: dir.join("report.html"),
+        examples_png: (!report.examples.is_empty()).then(|| dir.join("examples.png")),
+    };
+    write_atomic(&files.json, json.as_bytes())?;
+    write_atomic(&files.markdown, markdown::summary(report).as_bytes())?;
+    let png = match &files.examples_png {
+        Some(path) => {
+            example_grid(&report.examples, path)?;
+            Some(std::fs::read(path).map_err(|e| Error::io(path, e))?)
+        }
+        None => None,
+    };
+    write_atomic(&files.html, html::page(report, png.as_deref())?.as_bytes())?;
+    Ok(files)
+}
+
+/// Reads a `report.json` written by [`write`].
+pub fn read(path: &Path) -> Result<Report> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))
+}
+
+/// The PNG grid of up to [`MAX_EXAMPLES`] examples of the first example's shape: per row the original, the
+/// adversarial image and the perturbation (magnified 5×), labelled `true>prediction`. Values are drawn as [0, 1]
+/// when both images lie in it, else rescaled jointly from their own min–max.
+fn example_grid(examples: &[ExampleImage], path: &Path) -> Result<()> {
+    let shape = examples[0].shape;
+    let mut rows = Vec::new();
+    for e in examples.iter().filter(|e| e.shape == shape).take(MAX_EXAMPLES) {
+        let all = e.original.iter().chain(&e.adversarial);
+        let (lo, hi) = all.fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+        let (offset, scale) =
+            if lo >= 0.0 && hi <= 1.0 { (0.0, 1.0) } else { (lo, 1.0 / (hi - lo).max(f32::MIN_POSITIVE)) };
+        let image = |v: &[f32]| Tensor::from_vec(v.iter().map(|x| (x - offset) * scale).collect(), &shape);
+        let (clean, adv) = (image(&e.original)?, image(&e.adversarial)?);
+        let delta = perturbation_image(&clean, &adv, 5.0)?;
+        rows.push(GridRow::new(format!("{}>{}", e.label, e.adversarial_prediction), vec![clean, adv, delta]));
+    }
+    let scale = (84 / shape[1].max(shape[2]).max(1)).clamp(1, 8) as u32;
+    save_png_grid(path, &rows, scale)
+}
+
+/// The cells of a per-attack table row after the attack's name: robust accuracy after it, broken, gradients and
+/// queries per sample, seconds.
+fn summary_cells(a: &AttackSummary) -> [String; 5] {
+    [
+        fmt_interval(&a.robust_accuracy_after),
+        a.broken.to_string(),
+        format!("{:.1}", a.mean_gradients),
+        format!("{:.1}", a.mean_queries),
+        format!("{:.2}", a.seconds),
+    ]
+}
+
+/// The cells of an attack-metric table row after the attack's name: MR, ACAC, ACTC, relative L0, L2, L∞, ASS
+/// (— without), NTE, successes/samples.
+fn metric_cells(m: &AttackMetrics) -> [String; 9] {
+    let f = |v: f64| format!("{v:.4}");
+    [
+        f(m.misclassification_rate),
+        f(m.avg_confidence_adversarial),
+        f(m.avg_confidence_true),
+        f(m.avg_relative_l0),
+        f(m.avg_relative_l2),
+        f(m.avg_relative_linf),
+        m.avg_ssim.map_or("—".to_string(), f),
+        f(m.nte),
+        format!("{}/{}", m.successes, m.samples),
+    ]
+}
+
+/// `value [lo, hi]` with 4 decimals.
+fn fmt_interval(i: &Interval) -> String {
+    if i.lo == i.hi {
+        format!("{:.4}", i.value)
+    } else {
+        format!("{:.4} [{:.4}, {:.4}]", i.value, i.lo, i.hi)
+    }
+}
+
+/// The distinct norms, in order of first appearance.
+fn norms_in<'a>(norms: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for n in norms {
+        if !out.iter().any(|o| o == n) {
+            out.push(n.to_string());
+        }
+    }
+    out
+}
+
+/// Escapes `&`, `<`, `>`, `"` and `'` for HTML text and attribute values.
+fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Checks that every figure is finite, every interval ordered, and every length consistent.
+fn validate(r: &Report) -> Result<()> {
+    let bad = |field: String, msg: &str| Err(Error::invalid("report", format!("{field}: {msg}")));
+    let finite = |field: &dyn Fn() -> String, v: f64| if v.is_finite() { Ok(()) } else { bad(field(), "not finite") };
+    let interval = |field: &dyn Fn() -> String, i: &Interval| {
+        for v in [i.value, i.lo, i.hi] {
+            finite(field, v)?;
+        }
+        if i.lo <= i.value && i.value <= i.hi {
+            Ok(())
+        } else {
+            bad(field(), &format!("interval {} not within [{}, {}]", i.value, i.lo, i.hi))
+        }
+    };
+    interval(&|| "clean_accuracy".into(), &r.clean_accuracy)?;
+    interval(&|| "robust_accuracy".into(), &r.robust_accuracy)?;
+    for (k, a) in r.per_attack.iter().enumerate() {
+        interval(&|| format!("per_attack[{k}].robust_accuracy_after"), &a.robust_accuracy_after)?;
+        for (name, v) in
+            [("mean_gradients", a.mean_gradients), ("mean_queries", a.mean_queries), ("seconds", a.seconds)]
+        {
+            finite(&|| format!("per_attack[{k}].{name}"), v)?;
+        }
+    }
+    for (k, c) in r.curves.iter().enumerate() {
+        if c.eps.len() != c.accuracy.len() {
+            return bad(
+                format!("curves[{k}]"),
+                &format!("{} ε values for {} accuracies", c.eps.len(), c.accuracy.len()),
+            );
+        }
+        for (j, (e, a)) in c.eps.iter().zip(&c.accuracy).enumerate() {
+            finite(&|| format!("curves[{k}].eps[{j}]"), *e)?;
+            interval(&|| format!("curves[{k}].accuracy[{j}]"), a)?;
+        }
+    }
+    for (k, d) in r.minimal_norms.iter().enumerate() {
+        if let Some(j) = d.norms.iter().position(|v| v.is_some_and(|v| !(v.is_finite() && v >= 0.0))) {
+            return bad(format!("minimal_norms[{k}].norms[{j}]"), "not a finite non-negative norm");
+        }
+    }
+    if let Some(f) = &r.class_flips {
+        let k = f.classes.len();
+        if f.counts.len() != k || f.counts.iter().any(|row| row.len() != k) {
+            return bad("class_flips.counts".into(), &format!("not a {k}×{k} matrix for {k} classes"));
+        }
+    }
+    for (name, m) in &r.attack_metrics {
+        let values = [m.misclassification_rate, m.avg_confidence_adversarial, m.avg_confidence_true, m.avg_relative_l0];
+        let more = [m.avg_relative_l2, m.avg_relative_linf, m.nte, m.data_range, m.avg_ssim.unwrap_or(0.0)];
+        for v in values.into_iter().chain(more) {
+            finite(&|| format!("attack_metrics['{name}']"), v)?;
+        }
+    }
+    if let Some(radar) = &r.radar {
+        crate::metrics::radar(radar.axes.clone(), radar.series.clone())?;
+    }
+    for (k, e) in r.examples.iter().enumerate() {
+        let [c, h, w] = e.shape;
+        if !(c == 1 || c == 3) || h == 0 || w == 0 {
+            return bad(format!("examples[{k}].shape"), &format!("{:?} is not a [1 or 3, H, W] image", e.shape));
+        }
+        if e.original.len() != c * h * w || e.adversarial.len() != c * h * w {
+            return bad(
+                format!("examples[{k}]"),
+                &format!("{} and {} values for shape {:?}", e.original.len(), e.adversarial.len(), e.shape),
+            );
+        }
+        if e.original.iter().chain(&e.adversarial).any(|v| !v.is_finite()) {
+            return bad(format!("examples[{k}]"), "non-finite pixel");
+        }
+    }
+    Ok(())
 }

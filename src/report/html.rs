@@ -1,0 +1,175 @@
+//! `report.html`: one self-contained page — summary tables, the SVG plots inline, the example grid as a PNG
+//! data URI, and a few lines of script that record in the page whether every plot and image rendered.
+
+use std::fmt::Write as _;
+
+use super::{fmt_interval, html_escape, plots, Report};
+use crate::metrics::attack_radar;
+use crate::Result;
+
+const STYLE: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}\
+table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 10px;text-align:right}\
+th{background:#f3f3f3}td.name,th.name{text-align:left}.pass{color:#17803d;font-weight:bold}\
+.fail{color:#c0262d;font-weight:bold}figure{margin:1em 0}svg.armoury-plot{display:block;max-width:100%;height:auto}\
+img.grid{image-rendering:pixelated;border:1px solid #ccc}";
+
+/// Records, once the page has loaded, how many plots it has (`data-plots`), how many rendered with a non-empty
+/// box and drawn shapes (`data-plots-rendered`), and any script or resource error (`data-errors`), as
+/// attributes of `<body>`.
+const SELF_CHECK: &str = "(function(){var errors=[];\
+window.addEventListener('error',function(e){errors.push(e.message||((e.target&&e.target.id)||'resource')+' failed to load');},true);\
+window.addEventListener('load',function(){var svgs=document.querySelectorAll('svg.armoury-plot'),ok=0;\
+svgs.forEach(function(s){var b=s.getBBox();if(b.width>0&&b.height>0&&s.querySelectorAll('path,polyline,polygon,rect,circle,line').length>0)ok++;});\
+document.querySelectorAll('img').forEach(function(i){if(!(i.complete&&i.naturalWidth>0))errors.push((i.id||'image')+' did not decode');});\
+var b=document.body;b.setAttribute('data-plots',svgs.length);b.setAttribute('data-plots-rendered',ok);b.setAttribute('data-errors',errors.join('; '));});})();";
+
+/// The whole page; `grid_png` is the example grid's PNG, embedded as a data URI.
+pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
+    let mut h = String::new();
+    let title = html_escape(&r.title);
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title><style>{STYLE}</style>\
+         <script>{SELF_CHECK}</script></head>\n<body>\n<h1>{title}</h1>\n"
+    );
+    summary(&mut h, r);
+    if !r.per_attack.is_empty() {
+        h.push_str("<h2>Per attack</h2>\n");
+        per_attack_table(&mut h, r);
+        figure(&mut h, &plots::per_attack(r.clean_accuracy, &r.per_attack)?);
+    }
+    if !r.curves.is_empty() {
+        h.push_str("<h2>Robust accuracy vs ε</h2>\n");
+        for norm in super::norms_in(r.curves.iter().map(|c| c.norm.as_str())) {
+            let curves: Vec<_> = r.curves.iter().filter(|c| c.norm == norm).collect();
+            figure(&mut h, &plots::eps_curves(&norm, &curves)?);
+        }
+    }
+    if !r.minimal_norms.is_empty() {
+        h.push_str("<h2>Minimal perturbations</h2>\n");
+        for norm in super::norms_in(r.minimal_norms.iter().map(|d| d.norm.as_str())) {
+            let dists: Vec<_> = r.minimal_norms.iter().filter(|d| d.norm == norm).collect();
+            figure(&mut h, &plots::norm_cdf(&norm, &dists)?);
+        }
+    }
+    if let Some(flips) = &r.class_flips {
+        h.push_str("<h2>Class flips</h2>\n");
+        figure(&mut h, &plots::class_flips(flips)?);
+    }
+    let radar = match &r.radar {
+        Some(radar) => Some(radar.clone()),
+        None if !r.attack_metrics.is_empty() => Some(attack_radar(&r.attack_metrics)?),
+        None => None,
+    };
+    if !r.attack_metrics.is_empty() || radar.is_some() {
+        h.push_str("<h2>Attack metrics</h2>\n");
+        attack_metrics_table(&mut h, r);
+    }
+    if let Some(radar) = &radar {
+        figure(&mut h, &plots::radar(radar)?);
+    }
+    if !r.audit.is_empty() {
+        h.push_str("<h2>Gradient-masking audit</h2>\n<table id=\"audit\"><tr><th class=\"name\">check</th><th>verdict</th><th class=\"name\">explanation</th></tr>\n");
+        for v in &r.audit {
+            let (class, word) = if v.pass { ("pass", "pass") } else { ("fail", "FAIL") };
+            let _ = writeln!(
+                h,
+                "<tr><td class=\"name\">{}</td><td class=\"{class}\">{word}</td><td class=\"name\">{}</td></tr>",
+                html_escape(&v.check),
+                html_escape(&v.explanation)
+            );
+        }
+        h.push_str("</table>\n");
+    }
+    if let Some(png) = grid_png {
+        let _ = write!(
+            h,
+            "<h2>Examples</h2>\n<p>Each row: the clean image, the adversarial image and the perturbation (mid-grey = \
+             unchanged, magnified 5×); the label reads true class &gt; adversarial prediction.</p>\n\
+             <img id=\"examples-grid\" class=\"grid\" alt=\"example adversarial images\" src=\"data:image/png;base64,{}\">\n",
+            base64(png)
+        );
+    }
+    h.push_str("</body></html>\n");
+    Ok(h)
+}
+
+fn figure(h: &mut String, p: &plots::Plot) {
+    let _ = writeln!(h, "<figure data-plot=\"{}\">{}</figure>", html_escape(&p.id), p.svg);
+}
+
+fn summary(h: &mut String, r: &Report) {
+    let rows = [
+        ("model", html_escape(&r.model)),
+        ("threat model", format!("<code>{}</code>", html_escape(&r.threat_model_hash))),
+        ("seed", r.seed.to_string()),
+        ("samples", r.samples.to_string()),
+        ("clean accuracy", fmt_interval(&r.clean_accuracy)),
+        ("robust accuracy", fmt_interval(&r.robust_accuracy)),
+    ];
+    h.push_str("<table id=\"summary\">\n");
+    for (k, v) in rows {
+        let _ = writeln!(h, "<tr><th class=\"name\">{k}</th><td class=\"name\">{v}</td></tr>");
+    }
+    h.push_str("</table>\n");
+}
+
+fn per_attack_table(h: &mut String, r: &Report) {
+    h.push_str("<table id=\"per-attack\"><tr><th class=\"name\">attack</th><th>robust accuracy after (95%)</th><th>broken</th><th>gradients / sample</th><th>queries / sample</th><th>seconds</th></tr>\n");
+    for a in &r.per_attack {
+        let cells: Vec<String> = super::summary_cells(a).iter().map(|c| format!("<td>{c}</td>")).collect();
+        let _ = writeln!(h, "<tr><td class=\"name\">{}</td>{}</tr>", html_escape(&a.attack), cells.concat());
+    }
+    h.push_str("</table>\n");
+}
+
+fn attack_metrics_table(h: &mut String, r: &Report) {
+    if r.attack_metrics.is_empty() {
+        return;
+    }
+    h.push_str("<table id=\"attack-metrics\"><tr><th class=\"name\">attack</th><th>MR</th><th>ACAC</th><th>ACTC</th><th>rel. L0</th><th>rel. L2</th><th>rel. L∞</th><th>ASS</th><th>NTE</th><th>successes</th></tr>\n");
+    for (name, m) in &r.attack_metrics {
+        let cells: Vec<String> = super::metric_cells(m).iter().map(|c| format!("<td>{c}</td>")).collect();
+        let _ = writeln!(h, "<tr><td class=\"name\">{}</td>{}</tr>", html_escape(name), cells.concat());
+    }
+    h.push_str("</table>\n");
+}
+
+/// Standard base64 (RFC 4648, with padding).
+pub(super) fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base64;
+
+    #[test]
+    fn base64_matches_rfc_4648() {
+        // The test vectors of RFC 4648, section 10.
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! `report.md`: the report's figures as Markdown tables (no plots).
+
+use std::fmt::Write as _;
+
+use super::{fmt_interval, Report};
+
+/// Table cells must not contain a `|` or a line break.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+/// The Markdown summary of `r`.
+pub(super) fn summary(r: &Report) -> String {
+    let mut m = String::new();
+    let _ = writeln!(m, "# {}\n", cell(&r.title));
+    let _ = writeln!(m, "| | |\n|---|---|");
+    let _ = writeln!(m, "| model | {} |", cell(&r.model));
+    let _ = writeln!(m, "| threat model | `{}` |", cell(&r.threat_model_hash));
+    let _ = writeln!(m, "| seed | {} |\n| samples | {} |", r.seed, r.samples);
+    let _ = writeln!(m, "| clean accuracy | {} |", fmt_interval(&r.clean_accuracy));
+    let _ = writeln!(m, "| robust accuracy | {} |", fmt_interval(&r.robust_accuracy));
+    if !r.per_attack.is_empty() {
+        m.push_str("\n## Per attack (cumulative, in cascade order)\n\n");
+        m.push_str(
+            "| attack | robust accuracy after (95%) | broken | gradients / sample | queries / sample | seconds |\n",
+        );
+        m.push_str("|---|---|---|---|---|---|\n");
+        for a in &r.per_attack {
+            let _ = writeln!(m, "| {} | {} |", cell(&a.attack), super::summary_cells(a).join(" | "));
+        }
+    }
+    for c in &r.curves {
+        let _ = writeln!(
+            m,
+            "\n## Accuracy vs ε: {} ({})\n\n| ε | accuracy (95%) |\n|---|---|",
+            cell(&c.attack),
+            cell(&c.norm)
+        );
+        for (e, a) in c.eps.iter().zip(&c.accuracy) {
+            let _ = writeln!(m, "| {e} | {} |", fmt_interval(a));
+        }
+    }
+    if !r.minimal_norms.is_empty() {
+        m.push_str(
+            "\n## Minimal perturbation norms\n\n| attack | norm | found | median | mean |\n|---|---|---|---|---|\n",
+        );
+        for d in &r.minimal_norms {
+            let mut found: Vec<f64> = d.norms.iter().flatten().copied().collect();
+            found.sort_by(f64::total_cmp);
+            let (median, mean) = if found.is_empty() {
+                ("—".to_string(), "—".to_string())
+            } else {
+                let k = found.len();
+                let med = if k % 2 == 1 { found[k / 2] } else { 0.5 * (found[k / 2 - 1] + found[k / 2]) };
+                (format!("{med:.4}"), format!("{:.4}", found.iter().sum::<f64>() / k as f64))
+            };
+            let _ = writeln!(
+                m,
+                "| {} | {} | {}/{} | {median} | {mean} |",
+                cell(&d.attack),
+                cell(&d.norm),
+                found.len(),
+                d.norms.len()
+            );
+        }
+    }
+    attack_metrics(&mut m, r);
+    if let Some(f) = &r.class_flips {
+        m.push_str("\n## Class flips (rows: true class, columns: adversarial prediction)\n\n| |");
+        for c in &f.classes {
+            let _ = write!(m, " {} |", cell(c));
+        }
+        let _ = writeln!(m, "\n|---|{}", "---|".repeat(f.classes.len()));
+        for (c, row) in f.classes.iter().zip(&f.counts) {
+            let counts: Vec<String> = row.iter().map(|v| v.to_string()).collect();
+            let _ = writeln!(m, "| {} | {} |", cell(c), counts.join(" | "));
+        }
+    }
+    if !r.audit.is_empty() {
+        m.push_str("\n## Gradient-masking audit\n\n| check | verdict | explanation |\n|---|---|---|\n");
+        for v in &r.audit {
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} |",
+                cell(&v.check),
+                if v.pass { "pass" } else { "**FAIL**" },
+                cell(&v.explanation)
+            );
+        }
+    }
+    m
+}
+
+fn attack_metrics(m: &mut String, r: &Report) {
+    if r.attack_metrics.is_empty() {
+        return;
+    }
+    m.push_str(
+        "\n## Attack metrics\n\n| attack | MR | ACAC | ACTC | rel. L0 | rel. L2 | rel. L∞ | ASS | NTE | successes |\n",
+    );
+    m.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (name, a) in &r.attack_metrics {
+        let _ = writeln!(m, "| {} | {} |", cell(name), super::metric_cells(a).join(" | "));
+    }
+}

@@ -1,0 +1,362 @@
+//! `armoury::report`: the data model's JSON round trip, the Markdown tables, the HTML page's plots, validation,
+//! and the page opened in headless Chromium (plots rendered, no console errors, a screenshot saved as
+//! `target/test-artifacts/report.png`).
+//!
+//! The browser test skips with a notice when `chromium` is not installed, except under CI (`CI` set), where a
+//! missing browser fails it: `.ci/run` installs Debian's `chromium`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use armoury::metrics::{attack_metrics, wilson, Z95};
+use armoury::report::{
+    read, write, AttackSummary, ClassFlips, EpsCurve, ExampleImage, Interval, NormDistribution, Radar, RadarSeries,
+    Report, Verdict,
+};
+use armoury::Tensor;
+use ndarray::Array2;
+
+const CLASSES: [&str; 10] =
+    ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"];
+
+fn ci(k: usize, n: usize) -> Interval {
+    wilson(k, n, Z95).unwrap()
+}
+
+/// A report with every section filled: four cascade attacks, two L∞ curves and one L2 curve, two minimal-norm
+/// distributions, a 10-class flip matrix, attack metrics of two attacks, the audit and four example images from
+/// the embedded sample.
+fn synthetic_report() -> Report {
+    let n = 200;
+    let mut r = Report::new("Synthetic evaluation <test>", "cnn (reference weights)", n, ci(177, n));
+    r.threat_model_hash = "sha256:0123abcd".into();
+    r.seed = 7;
+    r.robust_accuracy = ci(21, n);
+    let cascade = [("apgd-ce", 40, 137), ("apgd-t", 26, 14), ("fab-t", 22, 4), ("square", 21, 1)];
+    r.per_attack = cascade
+        .iter()
+        .map(|&(name, left, broken)| AttackSummary {
+            attack: name.into(),
+            robust_accuracy_after: ci(left, n),
+            broken,
+            mean_gradients: if name == "square" { 0.0 } else { 100.0 },
+            mean_queries: if name == "square" { 4800.0 } else { 101.0 },
+            seconds: 1.5,
+        })
+        .collect();
+    let eps = vec![0.0, 0.02, 0.04, 0.06, 0.08, 0.1];
+    let curve = |attack: &str, norm: &str, eps: Vec<f64>, robust: &[usize]| EpsCurve {
+        attack: attack.into(),
+        norm: norm.into(),
+        eps,
+        accuracy: robust.iter().map(|&k| ci(k, n)).collect(),
+    };
+    r.curves = vec![
+        curve("pgd-40", "linf", eps.clone(), &[177, 150, 101, 62, 40, 30]),
+        curve("fgsm", "linf", eps, &[177, 160, 130, 105, 88, 70]),
+        curve("pgd-l2", "l2", vec![0.0, 0.5, 1.0, 1.5], &[177, 90, 30, 8]),
+    ];
+    let norms = |scale: f64, missing: usize| -> Vec<Option<f64>> {
+        (0..n).map(|i| if i % 50 < missing { None } else { Some(scale * ((i * 37) % 101) as f64 / 100.0) }).collect()
+    };
+    r.minimal_norms = vec![
+        NormDistribution { attack: "deepfool".into(), norm: "l2".into(), norms: norms(1.2, 3) },
+        NormDistribution { attack: "cw-l2".into(), norm: "l2".into(), norms: norms(0.9, 1) },
+    ];
+    let counts =
+        (0..10).map(|t| (0..10).map(|p| if t == p { 0 } else { ((t * 7 + p * 3) % 11) as u64 }).collect()).collect();
+    r.class_flips = Some(ClassFlips { classes: CLASSES.iter().map(|c| c.to_string()).collect(), counts });
+    r.attack_metrics = synthetic_attack_metrics();
+    r.audit = vec![
+        Verdict {
+            check: "iterative ≥ single-step".into(), pass: true, explanation: "PGD 0.105 ≤ FGSM 0.35".into()
+        },
+        Verdict { check: "monotone in ε".into(), pass: true, explanation: "non-increasing on 6 budgets".into() },
+        Verdict {
+            check: "unbounded ε → 0".into(), pass: false, explanation: "0.12 > 0.01 at ε = 1 <masked?>".into()
+        },
+    ];
+    r.examples = examples();
+    r
+}
+
+fn synthetic_attack_metrics() -> Vec<(String, armoury::metrics::AttackMetrics)> {
+    let set = armoury::data::sample().unwrap();
+    let (x, y) = set.test.batch(0..8).unwrap();
+    let noisy = |eps: f32| {
+        let noise = Tensor::uniform(x.shape(), -eps, eps, 3);
+        Tensor::new((x.value() + noise.value()).mapv(|v| v.clamp(0.0, 1.0)))
+    };
+    let probs = Array2::from_shape_fn((8, 10), |(i, j)| if j == (y[i] + i % 3) % 10 { 0.7 } else { 0.3 / 9.0 });
+    ["fgsm", "pgd-40"]
+        .iter()
+        .zip([0.1f32, 0.05])
+        .map(|(name, eps)| (name.to_string(), attack_metrics(&x, &noisy(eps), &y, &probs, None, 1.0).unwrap()))
+        .collect()
+}
+
+fn examples() -> Vec<ExampleImage> {
+    let set = armoury::data::sample().unwrap();
+    (0..4)
+        .map(|i| {
+            let (x, y) = set.test.batch(i..i + 1).unwrap();
+            let original = x.to_vec();
+            let adversarial = original
+                .iter()
+                .enumerate()
+                .map(|(k, v)| (v + if k % 3 == 0 { 0.1 } else { -0.1 }).clamp(0.0, 1.0))
+                .collect();
+            ExampleImage {
+                shape: [1, 28, 28],
+                original,
+                adversarial,
+                label: y[0],
+                adversarial_prediction: (y[0] + 1) % 10,
+                attack: "pgd-40".into(),
+            }
+        })
+        .collect()
+}
+
+/// A fresh directory under cargo's temporary directory for tests.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("report-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The ids of the plots the synthetic report must have, with a series each must name.
+const PLOTS: [(&str, &str); 6] = [
+    ("plot-per-attack", "apgd-ce"),
+    ("plot-eps-linf", "pgd-40"),
+    ("plot-eps-l2", "pgd-l2"),
+    ("plot-norms-l2", "cw-l2"),
+    ("plot-class-flips", "class flips"),
+    ("plot-radar", "pgd-40"),
+];
+
+/// The `<svg …>…</svg>` element with this id in `html`.
+fn svg_element<'a>(html: &'a str, id: &str) -> &'a str {
+    let start = html.find(&format!("<svg id=\"{id}\"")).unwrap_or_else(|| panic!("no <svg id=\"{id}\">"));
+    let end = html[start..].find("</svg>").expect("closed svg") + start;
+    &html[start..end]
+}
+
+#[test]
+fn write_produces_json_markdown_and_a_self_contained_page() {
+    let r = synthetic_report();
+    let dir = scratch("files");
+    let files = write(&r, &dir).unwrap();
+    // JSON round trip: every figure survives, bit for bit (serde_json's float_roundtrip).
+    assert!(read(&files.json).unwrap() == r, "the JSON round trip changed the report");
+    // Markdown: the summary and each table.
+    let md = std::fs::read_to_string(&files.markdown).unwrap();
+    assert!(md.starts_with("# Synthetic evaluation <test>\n"));
+    for needle in [
+        "| robust accuracy | 0.1050 [",
+        "| apgd-t | 0.1300 [",
+        "| fab-t |",
+        "## Accuracy vs ε: pgd-l2 (l2)",
+        "| deepfool | l2 | 188/200 |",
+        "| T-shirt/top |",
+        "| unbounded ε → 0 | **FAIL** |",
+        "| fgsm | 0.6250 |",
+    ] {
+        assert!(md.contains(needle), "report.md lacks {needle:?}:\n{md}");
+    }
+    // HTML: every plot with its series, drawn shapes, text escaped, the grid embedded.
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    for (id, series) in PLOTS {
+        let svg = svg_element(&html, id);
+        assert!(svg.contains("class=\"armoury-plot\""), "{id}");
+        let tag_end = svg.find('>').unwrap();
+        assert!(
+            svg[..tag_end].contains(&format!("&quot;{series}&quot;")),
+            "{id} does not name {series}: {}",
+            &svg[..tag_end]
+        );
+        assert!(["<path", "<polyline", "<polygon", "<rect"].iter().any(|t| svg.contains(t)), "{id} draws nothing");
+    }
+    assert!(html.contains("<title>Synthetic evaluation &lt;test&gt;</title>"));
+    assert!(html.contains("&lt;masked?&gt;") && !html.contains("<masked?>"));
+    assert!(html.contains("<img id=\"examples-grid\"") && html.contains("src=\"data:image/png;base64,iVBORw0KGgo"));
+    assert!(!html.contains("src=\"http") && !html.contains("href=\"http"), "the page must not load anything");
+    // The PNG beside it: 4 rows of 3 images of 28·3 pixels, with labels.
+    let png = image::open(files.examples_png.as_ref().unwrap()).unwrap();
+    assert_eq!(png.height(), 4 * 84 + 3 * armoury::data::GRID_GAP);
+    // The radar was derived from the attack metrics: 5 axes, larger = stronger.
+    let radar = svg_element(&html, "plot-radar");
+    assert!(
+        ["MR", "ACAC", "1 − ACTC", "ASS", "NTE"].iter().all(|a| radar.contains(&format!("{a}\n</text>"))),
+        "radar axes"
+    );
+}
+
+#[test]
+fn write_rejects_inconsistent_reports_naming_the_field() {
+    let dir = scratch("bad");
+    let err = |r: &Report| write(r, &dir).unwrap_err().to_string();
+    let mut r = synthetic_report();
+    r.per_attack[1].seconds = f64::NAN;
+    assert!(err(&r).contains("per_attack[1].seconds"), "{}", err(&r));
+    let mut r = synthetic_report();
+    r.curves[2].eps.pop();
+    assert!(err(&r).contains("curves[2]"));
+    let mut r = synthetic_report();
+    r.robust_accuracy = Interval { value: 0.5, lo: 0.6, hi: 0.7 };
+    assert!(err(&r).contains("robust_accuracy"));
+    let mut r = synthetic_report();
+    r.class_flips.as_mut().unwrap().counts.pop();
+    assert!(err(&r).contains("class_flips"));
+    let mut r = synthetic_report();
+    r.examples[2].adversarial.pop();
+    assert!(err(&r).contains("examples[2]"));
+    let mut r = synthetic_report();
+    r.minimal_norms[0].norms[5] = Some(-1.0);
+    assert!(err(&r).contains("minimal_norms[0].norms[5]"));
+    let mut r = synthetic_report();
+    r.radar = Some(Radar {
+        axes: vec!["a".into(), "b".into(), "c".into()],
+        series: vec![RadarSeries { name: "s".into(), values: vec![0.1, 2.0, 0.3] }],
+    });
+    assert!(err(&r).contains("not in [0, 1]"));
+    // Nothing was written by the failed calls.
+    assert!(!dir.join("report.json").exists());
+    // A minimal report (headline figures only) is fine: no plots, no grid.
+    let files = write(&Report::new("t", "m", 10, ci(9, 10)), &dir).unwrap();
+    assert_eq!(files.examples_png, None);
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(!html.contains("<svg"));
+}
+
+// ------------------------------------------------------------------------------------- the browser
+
+/// Runs `cmd` to completion with a time limit, returning (stdout, stderr).
+fn run_with_timeout(mut cmd: Command, limit: Duration) -> (String, String) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("chromium starts");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).ok();
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let (o, e) = (reader.join().unwrap(), err_reader.join().unwrap());
+            assert!(status.success(), "chromium failed ({status}):\n{e}");
+            return (o, e);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `chromium --headless …` with the flags that keep it offline and quiet, a fresh profile, and `extra`.
+fn chromium(profile: &Path, extra: &[String]) -> Command {
+    let mut cmd = Command::new("chromium");
+    cmd.args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        .args(["--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr", "--v=0"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra);
+    cmd
+}
+
+fn chromium_installed() -> bool {
+    Command::new("chromium")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// What the page recorded about itself, and the console messages Chromium logged.
+struct Rendered {
+    dom: String,
+    console: Vec<String>,
+}
+
+impl Rendered {
+    fn body_attr(&self, name: &str) -> String {
+        let body = &self.dom[self.dom.find("<body").expect("a body")..];
+        let tag = &body[..body.find('>').unwrap()];
+        let key = format!("{name}=\"");
+        let start = tag.find(&key).unwrap_or_else(|| panic!("<body> has no {name}: {tag}")) + key.len();
+        tag[start..start + tag[start..].find('"').unwrap()].to_string()
+    }
+}
+
+fn render(page: &Path, profile: &Path) -> Rendered {
+    let url = format!("file://{}", page.display());
+    let (dom, log) = run_with_timeout(chromium(profile, &["--dump-dom".into(), url]), Duration::from_secs(90));
+    let console = log.lines().filter(|l| l.contains(":CONSOLE")).map(str::to_string).collect();
+    Rendered { dom, console }
+}
+
+#[test]
+fn the_page_renders_in_headless_chromium() {
+    if !chromium_installed() {
+        assert!(std::env::var_os("CI").is_none(), "chromium is not installed, and CI must run the browser test");
+        eprintln!("notice: chromium not installed; skipping the browser test (apt-get install chromium)");
+        return;
+    }
+    let dir = scratch("browser");
+    let files = write(&synthetic_report(), &dir).unwrap();
+    let page = files.html.canonicalize().unwrap();
+    let profile = dir.join("profile");
+
+    let r = render(&page, &profile);
+    assert!(r.console.is_empty(), "console messages: {:#?}", r.console);
+    assert_eq!(r.body_attr("data-errors"), "", "the page recorded errors");
+    assert_eq!(r.body_attr("data-plots"), PLOTS.len().to_string());
+    assert_eq!(r.body_attr("data-plots-rendered"), PLOTS.len().to_string(), "a plot rendered empty");
+    for (id, series) in PLOTS {
+        let svg = svg_element(&r.dom, id);
+        assert!(svg.contains(series), "{id}: {series} missing from the rendered DOM");
+    }
+
+    // The checks can fail: a broken image and an empty plot are caught.
+    let html = std::fs::read_to_string(&page).unwrap();
+    let broken = html.replacen("base64,iVBORw0KGgo", "base64,AAAA", 1);
+    let start = broken.find("<svg id=\"plot-radar\"").unwrap();
+    let end = broken[start..].find("</svg>").unwrap() + start;
+    let broken = format!(
+        "{}<svg id=\"plot-radar\" class=\"armoury-plot\" width=\"10\" height=\"10\">{}",
+        &broken[..start],
+        &broken[end..]
+    );
+    let bad_page = dir.join("broken.html");
+    std::fs::write(&bad_page, broken).unwrap();
+    let bad = render(&bad_page, &profile);
+    assert!(bad.body_attr("data-errors").contains("examples-grid"), "{}", bad.body_attr("data-errors"));
+    assert_eq!(bad.body_attr("data-plots-rendered"), (PLOTS.len() - 1).to_string());
+
+    // The screenshot, kept as a test artefact.
+    let artefacts = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("test-artifacts");
+    std::fs::create_dir_all(&artefacts).unwrap();
+    let shot = artefacts.join("report.png");
+    let _ = std::fs::remove_file(&shot);
+    let args = [
+        format!("--screenshot={}", shot.display()),
+        "--window-size=1280,4000".into(),
+        format!("file://{}", page.display()),
+    ];
+    run_with_timeout(chromium(&profile, &args), Duration::from_secs(90));
+    let png = image::open(&shot).expect("a screenshot was written").to_rgb8();
+    assert_eq!(png.dimensions(), (1280, 4000));
+    let inked = png.pixels().filter(|p| p.0.iter().any(|&c| c < 200)).count();
+    assert!(inked > 50_000, "the screenshot is almost blank ({inked} dark pixels)");
+    eprintln!("screenshot: {}", shot.display());
+}
