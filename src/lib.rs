@@ -44,6 +44,7 @@ pub mod coverage;
 pub mod data;
 pub mod detector;
 pub mod fuzz;
+pub mod eval;
 pub mod io;
 pub mod metrics;
 pub mod nn;

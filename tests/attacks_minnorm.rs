@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use armoury::{Attack, AttackResult, Classifier, Counters, Goal, Result, Tensor};
-use armoury_attacks::{CarliniWagnerL2, DeepFool, EadRule, ElasticNet, LbfgsB, Norm, Pgd};
+use armoury_attacks::{CarliniWagnerL2, DeepFool, EadRule, ElasticNet, Fab, LbfgsB, Norm, Pgd};
 
 use crate::attack_props::*;
 
@@ -199,6 +199,9 @@ fn linear_oracle() {
         ("DeepFool-Linf", Box::new(DeepFool::linf()), 1.02 + 1e-4),
         ("CW", Box::new(CarliniWagnerL2 { c: 1.0, steps: 300, binary_search_steps: 6, ..Default::default() }), 1.03),
         ("L-BFGS", Box::new(LbfgsB { c: 1.0, max_iter: 50, binary_search_steps: 10, ..Default::default() }), 1.05),
+        ("FAB-L2", Box::new(Fab::l2()), 1.01),
+        ("FAB-Linf", Box::new(Fab::linf()), 1.01),
+        ("FAB-T-Linf", Box::new(Fab { target_classes: 1, ..Fab::linf() }), 1.01),
     ];
     for (name, attack, above) in cases {
         let r = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
@@ -237,6 +240,14 @@ fn linear_oracle() {
     for (i, m) in margin.iter().enumerate() {
         assert!(r.success[i], "EAD: sample {i} failed");
         assert!(r.norms[i].l1 as f64 >= m / linf_w * below, "EAD: L1 below the minimum");
+    }
+    // FAB-L1: the projection moves the coordinate of largest |w| alone, so it lands just above the L1 minimum.
+    let r = Fab::l1().run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
+    check_honest("FAB-L1", &model, &y, &r);
+    for (i, m) in margin.iter().enumerate() {
+        assert!(r.success[i], "FAB-L1: sample {i} failed");
+        let (got, min) = (r.norms[i].l1 as f64, m / linf_w);
+        assert!(got >= min * below && got <= min * 1.01, "FAB-L1: sample {i} at {got}, minimum {min}");
     }
 }
 

@@ -78,6 +78,8 @@ fn table() -> Vec<Row> {
         row("cw", Minimal, Some(20), None),
         row("cw-torchattacks", Minimal, None, None),
         row("ead", Minimal, Some(20), None),
+        row("fab", Minimal, Some(10), None),
+        row("fab-t", Minimal, Some(10), None),
         row("lbfgs", Minimal, None, None),
         targeted(row("jsma", Minimal, None, None)),
         row("square", Scores, None, Some(100)),

@@ -14,6 +14,7 @@ mod defenses_training;
 mod defenses_transforms;
 mod detector;
 mod detectors;
+mod eval;
 mod fixtures_xcheck;
 mod fuzzer;
 mod gradcheck;

@@ -78,14 +78,18 @@ impl DeepFool {
 }
 
 /// One piece of the batch with its graph: the input variable, the logits, the rows it covers.
-struct Piece {
+pub(crate) struct Piece {
     xv: Tensor,
     z: Tensor,
     start: usize,
 }
 
 /// Builds the graph for `xs` [m, D] (pieces of the classifier's chunk size, in parallel), counted as one forward.
-fn forward_graph(model: &dyn Classifier, xs: &Array2<f32>, shape: &[usize]) -> Result<(Vec<Piece>, Array2<f32>)> {
+pub(crate) fn forward_graph(
+    model: &dyn Classifier,
+    xs: &Array2<f32>,
+    shape: &[usize],
+) -> Result<(Vec<Piece>, Array2<f32>)> {
     let m = xs.nrows();
     let chunk = model.chunk_size().filter(|&c| c > 0).unwrap_or(m).max(1);
     let starts: Vec<usize> = (0..m).step_by(chunk).collect();
@@ -119,7 +123,7 @@ fn forward_graph(model: &dyn Classifier, xs: &Array2<f32>, shape: &[usize]) -> R
 }
 
 /// ∇(z_{to[i]} − z_{from[i]}) for every row of the graph, one backward per piece; rows [m, D].
-fn difference_gradient(
+pub(crate) fn difference_gradient(
     model: &dyn Classifier,
     pieces: &[Piece],
     to: &[usize],

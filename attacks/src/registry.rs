@@ -13,8 +13,8 @@
 use armoury::{Attack, Error, Result};
 
 use crate::{
-    Apgd, ApgdTargeted, BoundaryAttack, CarliniWagnerL2, DeepFool, ElasticNet, Epsilon, GenAttack, HopSkipJump, Jsma,
-    LbfgsB, Llc, Loss, Nes, Norm, ParticleSwarm, Pgd, Pointwise, RFgsm, SaltAndPepper, SimBA, Spsa, SquareAttack,
+    Apgd, ApgdTargeted, BoundaryAttack, CarliniWagnerL2, DeepFool, ElasticNet, Epsilon, Fab, GenAttack, HopSkipJump,
+    Jsma, LbfgsB, Llc, Loss, Nes, Norm, ParticleSwarm, Pgd, Pointwise, RFgsm, SaltAndPepper, SimBA, Spsa, SquareAttack,
     StepSearch, UniformNoise,
 };
 
@@ -34,12 +34,14 @@ pub struct AttackParams {
     pub restarts: usize,
     /// Model queries per sample (black-box attacks).
     pub queries: Option<u64>,
+    /// Target classes tried in turn (APGD-T, FAB-T; 9).
+    pub targets: Option<usize>,
 }
 
 impl Default for AttackParams {
     /// ε = 0.1 (L∞ on [0, 1] images), one restart, every other setting the attack's own.
     fn default() -> Self {
-        AttackParams { eps: 0.1, norm: None, steps: None, step_size: None, restarts: 1, queries: None }
+        AttackParams { eps: 0.1, norm: None, steps: None, step_size: None, restarts: 1, queries: None, targets: None }
     }
 }
 
@@ -66,6 +68,8 @@ const TABLE: &[(&str, &str)] = &[
     ("cw", "Carlini & Wagner L2 (2017), 5 binary-search steps × 100 Adam steps"),
     ("cw-torchattacks", "Carlini & Wagner L2 with torchattacks' defaults"),
     ("ead", "Elastic-net attack (Chen et al. 2018)"),
+    ("fab", "FAB (Croce & Hein 2020), minimum norm, L∞/L2/L1, every class linearised"),
+    ("fab-t", "FAB-T (AutoAttack): FAB against each of the top 9 other classes, restarts of radius ε"),
     ("lbfgs", "L-BFGS-B box-constrained attack (Szegedy et al. 2014)"),
     ("jsma", "JSMA (Papernot et al. 2016), increasing saliency"),
     ("square", "Square Attack (Andriushchenko et al. 2020), L∞ or L2, score-based"),
@@ -103,6 +107,20 @@ pub fn by_name(name: &str, params: &AttackParams) -> Result<Box<dyn Attack>> {
         gradient(&name, p).or_else(|| minimal(&name, p)).or_else(|| score(&name, p)).or_else(|| decision(&name, p));
     attack
         .ok_or_else(|| Error::invalid("attack name", format!("unknown attack '{name}'; known: {}", names().join(", "))))
+}
+
+/// The attack of a threat model's entry at budget `eps` in `norm` (the evaluator's [`armoury::eval::Builder`]).
+pub fn from_spec(spec: &armoury::eval::AttackSpec, norm: Norm, eps: f32) -> Result<Box<dyn Attack>> {
+    let params = AttackParams {
+        eps,
+        norm: Some(norm),
+        steps: spec.steps,
+        step_size: spec.step_size.map(|s| s as f32),
+        restarts: spec.restarts.unwrap_or(1),
+        queries: spec.queries,
+        targets: spec.targets,
+    };
+    by_name(&spec.name, &params)
 }
 
 /// The PGD family with the caller's steps, step size and restarts.
@@ -144,7 +162,15 @@ fn gradient(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
             a.restarts = p.restarts.max(1);
             Box::new(a)
         }
-        "apgd-t" => Box::new(if norm == Norm::L2 { ApgdTargeted::l2(eps) } else { ApgdTargeted::linf(eps) }),
+        "apgd-t" => {
+            let mut a = if norm == Norm::L2 { ApgdTargeted::l2(eps) } else { ApgdTargeted::linf(eps) };
+            if let Some(s) = p.steps {
+                a.base.steps = s;
+            }
+            a.base.restarts = p.restarts.max(1);
+            a.target_classes = p.targets.unwrap_or(a.target_classes);
+            Box::new(a)
+        }
         _ => return None,
     })
 }
@@ -168,6 +194,24 @@ fn minimal(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
             binary_search_steps: 3,
             ..ElasticNet::default()
         }),
+        "fab" | "fab-t" => {
+            let plain = match p.norm.unwrap_or(Norm::Linf) {
+                Norm::Linf => Fab::linf(),
+                Norm::L2 => Fab::l2(),
+                Norm::L1 => Fab::l1(),
+            };
+            let radius = if p.eps > 0.0 { p.eps } else { plain.restart_radius };
+            let mut a = Fab { restart_radius: radius, ..plain };
+            if name == "fab-t" {
+                // AutoAttack's FAB-T: 9 targets, no further target once broken within ε.
+                (a.target_classes, a.stop_at) = (p.targets.unwrap_or(9), Some(p.eps));
+            }
+            if let Some(s) = p.steps {
+                a.steps = s;
+            }
+            a.restarts = p.restarts.max(1);
+            Box::new(a)
+        }
         "lbfgs" => Box::new(LbfgsB::default()),
         "jsma" => Box::new(Jsma::increase()),
         _ => return None,

@@ -1,0 +1,24 @@
+//! Evaluation: how robust is a model, with numbers one can trust.
+//!
+//! - [`threat`]: the threat model as data (JSON), checked field by field and hashed into every result;
+//! - [`cascade`]: AutoAttack's worst-case cascade over a list of attacks, re-attacking only the still-robust
+//!   samples, with a per-sample ledger, a resumable state file, shards and their merge;
+//! - [`summary`]: the figures of a ledger (Wilson intervals, per-attack robust accuracy, class flips,
+//!   minimal norms);
+//! - [`report`]: the ledger's figures as an [`crate::report::Report`];
+//! - [`audit`]: the gradient-masking audit, one pass/fail verdict with an explanation per check.
+//!
+//! The core takes attacks as `Box<dyn Attack>` from a [`cascade::Builder`]; `armoury_attacks::registry::from_spec`
+//! builds them from the threat model's names. See docs/evaluation.md.
+
+pub mod audit;
+pub mod cascade;
+pub mod report;
+pub mod summary;
+pub mod threat;
+
+pub use audit::{audit, AuditConfig, Verdict};
+pub use cascade::{merge, run_cascade, shard_range, AttackWork, Break, Builder, CascadeRun, Ledger, SampleRecord};
+pub use report::to_report;
+pub use summary::{proportion, summarise, AttackLine, Summary};
+pub use threat::{AttackSpec, ThreatModel};

@@ -1,0 +1,229 @@
+//! The evaluator (docs/evaluation.md): the threat model as data, the cascade's ledger, resuming an interrupted
+//! run, shards merging to the unsharded result, and the gradient-masking audit on the fixture cnn and on three
+//! deliberately masked wrappers of it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use armoury::data;
+use armoury::eval::{
+    audit, merge, run_cascade, shard_range, summarise, to_report, AuditConfig, CascadeRun, Ledger, ThreatModel,
+};
+use armoury::{Classifier, Counters, ModuleClassifier, Result, Tensor};
+use armoury_attacks::registry::from_spec;
+
+use crate::attack_props::fixture_cnn;
+
+const TM: &str = r#"{
+  "name": "test", "norm": "linf", "eps": [0.05, 0.1], "seed": 3, "batch_size": 10,
+  "attacks": [{"name": "apgd-ce", "steps": 10}, {"name": "fab-t", "steps": 10, "targets": 2},
+              {"name": "square", "queries": 100}],
+  "minimal": [{"name": "deepfool"}]
+}"#;
+
+fn tm() -> ThreatModel {
+    ThreatModel::from_json(TM).unwrap()
+}
+
+fn cascade<'a>(tm: &'a ThreatModel, range: (usize, usize), total: usize) -> CascadeRun<'a> {
+    CascadeRun {
+        threat: tm,
+        build: &from_spec,
+        model_name: "fixture cnn".into(),
+        range,
+        total_samples: total,
+        chunk: 16,
+        state: None,
+        max_steps: None,
+        progress: None,
+    }
+}
+
+/// The ledger without its wall-clock times (the only field that differs between identical runs).
+fn timeless(mut l: Ledger) -> Ledger {
+    l.work.iter_mut().for_each(|w| w.seconds = 0.0);
+    l
+}
+
+#[test]
+fn threat_model_parses_hashes_and_names_bad_fields() {
+    let t = tm();
+    assert_eq!(t.attacks[1].targets, Some(2));
+    assert_eq!(t.batch_size, 10);
+    // The hash ignores spacing and key order, and changes with any setting.
+    let reordered = TM.replace(r#""name": "test", "norm": "linf""#, r#""norm": "linf",   "name": "test""#);
+    assert_eq!(ThreatModel::from_json(&reordered).unwrap().hash(), t.hash());
+    assert_eq!(t.hash().len(), 64);
+    let other = ThreatModel::from_json(&TM.replace("\"seed\": 3", "\"seed\": 4")).unwrap();
+    assert_ne!(other.hash(), t.hash());
+    // The default lists round-trip.
+    for d in [ThreatModel::autoattack_linf(0.1), ThreatModel::autoattack_l2(0.5)] {
+        let back = ThreatModel::from_json(&serde_json::to_string(&d).unwrap()).unwrap();
+        assert_eq!(back, d);
+        assert_eq!(
+            d.attacks.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+            ["apgd-ce", "apgd-t", "fab-t", "square"]
+        );
+    }
+    let bad = [
+        (TM.replace(r#""steps": 10, "targets""#, r#""steps": "ten", "targets""#), "attacks[1].steps"),
+        (TM.replace("\"seed\": 3", "\"sed\": 3"), "sed"),
+        (TM.replace("[0.05, 0.1]", "[0.1, 0.05]"), "eps[1]"),
+        (TM.replace("[0.05, 0.1]", "[]"), "`eps`"),
+        (TM.replace("\"linf\"", "\"l3\""), "`norm`"),
+        (TM.replace(r#""queries": 100"#, r#""restarts": 0"#), "attacks[2].restarts"),
+        (TM.replace(r#""name": "deepfool""#, r#""name": " ""#), "minimal[0].name"),
+        (TM.replace("\"batch_size\": 10", "\"batch_size\": -1"), "batch_size"),
+    ];
+    for (text, field) in bad {
+        let e = ThreatModel::from_json(&text).unwrap_err().to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    }
+    let e = t.check_bounds((0.0, 255.0));
+    assert!(e.is_ok(), "no bounds in the file: any model");
+    let bounded = ThreatModel { bounds: Some([0.0, 1.0]), ..t };
+    assert!(bounded.check_bounds((0.0, 255.0)).unwrap_err().to_string().contains("bounds"));
+}
+
+#[test]
+fn cascade_ledger_resume_and_shards() {
+    let model = fixture_cnn();
+    let set = data::sample().unwrap().test.take(48).unwrap();
+    let t = tm();
+    let full = run_cascade(&model, &set, &cascade(&t, (0, 48), 48)).unwrap();
+    assert!(full.is_complete(&t));
+    assert_eq!(full.records.len(), 48);
+    // The ledger is honest: each broken sample's input is within its ε and is predicted as recorded.
+    let mut broken = 0;
+    for r in &full.records {
+        if let Some(b) = &r.broken {
+            broken += 1;
+            let adv = Tensor::from_vec(r.adversarial.clone().unwrap(), &[1, 1, 28, 28]).unwrap();
+            assert_eq!(model.predict(&adv).unwrap()[0], b.prediction);
+            assert_ne!(b.prediction, r.label);
+            assert!(r.margin < 0.0, "a broken sample has a negative margin");
+            let x = set.image(r.index).unwrap();
+            let linf = x.iter().zip(adv.to_vec()).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(linf <= t.eps[b.eps_index] as f32 * (1.0 + 1e-6), "sample {}: {linf}", r.index);
+            assert!(r.gradients + r.queries > 0);
+        } else if r.clean_correct() {
+            assert!(r.margin > 0.0 && r.adversarial.is_none());
+        }
+    }
+    assert!(broken > 10, "the fixture cnn breaks at ε = 0.1: {broken}");
+    let s = summarise(&t, &full, 10);
+    assert!(s.robust_accuracy[1].value <= s.robust_accuracy[0].value);
+    assert!(s.robust_accuracy[0].value <= s.clean_accuracy.value);
+    let after: Vec<f64> = s.per_attack.iter().map(|a| a.robust_after[1].value).collect();
+    assert!(after.windows(2).all(|w| w[1] <= w[0]), "cumulative: {after:?}");
+    assert_eq!(after[2], s.headline().value);
+    assert_eq!(s.class_flips.iter().flatten().sum::<u64>() as usize, broken);
+    assert!(s.minimal_norms[0].1.iter().flatten().count() > 0, "DeepFool finds minimal perturbations");
+    let report = to_report(&model, &set, &t, &full, &s, Vec::new()).unwrap();
+    assert_eq!(report.threat_model_hash, t.hash());
+    assert_eq!(report.robust_accuracy, s.headline());
+    assert_eq!(report.per_attack.len(), 3);
+    assert_eq!(report.examples.len(), 8.min(broken));
+    assert!(report.examples.iter().all(|e| e.adversarial_prediction != e.label && e.original.len() == 784));
+    // MindArmour's misclassification rate of the cascade after its last attack: the broken share of the
+    // correctly classified samples.
+    let correct = full.records.iter().filter(|r| r.clean_correct()).count();
+    let mr = report.attack_metrics[2].1.misclassification_rate;
+    assert!((mr - broken as f64 / correct as f64).abs() < 1e-9, "{mr} vs {broken}/{correct}");
+    assert_eq!(report.radar.as_ref().map(|r| r.series.len()), Some(3));
+
+    // Interrupted after 5 steps, then after 7 more, then to the end: the uninterrupted ledger.
+    let dir = std::env::temp_dir().join(format!("armoury-eval-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state.json");
+    let _ = std::fs::remove_file(&state);
+    for stop in [Some(5), Some(7), None] {
+        let run = CascadeRun { state: Some(state.clone()), max_steps: stop, ..cascade(&t, (0, 48), 48) };
+        let l = run_cascade(&model, &set, &run).unwrap();
+        assert_eq!(l.is_complete(&t), stop.is_none());
+    }
+    assert_eq!(timeless(Ledger::load(&state).unwrap()), timeless(full.clone()));
+    // A state file of another threat model is refused.
+    let other = ThreatModel { seed: 9, ..t.clone() };
+    let run = CascadeRun { state: Some(state.clone()), ..cascade(&other, (0, 48), 48) };
+    assert!(run_cascade(&model, &set, &run).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Three shards (chunks not aligned with the unsharded run's) merge to the same ledger and summary.
+    let shards: Vec<Ledger> =
+        (0..3).map(|i| run_cascade(&model, &set, &cascade(&t, shard_range(48, i, 3).unwrap(), 48)).unwrap()).collect();
+    assert!(merge(&t, shards[..2].to_vec()).is_err(), "a missing shard is an error");
+    let merged = timeless(merge(&t, shards).unwrap());
+    assert_eq!(merged, timeless(full.clone()));
+    assert_eq!(
+        serde_json::to_string(&summarise(&t, &merged, 10)).unwrap(),
+        serde_json::to_string(&summarise(&t, &timeless(full), 10)).unwrap()
+    );
+    assert_eq!(shard_range(10, 2, 3).unwrap(), (6, 10));
+    assert!(shard_range(10, 3, 3).is_err());
+}
+
+/// The fixture cnn behind an input layer that rounds to 4 grey levels: gradients are zero everywhere.
+struct Quantised(ModuleClassifier, Counters);
+/// The fixture cnn with its logits multiplied by 10⁴: the softmax saturates, the cross-entropy gradient is 0.
+struct Scaled(ModuleClassifier, Counters);
+/// The fixture cnn behind a fresh random input perturbation on every call (no EOT).
+struct Randomised(ModuleClassifier, Counters, AtomicU64);
+
+macro_rules! wrapper {
+    ($t:ty, |$s:ident, $x:ident| $body:expr) => {
+        impl Classifier for $t {
+            fn input_shape(&self) -> &[usize] {
+                self.0.input_shape()
+            }
+            fn num_classes(&self) -> usize {
+                10
+            }
+            fn bounds(&self) -> (f32, f32) {
+                (0.0, 1.0)
+            }
+            fn forward(&self, $x: &Tensor) -> Result<Tensor> {
+                let $s = self;
+                $body
+            }
+            fn counters(&self) -> &Counters {
+                &self.1
+            }
+        }
+    };
+}
+
+wrapper!(Quantised, |s, x| s.0.forward(&Tensor::new(x.value().mapv(|v| (v * 3.0).round() / 3.0))));
+wrapper!(Scaled, |s, x| Ok(s.0.forward(x)?.mul_scalar(1e4)));
+wrapper!(Randomised, |s, x| {
+    let noise = Tensor::uniform(x.shape(), -0.2, 0.2, s.2.fetch_add(1, Ordering::Relaxed));
+    s.0.forward(&x.add(&noise)?)
+});
+
+#[test]
+fn audit_passes_the_cnn_and_flags_masked_models() {
+    let set = data::sample().unwrap().test;
+    let (x, y) = set.batch(0..64).unwrap();
+    let cfg = AuditConfig { square_queries: 300, ..AuditConfig::new(armoury::attack::Norm::Linf, 0.1) };
+    let verdicts = |m: &dyn Classifier| audit(m, &x, &y, &from_spec, &cfg).unwrap();
+    let failed = |v: &[armoury::eval::Verdict]| -> Vec<String> {
+        v.iter().filter(|v| !v.pass).map(|v| format!("{}: {}", v.check, v.explanation)).collect()
+    };
+    let honest = verdicts(&fixture_cnn());
+    assert_eq!(honest.len(), 8);
+    assert!(failed(&honest).is_empty(), "the fixture cnn must pass: {:?}", failed(&honest));
+    let flagged = |v: &[armoury::eval::Verdict], check: &str| v.iter().any(|v| v.check == check && !v.pass);
+    let q = verdicts(&Quantised(fixture_cnn(), Counters::default()));
+    assert!(flagged(&q, "gradients-finite"), "quantised: {:?}", failed(&q));
+    let s = verdicts(&Scaled(fixture_cnn(), Counters::default()));
+    assert!(flagged(&s, "gradients-finite"), "scaled: {:?}", failed(&s));
+    let r = verdicts(&Randomised(fixture_cnn(), Counters::default(), AtomicU64::new(0)));
+    assert!(flagged(&r, "deterministic-output"), "randomised: {:?}", failed(&r));
+    for (name, v) in [("quantised", &q), ("scaled", &s), ("randomised", &r)] {
+        println!("{name}: {:?}", failed(v));
+    }
+    // A softmax model is caught returning probabilities.
+    struct Probs(ModuleClassifier, Counters);
+    wrapper!(Probs, |s, x| s.0.forward(x)?.softmax(1));
+    let p = verdicts(&Probs(fixture_cnn(), Counters::default()));
+    assert!(flagged(&p, "logits-not-probabilities"), "{:?}", failed(&p));
+}
