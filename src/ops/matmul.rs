@@ -201,6 +201,28 @@ pub(crate) fn matmul_backward(
     Ok(vec![ga, gb])
 }
 
+/// The machine's attainable f32 rate in GFLOP/s: a tight loop of independent vector fused multiply-adds on the
+/// instruction set the kernels use, run on every thread of the rayon pool at once for about `seconds`. `None`
+/// when the hand-written kernels are off (`ARMOURY_SIMD=portable` or a CPU without AVX2 and FMA). The
+/// benchmarks report their rates as a share of it; on a loaded machine it measures what the load leaves.
+pub fn measured_peak_gflops(seconds: f64) -> Option<f64> {
+    let threads = rayon::current_num_threads();
+    let probe = 1 << 16;
+    let t = std::time::Instant::now();
+    super::simd::fma_peak(probe)?;
+    let per_iter = t.elapsed().as_secs_f64().max(1e-9) / probe as f64;
+    let iters = ((seconds / per_iter) as usize).clamp(probe, 1 << 34);
+    let t = std::time::Instant::now();
+    let runs = rayon::broadcast(|_| super::simd::fma_peak(iters));
+    let elapsed = t.elapsed().as_secs_f64();
+    let flops: f64 = runs.iter().flatten().map(|(f, _)| f).sum();
+    // Every run's value is read, so no thread's loop can be dropped.
+    let sink: f32 = runs.iter().flatten().map(|(_, v)| v).sum();
+    std::hint::black_box(sink);
+    debug_assert_eq!(runs.len(), threads);
+    Some(flops / elapsed / 1e9)
+}
+
 /// Matrix products.
 impl Tensor {
     /// Matrix product: `[m,k]·[k,n]`, batched `[B,m,k]·[B,k,n]`, or `[B,m,k]·[k,n]`.

@@ -34,6 +34,7 @@ use crate::Result;
 pub use conv::Conv2dParams;
 pub use elementwise::UnaryKind;
 pub use loss::Reduction;
+pub use matmul::measured_peak_gflops;
 pub use pool::Pool2dParams;
 
 /// How a tracked tensor was computed: the op, its inputs and whatever its backward needs.

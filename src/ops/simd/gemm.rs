@@ -52,13 +52,64 @@ pub(crate) fn gemm_nn(
     }
 }
 
+/// Chains of fused multiply-adds the peak loop keeps in flight: enough independent accumulators to cover the
+/// multiply-add latency times the two issue ports on either instruction set (16 vector registers on AVX2).
+const PEAK_CHAINS: usize = 12;
+
+/// A tight loop of `iters` rounds of [`PEAK_CHAINS`] independent vector fused multiply-adds on this thread, on the
+/// instruction set the kernels use: the FLOPs it did (2 per lane per multiply-add) and a value that depends on
+/// every chain (so the loop is not optimised away), or `None` without the hand-written kernels. The benchmarks
+/// time it on every thread at once to measure the machine's attainable f32 peak.
+pub(crate) fn fma_peak(iters: usize) -> Option<(f64, f32)> {
+    let level = level();
+    if level == Level::Portable {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let lanes = if level == Level::Avx512 { 16 } else { 8 };
+        // SAFETY: the level was checked above; the loop touches no memory but a local.
+        let sink = unsafe { x86::fma_loop(level, iters) };
+        Some(((2 * PEAK_CHAINS * lanes) as f64 * iters as f64, sink))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("off x86-64 the level is always `Portable`")
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use ndarray::{ArrayView2, ArrayViewMut2};
     use rayon::prelude::*;
 
-    use super::super::isa::{ld, tile_dispatch, tile_match, Avx2, Avx512, Isa};
+    use super::super::isa::{entry_points, ld, tile_dispatch, tile_match, Avx2, Avx512, Isa};
     use super::super::{tile_rows, Level, PAR_WORK};
+
+    entry_points! {
+        fn fma_loop(iters: usize) -> f32 = fma_loop_body;
+    }
+
+    /// [`super::fma_peak`]'s loop: `acc ← acc·a + b` on [`super::PEAK_CHAINS`] accumulators (`a` just below 1,
+    /// so the values stay finite and normal), summed at the end.
+    #[inline(always)]
+    unsafe fn fma_loop_body<S: Isa>(iters: usize) -> f32 {
+        let (a, b) = (S::splat(0.999_999), S::splat(1e-6));
+        let mut acc = [S::zero(); super::PEAK_CHAINS];
+        for (i, v) in acc.iter_mut().enumerate() {
+            *v = S::splat(i as f32);
+        }
+        for _ in 0..iters {
+            for v in acc.iter_mut() {
+                *v = S::fmadd(*v, a, b);
+            }
+        }
+        let mut total = S::zero();
+        for v in acc {
+            total = S::add(total, v);
+        }
+        let mut out = [0.0f32; 16];
+        S::storeu(out.as_mut_ptr(), total);
+        out[..S::LANES].iter().sum()
+    }
 
     /// The product of operands [`super::gemm_nn`] validated, in column blocks, across threads when large enough.
     pub(super) fn gemm_nn(

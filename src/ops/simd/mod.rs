@@ -24,7 +24,7 @@ mod layout;
 mod pool;
 mod rows;
 
-pub(crate) use gemm::gemm_nn;
+pub(crate) use gemm::{fma_peak, gemm_nn};
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
 pub(crate) use pool::{max_pool_2x2, max_pool_2x2_backward, relu_max_pool_2x2_expand};
 pub(crate) use rows::{RowSums, Term};
