@@ -41,6 +41,7 @@ pub mod classifier;
 pub mod data;
 pub mod detector;
 pub mod io;
+pub mod limits;
 pub mod nn;
 pub mod onnx;
 pub mod optim;

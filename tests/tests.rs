@@ -17,5 +17,6 @@ mod gradcheck;
 mod nn;
 mod onnx;
 mod ops;
+mod reliability;
 mod taps;
 mod train;
