@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example adversarial_training -- --defense pgd|trades|mart|fast|free|nad|ensemble
 //! [--eps 0.1] [--epochs 10] [--model cnn|mlp|FILE.onnx] [--bounds 0,1] [--data DIR] [--out FILE.safetensors]
-//! [--seed S] [--train-limit N] [--robust-samples 2000]`
+//! [--seed S] [--max-memory SIZE] [--train-limit N] [--robust-samples 2000]`
 //!
 //! Clean accuracy is on the full test set, robust accuracy (PGD-40 with steps of 0.01 from a random start, and
 //! APGD-CE) on its first `--robust-samples` images. A defense that resists PGD but not APGD or a box-sized
@@ -67,6 +67,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             Long("data") => a.data = Some(p.value()?.into()),
             Long("out") => a.out = Some(p.value()?.into()),
             Long("seed") => a.seed = p.value()?.parse()?,
+            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
             Long("train-limit") => a.train_limit = Some(p.value()?.parse()?),
             Long("robust-samples") => a.robust_samples = p.value()?.parse()?,
             _ => return Err(arg.unexpected().into()),

@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example attack -- --attack pgd --eps 0.1 [--norm linf] [--steps 40] [--step-size A]
 //! [--restarts R] [--queries Q] [--model cnn|mlp|FILE.onnx] [--bounds 0,1] [--weights FILE.safetensors]
-//! [--data DIR] [--limit N] [--targeted random|least-likely|CLASS] [--seed S] [--out DIR]`
+//! [--data DIR] [--limit N] [--targeted random|least-likely|CLASS] [--seed S] [--max-memory SIZE] [--out DIR]`
 //!
 //! Loads the weights (or trains the reference model: 3 epochs of Adam, lr 1e-3, batch 128), builds the attack by
 //! name from `armoury_attacks::registry` (`--help` lists the names), attacks the first N test images with the
@@ -64,6 +64,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             Long("restarts") => a.params.restarts = p.value()?.parse()?,
             Long("queries") => a.params.queries = Some(p.value()?.parse()?),
             Long("seed") => a.seed = p.value()?.parse()?,
+            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
             Long("model") => a.model = p.value()?.parse()?,
             Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
             Long("weights") => a.weights = Some(p.value()?.into()),

@@ -3,7 +3,8 @@
 //! `--finetune-epochs 0` — for the fixture cnn fine-tuned with Gaussian noise augmentation at the same σ.
 //!
 //! `cargo run --release --example randomized_smoothing -- [--images 500] [--sigma 0.25] [--n 10000] [--n0 100]
-//! [--alpha 0.001] [--batch 1000] [--finetune-epochs 2] [--seed 0] [--data DIR]`
+//! [--alpha 0.001] [--batch 1000] [--finetune-epochs 2] [--seed 0] [--data DIR]
+//! [--max-memory SIZE]`
 //!
 //! Prints a table and one JSON line per model.
 
@@ -56,9 +57,10 @@ fn parse() -> Result<Args, lexopt::Error> {
             Long("batch") => a.batch = p.value()?.parse()?,
             Long("finetune-epochs") => a.finetune_epochs = p.value()?.parse()?,
             Long("seed") => a.seed = p.value()?.parse()?,
+            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
             Long("data") => a.data = Some(p.value()?.into()),
             Long("help") | Short('h') => {
-                println!("usage: randomized_smoothing [--images N] [--sigma S] [--n N] [--n0 N] [--alpha A] [--batch B] [--finetune-epochs E] [--seed S] [--data DIR]");
+                println!("usage: randomized_smoothing [--images N] [--sigma S] [--n N] [--n0 N] [--alpha A] [--batch B] [--finetune-epochs E] [--seed S] [--data DIR] [--max-memory SIZE]");
                 std::process::exit(0);
             }
             _ => return Err(arg.unexpected()),

@@ -1,7 +1,7 @@
 //! Train a reference model on any IDX data set.
 //!
 //! `cargo run --release --example train -- --model cnn|mlp|FILE.onnx [--data DIR] [--epochs N] [--batch-size B]
-//! [--lr LR] [--seed S] [--out FILE.safetensors]`
+//! [--lr LR] [--seed S] [--max-memory SIZE] [--out FILE.safetensors]`
 //!
 //! An ONNX model is imported and fine-tuned (its initialisers are the trainable parameters).
 //!
@@ -55,9 +55,10 @@ fn parse() -> Result<Args, lexopt::Error> {
             Long("batch-size") => a.batch_size = p.value()?.parse()?,
             Long("lr") => a.lr = p.value()?.parse()?,
             Long("seed") => a.seed = p.value()?.parse()?,
+            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
             Long("out") => a.out = Some(p.value()?.into()),
             Long("help") | Short('h') => {
-                println!("usage: train --model cnn|mlp|FILE.onnx [--data DIR] [--epochs N] [--batch-size B] [--lr LR] [--seed S] [--out FILE]");
+                println!("usage: train --model cnn|mlp|FILE.onnx [--data DIR] [--epochs N] [--batch-size B] [--lr LR] [--seed S] [--max-memory SIZE] [--out FILE]");
                 std::process::exit(0);
             }
             _ => return Err(arg.unexpected()),

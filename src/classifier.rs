@@ -133,8 +133,14 @@ pub trait Classifier: Send + Sync {
         None
     }
 
-    /// Checks that `x` is a non-empty, finite batch of the right shape.
+    /// Checks that `x` is a non-empty, finite batch of the right shape, and that the classifier's own
+    /// [`Classifier::bounds`] are finite with min < max (a custom classifier may get them wrong; attacks clamp to
+    /// them).
     fn check_input(&self, x: &Tensor) -> Result<usize> {
+        let (lo, hi) = self.bounds();
+        if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+            return Err(Error::invalid("classifier", format!("bounds {:?} must be finite with min < max", (lo, hi))));
+        }
         let shape = self.input_shape();
         if x.rank() != shape.len() + 1 {
             return Err(Error::RankMismatch {
@@ -177,6 +183,10 @@ pub trait Classifier: Send + Sync {
             to_matrix(&z, r.len(), classes)
         })?;
         self.counters().add_forward(n);
+        // A NaN logit (NaN weights, an overflow inside the model) has no argmax: every prediction would be 0.
+        if parts.iter().any(|p| p.iter().any(|v| v.is_nan())) {
+            return Err(Error::NonFinite { op: "classifier logits" });
+        }
         Ok(concat_rows(parts, n, classes))
     }
 
@@ -466,6 +476,8 @@ impl ModuleClassifier {
                 format!("{num_classes} classes, input shape {input_shape:?}"),
             ));
         }
+        crate::limits::check_classes("ModuleClassifier::new", num_classes)?;
+        crate::limits::checked_numel("ModuleClassifier::new: the input shape", input_shape)?;
         Ok(ModuleClassifier {
             module: Arc::new(module),
             input_shape: input_shape.to_vec(),

@@ -107,6 +107,19 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file or a computation would need more memory (or more of something) than the limit allows
+    /// ([`crate::limits`]): refused before anything is allocated.
+    #[error("{what}: needs {needed} {unit}, the limit is {limit} (see armoury::limits)")]
+    ResourceLimit {
+        /// What would have been allocated (an ONNX node, a decompressed file, a class count, …).
+        what: String,
+        /// How much it needs.
+        needed: u128,
+        /// The limit it exceeds.
+        limit: u128,
+        /// The unit of both numbers ("bytes", "elements", "classes").
+        unit: &'static str,
+    },
     /// An image could not be decoded or encoded.
     #[error("{path}: image error: {source}")]
     Image {

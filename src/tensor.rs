@@ -108,11 +108,12 @@ impl Tensor {
 
     /// A constant tensor from a flat vector (row-major) and a shape.
     pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
-        let expected: usize = shape.iter().product();
+        let expected = crate::limits::checked_numel("Tensor::from_vec", shape)?;
         if expected != data.len() {
             return Err(Error::ShapeMismatch { op: "from_vec", expected: shape.to_vec(), got: vec![data.len()] });
         }
-        let a = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length checked above");
+        let a = ArrayD::from_shape_vec(IxDyn(shape), data)
+            .map_err(|e| Error::invalid("Tensor::from_vec", e.to_string()))?;
         Ok(Tensor::new(a))
     }
 

@@ -221,7 +221,7 @@ fn targeted_from_given_start_and_noise_search() {
     assert_eq!(r.predictions, targets);
     check_honest("HSJ given", &model, &y, &r);
     // The attack moved each start toward x.
-    let start_norms = armoury::attack::per_sample_norms(&x, &start);
+    let start_norms = armoury::attack::per_sample_norms(&x, &start).unwrap();
     assert!((0..6).all(|i| r.norms[i].l2 < start_norms[i].l2));
     check_deterministic("HSJ given", &given, &model, &x, &y, &goal);
     // A seeded search of uniform-noise images for the target class: where none of the 100 trials hits it the

@@ -269,7 +269,7 @@ fn seeds_per_image(rec: &Recorder) -> std::collections::HashMap<Vec<u32>, Vec<u6
     let mut out: std::collections::HashMap<Vec<u32>, Vec<u64>> = Default::default();
     for (seed, _, x) in rec.calls.lock().unwrap().iter() {
         for i in 0..x.shape()[0] {
-            let key = armoury::attack::sample(x, i).iter().map(|v| v.to_bits()).collect();
+            let key = armoury::attack::sample(x, i).unwrap().iter().map(|v| v.to_bits()).collect();
             out.entry(key).or_default().push(*seed);
         }
     }

@@ -2,7 +2,7 @@
 //! onnxruntime outputs and against the native models; error paths; speed against the native `cnn`.
 //! Per-operator graphs written by the tests themselves are in `onnx/ops.rs`.
 
-mod build;
+pub(crate) mod build;
 mod ops;
 mod ops_nn;
 mod ops_shape;

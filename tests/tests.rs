@@ -22,6 +22,7 @@ mod metrics;
 mod nn;
 mod onnx;
 mod ops;
+mod reliability;
 mod report;
 mod taps;
 mod train;

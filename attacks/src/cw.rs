@@ -162,7 +162,7 @@ pub(crate) struct Start {
 /// The [`Start`] of `p`: one counted forward pass on the clean inputs.
 pub(crate) fn start(p: &Problem<'_>, kappa: f32) -> Result<Start> {
     let x2 = p.rows();
-    let classes = goal_classes(p.goal, p.labels);
+    let classes = goal_classes(p.goal, p.labels)?;
     let targeted = p.goal.is_targeted();
     let clean = p.logits(p.x, None)?;
     let already = (0..x2.nrows())
@@ -323,6 +323,6 @@ pub(crate) fn check_count(op: &'static str, what: &str, v: usize) -> Result<()> 
 }
 
 /// The class each sample's loss is about: its label (untargeted) or its target (targeted).
-pub(crate) fn goal_classes(goal: &Resolved, labels: &[usize]) -> Vec<usize> {
+pub(crate) fn goal_classes(goal: &Resolved, labels: &[usize]) -> Result<Vec<usize>> {
     (0..labels.len()).map(|i| goal.class(i, labels)).collect()
 }

@@ -410,7 +410,12 @@ impl Pgd {
                 }
                 match norm {
                     Norm::L1 => project_l1_box(a, xr, e, bounds),
-                    _ => project_row(a, norm, e),
+                    // ε was validated by `Epsilon::resolve`; an invalid one would leave no perturbation.
+                    _ => {
+                        if project_row(a, norm, e).is_err() {
+                            a.fill(0.0);
+                        }
+                    }
                 }
                 for (av, &xv) in a.iter_mut().zip(xr) {
                     *av = (xv + *av).clamp(bounds.0, bounds.1);

@@ -76,7 +76,7 @@ pub fn one_hot(n: usize, k: usize, class: &[usize]) -> ArrayD<bool> {
 }
 
 /// The largest logit other than `class[i]` and its index, per row.
-pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Vec<(usize, f32)> {
+pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Result<Vec<(usize, f32)>> {
     armoury::attack::best_other(z, class)
 }
 

@@ -12,3 +12,12 @@ pub fn finish(result: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
         }
     }
 }
+
+/// Applies `--max-memory <size>` (e.g. `2G`, `512M`): the memory budget of Armoury's readers and model execution
+/// for this run (`armoury::limits`); without it the default is half the machine's memory, or
+/// `$ARMOURY_MAX_MEMORY`.
+#[allow(dead_code)]
+pub fn set_max_memory(value: &str) -> Result<(), String> {
+    armoury::limits::set_max_memory(armoury::limits::parse_size(value).map_err(|e| e.to_string())?);
+    Ok(())
+}

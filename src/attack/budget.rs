@@ -103,14 +103,35 @@ pub fn unrows(a: ndarray::Array2<f32>, shape: &[usize]) -> Tensor {
 
 /// Projects each row of `delta` onto the `norm`-ball of radius `eps[i]` (Euclidean projection; for L1 the
 /// sort-based simplex projection of Duchi et al. 2008).
-pub fn project_ball(delta: &mut ndarray::Array2<f32>, norm: Norm, eps: &[f32]) {
+/// An error when `eps` does not give one radius per row or a radius is NaN or negative.
+pub fn project_ball(delta: &mut ndarray::Array2<f32>, norm: Norm, eps: &[f32]) -> Result<()> {
+    if eps.len() != delta.nrows() {
+        return Err(Error::ShapeMismatch { op: "project_ball", expected: vec![delta.nrows()], got: vec![eps.len()] });
+    }
+    check_radius(eps)?;
     delta.axis_iter_mut(Axis(0)).into_par_iter().zip(eps).for_each(|(mut row, &e)| {
-        project_row(row.as_slice_mut().expect("standard layout rows"), norm, e);
+        project_radius(row.as_slice_mut().expect("standard layout rows"), norm, e);
     });
+    Ok(())
 }
 
-/// Projects one perturbation row onto the `norm`-ball of radius `e` (see [`project_ball`]).
-pub fn project_row(r: &mut [f32], norm: Norm, e: f32) {
+fn check_radius(eps: &[f32]) -> Result<()> {
+    match eps.iter().find(|e| e.is_nan() || **e < 0.0) {
+        Some(bad) => Err(Error::invalid("projection", format!("radius ε = {bad} must be ≥ 0 and not NaN"))),
+        None => Ok(()),
+    }
+}
+
+/// Projects one perturbation row onto the `norm`-ball of radius `e` (see [`project_ball`]); an error for a NaN or
+/// negative `e` (an infinite one leaves the row as it is).
+pub fn project_row(r: &mut [f32], norm: Norm, e: f32) -> Result<()> {
+    check_radius(&[e])?;
+    project_radius(r, norm, e);
+    Ok(())
+}
+
+/// [`project_row`] for a radius already checked.
+fn project_radius(r: &mut [f32], norm: Norm, e: f32) {
     match norm {
         Norm::Linf => r.iter_mut().for_each(|v| *v = v.clamp(-e, e)),
         Norm::L2 => {

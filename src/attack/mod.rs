@@ -55,11 +55,21 @@ pub enum Resolved {
 }
 
 impl Resolved {
-    /// Whether `prediction` fulfils the goal for sample `i` with true label `label`.
+    /// Whether `prediction` fulfils the goal for sample `i` with true label `label`; false for a sample beyond
+    /// the targets (a goal built for another batch: [`Resolved::check`] refuses it).
     pub fn is_success(&self, i: usize, label: usize, prediction: usize) -> bool {
         match self {
             Resolved::Untargeted => prediction != label,
-            Resolved::Targeted(t) => prediction == t[i],
+            Resolved::Targeted(t) => t.get(i) == Some(&prediction),
+        }
+    }
+
+    /// Checks that the goal fits a batch of `n` samples of a `num_classes`-class model: one target per sample,
+    /// each a class.
+    pub fn check(&self, n: usize, num_classes: usize) -> Result<()> {
+        match self {
+            Resolved::Untargeted => Ok(()),
+            Resolved::Targeted(t) => check_labels("resolved targets", t, n, num_classes),
         }
     }
 
@@ -68,12 +78,16 @@ impl Resolved {
         matches!(self, Resolved::Targeted(_))
     }
 
-    /// The class whose loss an attack descends (target) or ascends (true label) for sample `i`.
-    pub fn class(&self, i: usize, labels: &[usize]) -> usize {
-        match self {
-            Resolved::Untargeted => labels[i],
-            Resolved::Targeted(t) => t[i],
-        }
+    /// The class whose loss an attack descends (target) or ascends (true label) for sample `i`; an error when
+    /// sample `i` has no label or no target.
+    pub fn class(&self, i: usize, labels: &[usize]) -> Result<usize> {
+        let c = match self {
+            Resolved::Untargeted => labels.get(i),
+            Resolved::Targeted(t) => t.get(i),
+        };
+        c.copied().ok_or_else(|| {
+            Error::invalid("Resolved::class", format!("sample {i} of a batch of {} labels has no class", labels.len()))
+        })
     }
 }
 
@@ -110,12 +124,15 @@ pub fn resolve_goal_for(
                     .iter()
                     .enumerate()
                     .map(|(i, &l)| {
-                        let mut rng = crate::seed::rng(sample_seed(*seed, 0, &sample(x, i)));
+                        let mut rng = crate::seed::rng(sample_seed(*seed, 0, &sample(x, i)?));
                         let others: Vec<usize> = allowed.iter().copied().filter(|&c| c != l).collect();
+                        if others.is_empty() {
+                            return Err(Error::invalid("random target", format!("no class other than {l} to target")));
+                        }
                         // Without a rejection class: a draw from 0..k−1, shifted past the label.
-                        others[rng.random_range(0..others.len())]
+                        Ok(others[rng.random_range(0..others.len())])
                     })
-                    .collect(),
+                    .collect::<Result<_>>()?,
             )
         }
         Goal::LeastLikely => {
@@ -134,9 +151,13 @@ pub fn resolve_goal_for(
     })
 }
 
-/// The values of sample `i` of a batch `[N, …]`, in row-major order (any layout).
-pub fn sample(x: &Tensor, i: usize) -> Vec<f32> {
-    x.value().index_axis(Axis(0), i).iter().copied().collect()
+/// The values of sample `i` of a batch `[N, …]`, in row-major order (any layout); an error for a scalar or for
+/// `i ≥ N`.
+pub fn sample(x: &Tensor, i: usize) -> Result<Vec<f32>> {
+    match x.shape().first() {
+        Some(&n) if i < n => Ok(x.value().index_axis(Axis(0), i).iter().copied().collect()),
+        _ => Err(Error::invalid("sample", format!("index {i} out of range for a batch of shape {:?}", x.shape()))),
+    }
 }
 
 fn argmin(it: impl Iterator<Item = f32>) -> usize {
@@ -238,11 +259,19 @@ impl AttackResult {
                 got: adversarial.shape().to_vec(),
             });
         }
+        let n = model.check_input(x)?;
+        check_labels("attack result labels", labels, n, model.num_classes())?;
+        goal.check(n, model.num_classes())?;
+        for (what, v) in [("gradients", &gradients), ("queries", &queries)] {
+            if v.len() != n {
+                return Err(Error::invalid("attack result", format!("{} {what} counts for {n} samples", v.len())));
+            }
+        }
         let predictions = argmax_rows(&model.logits(&adversarial)?);
         let reject = model.rejection_class();
         let success =
             predictions.iter().enumerate().map(|(i, &p)| template::fulfils(&goal, reject, i, labels[i], p)).collect();
-        let norms = per_sample_norms(x, &adversarial);
+        let norms = per_sample_norms(x, &adversarial)?;
         let gradient_faults = vec![GradientFaults::default(); labels.len()];
         Ok(AttackResult { adversarial, success, predictions, norms, gradients, queries, goal, gradient_faults })
     }
@@ -263,20 +292,27 @@ impl AttackResult {
     }
 }
 
-/// Per-sample norms of `adv − x` for batches [N, …].
-pub fn per_sample_norms(x: &Tensor, adv: &Tensor) -> Vec<Norms> {
-    let n = x.shape().first().copied().unwrap_or(0);
+/// Per-sample norms of `adv − x` for batches [N, …]; an error when the shapes differ or `x` is a scalar.
+pub fn per_sample_norms(x: &Tensor, adv: &Tensor) -> Result<Vec<Norms>> {
+    if x.shape() != adv.shape() || x.rank() == 0 {
+        return Err(Error::ShapeMismatch {
+            op: "per_sample_norms",
+            expected: x.shape().to_vec(),
+            got: adv.shape().to_vec(),
+        });
+    }
+    let n = x.shape()[0];
     let d = x.numel() / n.max(1);
     let xs = x.value().as_standard_layout().into_owned();
     let a = adv.value().as_standard_layout().into_owned();
     let (xs, a) = (xs.as_slice().expect("standard"), a.as_slice().expect("standard"));
-    (0..n)
+    Ok((0..n)
         .map(|i| {
             let delta: Vec<f32> =
                 xs[i * d..(i + 1) * d].iter().zip(&a[i * d..(i + 1) * d]).map(|(p, q)| q - p).collect();
             Norms::of(&delta)
         })
-        .collect()
+        .collect())
 }
 
 /// An adversarial attack. Implement [`Algorithm`] to get this trait from the template; implement it directly
@@ -312,18 +348,30 @@ pub trait Attack: Send + Sync {
     }
 }
 
-/// Logit margin helper: for each row, the largest logit other than `class[i]`.
-pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Vec<(usize, f32)> {
-    z.axis_iter(Axis(0))
+/// Logit margin helper: for each row, the largest logit other than `class[i]` and its index (NaN logits count as
+/// −∞; ties go to the lowest index). An error when a row has no other class, or `class` does not fit `z`.
+pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Result<Vec<(usize, f32)>> {
+    if class.len() != z.nrows() {
+        return Err(Error::ShapeMismatch { op: "best_other", expected: vec![z.nrows()], got: vec![class.len()] });
+    }
+    if let Some(&c) = class.iter().find(|&&c| c >= z.ncols()) {
+        return Err(Error::LabelOutOfRange { op: "best_other", label: c, num_classes: z.ncols() });
+    }
+    if z.ncols() < 2 {
+        return Err(Error::invalid("best_other", format!("{} class(es): no other class", z.ncols())));
+    }
+    Ok(z.axis_iter(Axis(0))
         .zip(class)
         .map(|(r, &c)| {
-            r.iter().enumerate().filter(|(j, _)| *j != c).fold((usize::MAX, f32::NEG_INFINITY), |(bi, bv), (j, &v)| {
-                if v > bv {
-                    (j, v)
+            let first = usize::from(c == 0);
+            let key = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+            r.iter().enumerate().filter(|(j, _)| *j != c).fold((first, key(r[first])), |(bi, bv), (j, &v)| {
+                if key(v) > bv {
+                    (j, key(v))
                 } else {
                     (bi, bv)
                 }
             })
         })
-        .collect()
+        .collect())
 }

@@ -438,7 +438,7 @@ fn sweep_template<A: Algorithm + ?Sized>(
                     let (xs, fs) = (xi.as_slice().expect("standard rows"), ai.as_slice().expect("standard rows"));
                     if super::budget::exact_norm(norm, xs, fs) > eps[k] as f64 {
                         let mut delta: Vec<f32> = fs.iter().zip(xs).map(|(a, b)| a - b).collect();
-                        project_row(&mut delta, norm, eps[k]);
+                        project_row(&mut delta, norm, eps[k])?;
                         r.iter_mut().zip(xs).zip(&delta).for_each(|((v, &xv), &d)| *v = xv + d);
                     }
                 }

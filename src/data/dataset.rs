@@ -38,6 +38,7 @@ impl Dataset {
         if let Some(&label) = labels.iter().find(|&&l| l >= num_classes) {
             return Err(Error::LabelOutOfRange { op: OP, label, num_classes });
         }
+        crate::limits::check_classes("Dataset::new: the class count", num_classes)?;
         if !images.all_finite() {
             return Err(Error::NonFinite { op: OP });
         }
@@ -111,7 +112,9 @@ impl Dataset {
     /// The pixels of image `i`, `[C, H, W]` row-major; `None` when `i >= len()`.
     pub fn image(&self, i: usize) -> Option<&[f32]> {
         let per = self.image_numel();
-        self.flat().get(i * per..(i + 1) * per)
+        // Checked: in release builds `i * per` would wrap and return another image's pixels.
+        let start = i.checked_mul(per)?;
+        self.flat().get(start..start.checked_add(per)?)
     }
 
     /// Image `i` as a `[C, H, W]` tensor (for [`super::save_png_grid`], for instance).
@@ -122,6 +125,7 @@ impl Dataset {
 
     /// The same samples, declared with `num_classes` classes (at least the largest label + 1).
     pub fn with_num_classes(&self, num_classes: usize) -> Result<Dataset> {
+        crate::limits::check_classes("Dataset::with_num_classes", num_classes)?;
         if let Some(&label) = self.labels.iter().find(|&&l| l >= num_classes) {
             return Err(Error::LabelOutOfRange { op: "Dataset::with_num_classes", label, num_classes });
         }

@@ -64,6 +64,12 @@ pub fn load_image_folder(dir: impl AsRef<Path>, options: ImageFolderOptions) -> 
         }
         for file in files {
             let (w, h) = load_one(&file, size, channels, &mut pixels)?;
+            let bytes = pixels.len() as u128 * 4;
+            crate::limits::check_bytes(
+                || format!("{}: the images so far", dir.display()),
+                bytes,
+                crate::limits::max_memory(),
+            )?;
             match &shape {
                 None => shape = Some((w, h, file.clone())),
                 Some((w0, h0, first)) if (*w0, *h0) != (w, h) => {
@@ -88,11 +94,13 @@ pub fn load_image_folder(dir: impl AsRef<Path>, options: ImageFolderOptions) -> 
 
 /// Decodes one image, converts and resizes it, appends its pixels (C×H×W) and returns (width, height).
 fn load_one(path: &Path, size: Option<(u32, u32)>, channels: usize, out: &mut Vec<f32>) -> Result<(u32, u32)> {
-    let img = ImageReader::open(path)
-        .and_then(|r| r.with_guessed_format())
-        .map_err(|e| Error::io(path, e))?
-        .decode()
-        .map_err(|source| Error::Image { path: path.into(), source })?;
+    let mut reader = ImageReader::open(path).and_then(|r| r.with_guessed_format()).map_err(|e| Error::io(path, e))?;
+    // The decoder refuses an image whose declared size needs more than the memory budget (a 100000×100000 PNG
+    // header is a few bytes).
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(crate::limits::max_memory());
+    reader.limits(limits);
+    let img = reader.decode().map_err(|source| Error::Image { path: path.into(), source })?;
     if channels == 1 {
         let mut g = img.to_luma8();
         if let Some((w, h)) = size {

@@ -145,8 +145,8 @@ impl Idx {
         if let Some(d) = dims.iter().find(|&&d| u32::try_from(d).is_err()) {
             return Err(Error::invalid("Idx::new", format!("dimension {d} does not fit in a u32")));
         }
-        let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if n != Some(data.len()) {
+        let n = crate::limits::checked_numel("Idx::new", &dims)?;
+        if n != data.len() {
             return Err(Error::ShapeMismatch { op: "Idx::new", expected: dims, got: vec![data.len()] });
         }
         Ok(Idx { dims, data })
@@ -170,6 +170,8 @@ impl Idx {
     /// Reads an IDX file, plain or gzip-compressed.
     pub fn read(path: impl AsRef<Path>) -> Result<Idx> {
         let path = path.as_ref();
+        let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+        crate::limits::check_bytes(|| format!("reading {}", path.display()), len.into(), crate::limits::max_memory())?;
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         Idx::decode(&bytes, path)
     }
@@ -179,17 +181,9 @@ impl Idx {
     /// A truncated or corrupt input (short header, non-zero magic bytes, unknown type code, fewer or more data
     /// bytes than the dimensions declare, broken gzip stream) is an [`Error::BadFile`].
     pub fn decode(bytes: &[u8], source: &Path) -> Result<Idx> {
-        let unzipped;
-        let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-            let mut out = Vec::new();
-            MultiGzDecoder::new(bytes)
-                .read_to_end(&mut out)
-                .map_err(|e| Error::bad_file(source, format!("corrupt or truncated gzip stream: {e}")))?;
-            unzipped = out;
-            &unzipped[..]
-        } else {
-            bytes
-        };
+        if bytes.starts_with(&[0x1f, 0x8b]) {
+            return parse(&gunzip(bytes, source)?, source);
+        }
         parse(bytes, source)
     }
 
@@ -260,7 +254,8 @@ impl Idx {
                 ))
             }
         };
-        let nhwc = ArrayD::from_shape_vec(IxDyn(&[n, h, w, c]), values).expect("length checked by Idx::new");
+        let nhwc = ArrayD::from_shape_vec(IxDyn(&[n, h, w, c]), values)
+            .map_err(|e| Error::bad_file(source, format!("images of dimensions {:?}: {e}", self.dims)))?;
         let nchw = nhwc.permuted_axes(IxDyn(&[0, 3, 1, 2])).as_standard_layout().into_owned();
         Ok(Tensor::new(nchw))
     }
@@ -341,8 +336,9 @@ pub fn write_idx_labels(path: impl AsRef<Path>, labels: &[usize]) -> Result<()> 
     Idx::from_labels(labels)?.write(path)
 }
 
-/// Parses plain IDX bytes.
-fn parse(bytes: &[u8], source: &Path) -> Result<Idx> {
+/// The element type, the dimensions and the header length of IDX bytes (at least the whole header), and the
+/// number of data bytes the dimensions declare — checked to be a valid array shape.
+fn parse_header(bytes: &[u8], source: &Path) -> Result<(IdxType, Vec<usize>, usize, usize)> {
     let bad = |msg: String| Error::bad_file(source, msg);
     if bytes.len() < 4 {
         return Err(bad(format!("truncated header: {} bytes, an IDX file starts with a 4-byte magic", bytes.len())));
@@ -369,24 +365,52 @@ fn parse(bytes: &[u8], source: &Path) -> Result<Idx> {
     }
     let dims: Vec<usize> =
         bytes[4..header].chunks_exact(4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize).collect();
+    let numel = crate::limits::checked_numel("IDX dimensions", &dims)
+        .map_err(|_| bad(format!("dimensions {dims:?} are not a valid array shape (too many elements)")))?;
+    let need = numel.checked_mul(dtype.size()).ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
+    Ok((dtype, dims, header, need))
+}
+
+/// Inflates a gzip-compressed IDX file, reading no more than its header declares (plus one byte, to tell a file
+/// with extra data), after checking the declared size against [`crate::limits::max_memory`]: a small gzip stream
+/// that inflates to gigabytes is refused without inflating it.
+fn gunzip(bytes: &[u8], source: &Path) -> Result<Vec<u8>> {
+    let corrupt = |e: std::io::Error| Error::bad_file(source, format!("corrupt or truncated gzip stream: {e}"));
+    let mut dec = MultiGzDecoder::new(bytes);
+    let mut out = Vec::new();
+    (&mut dec).take(4).read_to_end(&mut out).map_err(corrupt)?;
+    if out.len() == 4 {
+        (&mut dec).take(4 * u64::from(out[3])).read_to_end(&mut out).map_err(corrupt)?;
+    }
+    let (_, _, header, need) = parse_header(&out, source)?;
+    let total = header as u128 + need as u128;
+    crate::limits::check_bytes(
+        || format!("{}: decompressing the declared IDX data", source.display()),
+        total,
+        crate::limits::max_memory(),
+    )?;
+    // Grown as the stream delivers: a header may declare more than the stream holds.
+    out.reserve(need.min(bytes.len().saturating_mul(16)));
+    dec.take(need as u64 + 1).read_to_end(&mut out).map_err(corrupt)?;
+    Ok(out)
+}
+
+/// Parses plain IDX bytes.
+fn parse(bytes: &[u8], source: &Path) -> Result<Idx> {
+    let bad = |msg: String| Error::bad_file(source, msg);
+    let (dtype, dims, header, need) = parse_header(bytes, source)?;
     let body = &bytes[header..];
-    let need = dims.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
-    match need {
-        Some(need) if need == body.len() => {}
-        Some(need) if need > body.len() => {
-            return Err(bad(format!(
-                "truncated: dimensions {dims:?} of {dtype:?} need {need} data bytes, the file has {}",
-                body.len()
-            )))
-        }
-        Some(need) => {
-            return Err(bad(format!(
-                "dimensions {dims:?} of {dtype:?} need {need} data bytes, the file has {} ({} extra)",
-                body.len(),
-                body.len() - need
-            )))
-        }
-        None => return Err(bad(format!("dimensions {dims:?} overflow"))),
+    if need > body.len() {
+        return Err(bad(format!(
+            "truncated: dimensions {dims:?} of {dtype:?} need {need} data bytes, the file has {}",
+            body.len()
+        )));
+    }
+    if need < body.len() {
+        return Err(bad(format!(
+            "dimensions {dims:?} of {dtype:?} need {need} data bytes, the file has {} extra",
+            body.len() - need
+        )));
     }
     let data = match dtype {
         IdxType::U8 => IdxData::U8(body.to_vec()),

@@ -229,8 +229,9 @@ fn resume(saved: Ledger, fresh: &Ledger) -> Result<Ledger> {
 }
 
 /// The margin z_y − max_{j≠y} z_j of each row.
-fn margins(z: &ndarray::Array2<f32>, labels: &[usize]) -> Vec<f32> {
-    crate::attack::best_other(z, labels).iter().zip(labels).enumerate().map(|(i, ((_, o), &y))| z[[i, y]] - o).collect()
+fn margins(z: &ndarray::Array2<f32>, labels: &[usize]) -> Result<Vec<f32>> {
+    let best = crate::attack::best_other(z, labels)?;
+    Ok(best.iter().zip(labels).enumerate().map(|(i, ((_, o), &y))| z[[i, y]] - o).collect())
 }
 
 /// The seed of attack `j` at ε index `k`.
@@ -268,7 +269,7 @@ fn run_step(
     if step == 0 {
         let z = model.logits(&x)?;
         let preds = argmax_rows(&z);
-        let m = margins(&z, &y);
+        let m = margins(&z, &y)?;
         for i in 0..y.len() {
             ledger.records.push(SampleRecord {
                 index: lo + i,
@@ -322,7 +323,7 @@ fn attack_step(
     w.seconds += start.elapsed().as_secs_f64();
     w.attacked += who.len() as u64;
     for (part, ys, r) in results {
-        let m = margins(&model.logits(&r.adversarial)?, &ys);
+        let m = margins(&model.logits(&r.adversarial)?, &ys)?;
         let advs = rows(&r.adversarial);
         for (t, &i) in part.iter().enumerate() {
             let rec = &mut ledger.records[c.first + i];

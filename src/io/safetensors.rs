@@ -83,6 +83,8 @@ impl SafetensorsFile {
     /// safetensors file (bad header, offsets that do not tile the data, truncation, trailing bytes).
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
         let path = path.as_ref();
+        let len = fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+        crate::limits::check_bytes(|| format!("reading {}", path.display()), len.into(), crate::limits::max_memory())?;
         let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
         SafetensorsFile::from_bytes(bytes, path)
     }
@@ -317,6 +319,10 @@ pub fn load_module_from(module: &dyn Module, file: &SafetensorsFile) -> Result<(
     }
     // Decode everything before touching the module, so that a bad tensor leaves it unchanged.
     let values = params.iter().map(|(name, _)| file.f32(name)).collect::<Result<Vec<_>>>()?;
+    // A NaN or infinite weight would only show up as NaN logits later (every prediction class 0).
+    if let Some(((name, _), _)) = params.iter().zip(&values).find(|(_, v)| v.iter().any(|x| !x.is_finite())) {
+        return Err(Error::bad_file(&file.path, format!("parameter {name} holds NaN or infinite values")));
+    }
     for ((_, p), v) in params.iter().zip(values) {
         p.set(v)?;
     }

@@ -39,8 +39,9 @@ impl Window {
         if matches!(self.auto_pad, AutoPad::SameUpper | AutoPad::SameLower) {
             for i in 0..2 {
                 let out = size[i].div_ceil(self.strides[i]);
-                let span = (k[i] - 1) * self.dilations[i] + 1;
-                let total = ((out.max(1) - 1) * self.strides[i] + span).saturating_sub(size[i]);
+                let span = k[i].saturating_sub(1).saturating_mul(self.dilations[i]).saturating_add(1);
+                let total =
+                    (out.max(1) - 1).saturating_mul(self.strides[i]).saturating_add(span).saturating_sub(size[i]);
                 let small = total / 2;
                 let (begin, end) =
                     if self.auto_pad == AutoPad::SameUpper { (small, total - small) } else { (total - small, small) };
@@ -239,10 +240,10 @@ fn window(info: &NodeInfo, a: &Attrs, pooling: bool) -> Result<Window> {
     }
     // Bounds that no real model comes near keep a corrupt file from asking for absurd allocations.
     const LIMIT: usize = 1 << 16;
-    if strides.iter().chain(&pads).chain(&dilations).any(|&v| v > LIMIT) {
-        return Err(
-            info.malformed(format!("strides {strides:?}, pads {pads:?} or dilations {dilations:?} out of range"))
-        );
+    if strides.iter().chain(&pads).chain(&dilations).chain(kernel.iter().flatten()).any(|&v| v > LIMIT) {
+        return Err(info.malformed(format!(
+            "kernel {kernel:?}, strides {strides:?}, pads {pads:?} or dilations {dilations:?} out of range"
+        )));
     }
     if let (true, Some(k)) = (pooling, kernel) {
         if pads[0] >= k[0] || pads[2] >= k[0] || pads[1] >= k[1] || pads[3] >= k[1] {

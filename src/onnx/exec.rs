@@ -13,7 +13,8 @@ use crate::Result;
 pub(crate) fn axis(info: &NodeInfo, a: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let v = if a < 0 { a + r } else { a };
-    if v < 0 || v >= r.max(1) {
+    // A scalar has no axis: `r.max(1)` here once let axis 0 index an empty shape.
+    if v < 0 || v >= r {
         return Err(info.malformed(format!("axis {a} out of range for rank {rank}")));
     }
     Ok(v as usize)
@@ -39,11 +40,11 @@ fn ints(info: &NodeInfo, ins: &[Option<&Value>], i: usize) -> Result<Ints> {
 }
 
 /// A scalar constant input (Clip bounds, Pad value, Pow exponent).
-fn opt_scalar(info: &NodeInfo, ins: &[Option<&Value>], i: usize) -> Result<Option<f32>> {
+pub(crate) fn opt_scalar(info: &NodeInfo, ins: &[Option<&Value>], i: usize) -> Result<Option<f32>> {
     match ins.get(i).copied().flatten() {
         None => Ok(None),
         Some(Value::F(t)) if t.is_tracked() => Err(info.unsupported(format!("input {i} computed from the data"))),
-        Some(v) if v.shape().iter().product::<usize>() == 1 => Ok(v.floats().first().copied()),
+        Some(v) if v.shape().iter().all(|&d| d == 1) => Ok(v.floats().first().copied()),
         Some(v) => Err(info.unsupported(format!("input {i} of shape {:?} (a scalar is expected)", v.shape()))),
     }
 }
@@ -52,12 +53,20 @@ fn tensor(info: &NodeInfo, ins: &[Option<&Value>], i: usize) -> Result<Tensor> {
     req(info, ins, i)?.to_tensor()
 }
 
+/// The product of some dimensions, an error when it overflows (the whole shape is checked elsewhere; a part of a
+/// shape with a zero elsewhere can still overflow).
+pub(crate) fn checked_product(info: &NodeInfo, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| info.malformed(format!("dimensions {dims:?} overflow")))
+}
+
 /// A value with the same data in a new shape.
 fn reshape(v: &Value, shape: &[usize]) -> Result<Value> {
     match v {
         Value::F(t) => Ok(Value::F(t.reshape(shape)?)),
         Value::I(i) => {
-            if shape.iter().product::<usize>() != i.data.len() {
+            if crate::limits::checked_numel("onnx Reshape", shape)? != i.data.len() {
                 return Err(crate::Error::ShapeMismatch {
                     op: "onnx Reshape",
                     expected: shape.to_vec(),
@@ -77,7 +86,8 @@ pub(crate) fn exec(kind: &Kind, info: &NodeInfo, ins: &[Option<&Value>]) -> Resu
         Kind::Identity { mask: false } => one(x()?.clone()),
         Kind::Identity { mask: true } => {
             let v = x()?.clone();
-            let mask = Value::I(Ints { shape: v.shape().to_vec(), data: vec![1; v.shape().iter().product()] });
+            let n = crate::limits::checked_numel("onnx Dropout mask", v.shape())?;
+            let mask = Value::I(Ints { shape: v.shape().to_vec(), data: vec![1; n] });
             Ok(vec![v, mask])
         }
         Kind::Constant(v) => one(v.clone()),
@@ -225,7 +235,8 @@ fn flatten(info: &NodeInfo, ins: &[Option<&Value>], a: i64) -> Result<Value> {
         return Err(info.malformed(format!("Flatten axis {a} for rank {r}")));
     }
     let (lo, hi) = s.split_at(a as usize);
-    reshape(v, &[lo.iter().product(), hi.iter().product()])
+    let (lo, hi) = (checked_product(info, lo)?, checked_product(info, hi)?);
+    reshape(v, &[lo, hi])
 }
 
 /// `transpose` of the ONNX operator of that name.
@@ -243,7 +254,7 @@ fn transpose(info: &NodeInfo, ins: &[Option<&Value>], perm: &Option<Vec<i64>>) -
             if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
                 return Err(info.malformed(format!("perm {perm:?} for rank {r}")));
             }
-            Ok(Value::I(ints::permute(i, &perm)))
+            Ok(Value::I(ints::permute(i, &perm)?))
         }
     }
 }
@@ -325,7 +336,7 @@ fn gather(info: &NodeInfo, ins: &[Option<&Value>], a: i64) -> Result<Value> {
     shape.extend_from_slice(&s[ax + 1..]);
     let picked = match v {
         Value::F(t) => Value::F(t.index_select(ax, &flat)?),
-        Value::I(i) => Value::I(ints::select(i, ax, &flat)),
+        Value::I(i) => Value::I(ints::select(i, ax, &flat)?),
     };
     reshape(&picked, &shape)
 }
@@ -374,8 +385,8 @@ fn cast(info: &NodeInfo, ins: &[Option<&Value>], to: i32) -> Result<Value> {
 }
 
 /// The output shape of `Reshape` (0 copies the input dimension unless `allowzero`; one −1 is inferred).
-fn reshape_target(info: &NodeInfo, input: &[usize], spec: &[i64], allowzero: bool) -> Result<Vec<usize>> {
-    let total: usize = input.iter().product();
+pub(crate) fn reshape_target(info: &NodeInfo, input: &[usize], spec: &[i64], allowzero: bool) -> Result<Vec<usize>> {
+    let total = crate::limits::checked_numel("onnx Reshape", input)?;
     let mut out = Vec::with_capacity(spec.len());
     let mut infer = None;
     for (i, &d) in spec.iter().enumerate() {

@@ -6,8 +6,10 @@ use super::compile::Bin;
 use super::value::Ints;
 use crate::{Error, Result};
 
-fn to_array(v: &Ints) -> ArrayD<i64> {
-    ArrayD::from_shape_vec(IxDyn(&v.shape), v.data.clone()).expect("Ints keep data and shape consistent")
+fn to_array(v: &Ints) -> Result<ArrayD<i64>> {
+    crate::limits::checked_numel("onnx integer tensor", &v.shape)?;
+    ArrayD::from_shape_vec(IxDyn(&v.shape), v.data.clone())
+        .map_err(|e| Error::invalid("onnx integer tensor", format!("shape {:?}: {e}", v.shape)))
 }
 
 fn from_array(a: ArrayD<i64>) -> Ints {
@@ -21,9 +23,16 @@ pub(crate) fn binary(op: Bin, a: &Ints, b: &Ints) -> Result<Ints> {
         lhs: a.shape.clone(),
         rhs: b.shape.clone(),
     })?;
-    let (aa, bb) = (to_array(a), to_array(b));
-    let av = aa.broadcast(IxDyn(&shape)).expect("broadcast shape");
-    let bv = bb.broadcast(IxDyn(&shape)).expect("broadcast shape");
+    let n = crate::limits::checked_numel("onnx integer arithmetic", &shape)?;
+    crate::limits::check_bytes(
+        || format!("onnx integer arithmetic: shapes {:?} and {:?} broadcast to {shape:?}", a.shape, b.shape),
+        n as u128 * 8,
+        crate::limits::max_memory(),
+    )?;
+    let (aa, bb) = (to_array(a)?, to_array(b)?);
+    let broadcast = || Error::Broadcast { op: "onnx integer arithmetic", lhs: a.shape.clone(), rhs: b.shape.clone() };
+    let av = aa.broadcast(IxDyn(&shape)).ok_or_else(broadcast)?;
+    let bv = bb.broadcast(IxDyn(&shape)).ok_or_else(broadcast)?;
     let mut data = Vec::with_capacity(av.len());
     for (&x, &y) in av.iter().zip(bv.iter()) {
         data.push(match op {
@@ -43,7 +52,7 @@ pub(crate) fn binary(op: Bin, a: &Ints, b: &Ints) -> Result<Ints> {
 
 /// Concatenation along `axis`.
 pub(crate) fn concat(xs: &[Ints], axis: usize) -> Result<Ints> {
-    let arrays: Vec<ArrayD<i64>> = xs.iter().map(to_array).collect();
+    let arrays: Vec<ArrayD<i64>> = xs.iter().map(to_array).collect::<Result<_>>()?;
     let views: Vec<_> = arrays.iter().map(|a| a.view()).collect();
     let out = ndarray::concatenate(Axis(axis), &views).map_err(|_| Error::ShapeMismatch {
         op: "onnx Concat",
@@ -54,11 +63,18 @@ pub(crate) fn concat(xs: &[Ints], axis: usize) -> Result<Ints> {
 }
 
 /// The entries at `index` along `axis`.
-pub(crate) fn select(x: &Ints, axis: usize, index: &[usize]) -> Ints {
-    from_array(to_array(x).select(Axis(axis), index))
+pub(crate) fn select(x: &Ints, axis: usize, index: &[usize]) -> Result<Ints> {
+    let a = to_array(x)?;
+    if axis >= a.ndim() || index.iter().any(|&i| i >= a.shape()[axis]) {
+        return Err(Error::invalid("onnx integer select", format!("indices on axis {axis} of shape {:?}", x.shape)));
+    }
+    let mut shape = x.shape.clone();
+    shape[axis] = index.len();
+    crate::limits::checked_numel("onnx integer select", &shape)?;
+    Ok(from_array(a.select(Axis(axis), index)))
 }
 
 /// Axes permuted.
-pub(crate) fn permute(x: &Ints, perm: &[usize]) -> Ints {
-    from_array(to_array(x).permuted_axes(IxDyn(perm)).as_standard_layout().into_owned())
+pub(crate) fn permute(x: &Ints, perm: &[usize]) -> Result<Ints> {
+    Ok(from_array(to_array(x)?.permuted_axes(IxDyn(perm)).as_standard_layout().into_owned()))
 }

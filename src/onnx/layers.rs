@@ -11,7 +11,7 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// (before, after) padding of the four axes of an NCHW tensor.
-type Pads = [(usize, usize); 4];
+pub(crate) type Pads = [(usize, usize); 4];
 
 fn dims4(info: &NodeInfo, x: &Tensor) -> Result<(usize, usize, usize, usize)> {
     if x.rank() != 4 {
@@ -21,7 +21,7 @@ fn dims4(info: &NodeInfo, x: &Tensor) -> Result<(usize, usize, usize, usize)> {
 }
 
 /// Splits `[top, left, bottom, right]` into the symmetric part (rows, columns) and the rest as explicit padding.
-fn split_pads(p: [usize; 4]) -> ((usize, usize), Pads) {
+pub(crate) fn split_pads(p: [usize; 4]) -> ((usize, usize), Pads) {
     let (ph, pw) = (p[0].min(p[2]), p[1].min(p[3]));
     ((ph, pw), [(0, 0), (0, 0), (p[0] - ph, p[2] - ph), (p[1] - pw, p[3] - pw)])
 }
@@ -88,6 +88,11 @@ fn pool_params(win: &Window, padding: (usize, usize), count_include_pad: bool) -
 /// is padded explicitly.
 fn pool_pads(info: &NodeInfo, x: &Tensor, win: &Window) -> Result<((usize, usize), Pads)> {
     let (_, _, h, w) = dims4(info, x)?;
+    pool_pads_for(info, h, w, win)
+}
+
+/// [`pool_pads`] for an input of `h × w`.
+pub(crate) fn pool_pads_for(info: &NodeInfo, h: usize, w: usize, win: &Window) -> Result<((usize, usize), Pads)> {
     let k = win.kernel.ok_or_else(|| info.malformed("kernel_shape is required"))?;
     let p = win.padding([h, w], k);
     if p[0] == p[2] && p[1] == p[3] && 2 * p[0] <= k[0] && 2 * p[1] <= k[1] {
@@ -246,35 +251,29 @@ pub(crate) fn softmax(info: &NodeInfo, x: &Tensor, a: i64, log: bool, legacy: bo
     f(&x.reshape(&[lo.iter().product(), hi.iter().product()])?, 1)?.reshape(x.shape())
 }
 
-/// The indices a slice picks along an axis of size `d` (ONNX clamping rules).
-fn slice_indices(d: usize, start: i64, end: i64, step: i64) -> Vec<usize> {
+/// The first index and the number of indices a slice picks along an axis of size `d` (ONNX clamping rules), in
+/// closed form: an axis of an empty tensor may be declared huge, and listing its indices would never end.
+pub(crate) fn slice_range(d: usize, start: i64, end: i64, step: i64) -> (usize, usize) {
     if d == 0 {
-        return Vec::new();
+        return (0, 0);
     }
-    let d = d as i64;
-    let norm = |v: i64| if v < 0 { v + d } else { v };
-    let (mut s, mut e) = (norm(start), norm(end));
-    let mut out = Vec::new();
-    if step > 0 {
-        s = s.clamp(0, d);
-        e = e.clamp(0, d);
-        let mut i = s;
-        while i < e {
-            out.push(i as usize);
-            let Some(next) = i.checked_add(step) else { break };
-            i = next;
-        }
+    let d = d as i128;
+    let norm = |v: i64| if v < 0 { i128::from(v) + d } else { i128::from(v) };
+    let (s, e, step) = (norm(start), norm(end), i128::from(step));
+    let (first, span) = if step > 0 {
+        let (s, e) = (s.clamp(0, d), e.clamp(0, d));
+        (s, e - s)
     } else {
-        s = s.clamp(0, d - 1);
-        e = e.clamp(-1, d - 1);
-        let mut i = s;
-        while i > e {
-            out.push(i as usize);
-            let Some(next) = i.checked_add(step) else { break };
-            i = next;
-        }
-    }
-    out
+        let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
+        (s, s - e)
+    };
+    let count = if span > 0 { (span + step.abs() - 1) / step.abs() } else { 0 };
+    (first as usize, count as usize)
+}
+
+/// The indices of a [`slice_range`] with its step.
+fn slice_indices(first: usize, count: usize, step: i64) -> Vec<usize> {
+    (0..count as i128).map(|k| (first as i128 + k * i128::from(step)) as usize).collect()
 }
 
 /// Slice (any steps; contiguous unit-step ranges are views).
@@ -298,14 +297,18 @@ pub(crate) fn slice(
         if steps[i] == 0 {
             return Err(info.malformed("slice step 0"));
         }
-        let idx = slice_indices(out.shape()[ax], starts[i], ends[i], steps[i]);
-        let contiguous = steps[i] == 1;
+        let (first, count) = slice_range(out.shape()[ax], starts[i], ends[i], steps[i]);
+        // A unit step is a view; so is any slice of an empty tensor (its values do not matter, only the shape).
+        let view = steps[i] == 1 || out.numel() == 0;
         out = match &out {
-            Value::F(t) if contiguous => {
-                Value::F(t.narrow(ax, idx.first().copied().unwrap_or(0).min(t.shape()[ax]), idx.len())?)
+            Value::F(t) if view => Value::F(t.narrow(ax, if steps[i] == 1 && count > 0 { first } else { 0 }, count)?),
+            Value::F(t) => Value::F(t.index_select(ax, &slice_indices(first, count, steps[i]))?),
+            Value::I(x) if x.data.is_empty() => {
+                let mut shape = x.shape.clone();
+                shape[ax] = count;
+                Value::I(super::value::Ints { shape, data: Vec::new() })
             }
-            Value::F(t) => Value::F(t.index_select(ax, &idx)?),
-            Value::I(x) => Value::I(ints::select(x, ax, &idx)),
+            Value::I(x) => Value::I(ints::select(x, ax, &slice_indices(first, count, steps[i]))?),
         };
     }
     Ok(out)

@@ -34,6 +34,7 @@
 mod attrs;
 mod compile;
 mod exec;
+mod infer;
 mod ints;
 mod layers;
 pub mod proto;
@@ -47,6 +48,7 @@ use prost::Message;
 
 use self::attrs::NodeInfo;
 use self::compile::{compile, input_role, Fused, InputRole, Kind};
+use self::infer::Meta;
 use self::proto::{DimensionValue, ModelProto, ValueInfoProto};
 use self::value::{decode_tensor, Value};
 pub use self::value::{float_tensor, int_tensor};
@@ -90,6 +92,41 @@ struct Graph {
     /// The values [`Module::forward_taps`] can return: the input, then every node output computed at run time
     /// (constant-folded ones excluded), in execution order, with their slots.
     taps: Vec<(String, usize)>,
+    /// The memory budget every forward pass is checked against, node by node, before the node runs.
+    max_memory: u64,
+    /// What shape inference found at load, when the input shape is fixed after the batch axis.
+    estimate: Option<MemoryEstimate>,
+}
+
+/// How an ONNX model is loaded: the memory budget its execution must fit and the batch size it is checked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Bytes a forward pass may hold at once (the values alive plus what a node allocates); default
+    /// [`crate::limits::max_memory`].
+    pub max_memory: u64,
+    /// The batch size shape inference checks at load when the file leaves the batch dimension symbolic (default
+    /// [`crate::classifier::CHUNK`], the pieces a classifier runs a batch in). Larger batches are still checked
+    /// node by node when they run.
+    pub batch_size: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { max_memory: crate::limits::max_memory(), batch_size: crate::classifier::CHUNK }
+    }
+}
+
+/// The memory a forward pass of an imported model needs for one batch size, from shape inference at load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    /// The batch size.
+    pub batch_size: usize,
+    /// The most a forward pass holds at once, in bytes: values alive plus the running node's outputs and scratch.
+    pub peak_bytes: u128,
+    /// The node at that peak.
+    pub peak_node: String,
+    /// Every intermediate value together, in bytes: what a pass that records a graph for gradients keeps.
+    pub graph_bytes: u128,
 }
 
 /// An imported ONNX graph: a [`Module`] (differentiable, with named parameters) and, with input bounds, a
@@ -125,11 +162,19 @@ fn dims(v: &ValueInfoProto) -> Vec<Option<usize>> {
 }
 
 impl OnnxModel {
-    /// Reads an ONNX model file.
+    /// Reads an ONNX model file with the default [`LoadOptions`].
     pub fn load(path: impl AsRef<Path>) -> Result<OnnxModel> {
+        OnnxModel::load_with(path, LoadOptions::default())
+    }
+
+    /// Reads an ONNX model file; every intermediate value for `options.batch_size` must fit
+    /// `options.max_memory` ([`Error::ResourceLimit`] naming the node otherwise), and so must constant folding.
+    pub fn load_with(path: impl AsRef<Path>, options: LoadOptions) -> Result<OnnxModel> {
         let path = path.as_ref();
+        let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+        crate::limits::check_bytes(|| format!("reading {}", path.display()), len.into(), options.max_memory)?;
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        OnnxModel::parse(&bytes).map_err(|e| match e {
+        OnnxModel::parse(&bytes, options).map_err(|e| match e {
             Error::BadFile { msg, .. } => Error::bad_file(path, msg),
             e => e,
         })
@@ -137,18 +182,40 @@ impl OnnxModel {
 
     /// Reads an ONNX model from its serialised bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<OnnxModel> {
-        OnnxModel::parse(bytes)
+        OnnxModel::parse(bytes, LoadOptions::default())
+    }
+
+    /// [`OnnxModel::from_bytes`] with explicit [`LoadOptions`].
+    pub fn from_bytes_with(bytes: &[u8], options: LoadOptions) -> Result<OnnxModel> {
+        OnnxModel::parse(bytes, options)
     }
 
     /// Builds a model from a decoded [`proto::ModelProto`] (e.g. one written by a test).
     pub fn from_proto(model: &ModelProto) -> Result<OnnxModel> {
-        build(model).map(|g| OnnxModel(Arc::new(g)))
+        OnnxModel::from_proto_with(model, LoadOptions::default())
     }
 
-    fn parse(bytes: &[u8]) -> Result<OnnxModel> {
+    /// [`OnnxModel::from_proto`] with explicit [`LoadOptions`].
+    pub fn from_proto_with(model: &ModelProto, options: LoadOptions) -> Result<OnnxModel> {
+        build(model, options).map(|g| OnnxModel(Arc::new(g)))
+    }
+
+    fn parse(bytes: &[u8], options: LoadOptions) -> Result<OnnxModel> {
         let model = ModelProto::decode(bytes)
             .map_err(|e| Error::bad_file("<onnx model>", format!("not a valid ONNX protobuf: {e}")))?;
-        OnnxModel::from_proto(&model)
+        OnnxModel::from_proto_with(&model, options)
+    }
+
+    /// What shape inference found at load for [`LoadOptions::batch_size`]; `None` when the file leaves a
+    /// dimension after the batch axis symbolic or the graph's shapes only work out for other batch sizes (every
+    /// node is still checked before it runs).
+    pub fn memory_estimate(&self) -> Option<&MemoryEstimate> {
+        self.0.estimate.as_ref()
+    }
+
+    /// The memory budget forward passes are checked against.
+    pub fn max_memory(&self) -> u64 {
+        self.0.max_memory
     }
 
     /// The default-domain opset the model was exported with.
@@ -191,10 +258,19 @@ impl OnnxModel {
             }
         };
         let classes = match g.output_dims.as_slice() {
-            [_, Some(c)] => *c,
+            [_, Some(c)] => {
+                crate::limits::check_classes("OnnxModel::classifier: the declared output dimension", *c)?;
+                *c
+            }
             _ => {
                 let mut s = vec![1];
                 s.extend_from_slice(&shape);
+                let bytes = crate::limits::f32_bytes("OnnxModel::classifier: the input", &s)?;
+                crate::limits::check_bytes(
+                    || format!("OnnxModel::classifier: an input of {s:?}"),
+                    bytes,
+                    g.max_memory,
+                )?;
                 let z = no_grad(|| self.forward_t(&Tensor::zeros(&s), false))?;
                 match z.shape() {
                     [1, c] => *c,
@@ -253,20 +329,29 @@ impl OnnxModel {
         let input = Value::F(x.clone());
         keep(g.input_slot, &input)?;
         slots[g.input_slot] = Some(input);
+        let mut budget = RunBudget::new(g, x);
         for step in &g.steps {
             let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
+            let inferred = budget.check(step, &ins)?;
             let skipped = step.unfused.iter().take(step.unfused.len().saturating_sub(1));
             let outs = if skipped.flat_map(|s| &s.outputs).any(|o| taps.contains(o)) {
                 exec_unfused(step, &ins, taps, &mut keep)?
             } else {
                 exec::exec(&step.kind, &step.info, &ins)?
             };
+            debug_assert!(
+                outs.iter().map(Value::shape).eq(inferred.iter().map(Vec::as_slice)),
+                "node '{}': shape inference said {inferred:?}",
+                step.info.name
+            );
             for (&slot, v) in step.outputs.iter().zip(outs) {
                 keep(slot, &v)?;
+                budget.add(slot, &v);
                 slots[slot] = Some(v);
             }
             for &slot in &step.free {
                 slots[slot] = None;
+                budget.free(slot);
             }
         }
         match slots[g.output_slot].take() {
@@ -278,6 +363,50 @@ impl OnnxModel {
             }
             None => Err(Error::invalid("onnx", "the graph output was not computed")),
         }
+    }
+}
+
+/// The memory a forward pass holds, checked before every node against the model's budget: the values alive, or,
+/// when a graph is being recorded for gradients, every value computed so far (the graph keeps them).
+struct RunBudget {
+    sizes: Vec<u128>,
+    live: u128,
+    recorded: u128,
+    recording: bool,
+    batch: usize,
+    limit: u64,
+}
+
+impl RunBudget {
+    fn new(g: &Graph, x: &Tensor) -> RunBudget {
+        let mut sizes = vec![0; g.slots];
+        let bytes = x.numel() as u128 * 4;
+        sizes[g.input_slot] = bytes;
+        let batch = x.shape().first().copied().unwrap_or(1);
+        let recording = crate::tensor::grad_enabled();
+        RunBudget { sizes, live: bytes, recorded: bytes, recording, batch, limit: g.max_memory }
+    }
+
+    /// Checks `step` on these inputs; returns the output shapes inferred.
+    fn check(&self, step: &Step, ins: &[Option<&Value>]) -> Result<Vec<Vec<usize>>> {
+        let metas: Vec<Option<Meta>> = ins.iter().map(|v| v.map(|v| Meta::Known(v.clone()))).collect();
+        let refs: Vec<Option<&Meta>> = metas.iter().map(Option::as_ref).collect();
+        let cost = infer::cost(&step.kind, &step.info, &refs)?;
+        let held = if self.recording { self.recorded } else { self.live };
+        let when = format!("a forward pass of batch {}{}", self.batch, if self.recording { " (recorded)" } else { "" });
+        check_node(&step.info, &when, cost.bytes(), held, self.limit)?;
+        Ok(cost.outputs.iter().map(|m| m.shape().to_vec()).collect())
+    }
+
+    fn add(&mut self, slot: usize, v: &Value) {
+        let b = v.numel() as u128 * if matches!(v, Value::I(_)) { 8 } else { 4 };
+        self.sizes[slot] = b;
+        self.live += b;
+        self.recorded += b;
+    }
+
+    fn free(&mut self, slot: usize) {
+        self.live = self.live.saturating_sub(std::mem::take(&mut self.sizes[slot]));
     }
 }
 
@@ -349,6 +478,22 @@ impl Module for OnnxModel {
             f(&format!("{prefix}{name}"), p);
         }
     }
+}
+
+/// Refuses a node that needs `bytes` while `held` bytes are alive, beyond `limit`.
+fn check_node(info: &NodeInfo, when: &str, bytes: u128, held: u128, limit: u64) -> Result<()> {
+    let needed = bytes.saturating_add(held);
+    crate::limits::check_bytes(
+        || {
+            format!(
+                "onnx node '{}' ({}) in {when}: its outputs and scratch take {bytes} bytes, with {held} bytes of \
+                 values alive",
+                info.name, info.op
+            )
+        },
+        needed,
+        limit,
+    )
 }
 
 fn malformed(msg: impl Into<String>) -> Error {
@@ -436,6 +581,9 @@ fn load_initialisers(graph: &proto::GraphProto) -> Result<Initialisers> {
         names.insert(t.name.clone(), slot);
         match (decode_tensor(t, &t.name)?, role.get(t.name.as_str())) {
             (Value::F(v), Some(r @ (InputRole::Data | InputRole::Buffer))) => {
+                if !v.all_finite() {
+                    return Err(malformed(format!("initialiser '{}' holds NaN or infinite values", t.name)));
+                }
                 let value = v.value().clone();
                 let p = if *r == InputRole::Data { Param::new(value) } else { Param::buffer(value) };
                 param_slots.push((slot, params.len()));
@@ -455,6 +603,7 @@ fn compile_nodes(
     opset: i64,
     names: &mut HashMap<String, usize>,
     consts: &mut HashMap<usize, Value>,
+    max_memory: u64,
 ) -> Result<Vec<Step>> {
     let mut steps = Vec::new();
     for node in &graph.node {
@@ -477,19 +626,23 @@ fn compile_nodes(
             })?;
             inputs.push(Some(*slot));
         }
-        let outputs: Vec<usize> = node
-            .output
-            .iter()
-            .filter(|o| !o.is_empty())
-            .map(|o| {
-                let slot = names.len();
-                names.insert(o.clone(), slot);
-                slot
-            })
-            .collect();
+        let mut outputs = Vec::with_capacity(node.output.len());
+        for o in node.output.iter().filter(|o| !o.is_empty()) {
+            // A name defined twice would give two values one slot (or an out-of-range slot).
+            if names.contains_key(o) {
+                return Err(info.malformed(format!("output '{o}' is already defined earlier in the graph")));
+            }
+            outputs.push(names.len());
+            names.insert(o.clone(), names.len());
+        }
         let foldable = inputs.iter().flatten().all(|s| consts.contains_key(s));
         if foldable {
             let ins: Vec<Option<&Value>> = inputs.iter().map(|i| i.and_then(|i| consts.get(&i))).collect();
+            // Folding allocates too: a small file can ask for a huge constant ([100000,1]·[1,100000]).
+            let metas: Vec<Option<Meta>> = ins.iter().map(|v| v.map(|v| Meta::Known(v.clone()))).collect();
+            let refs: Vec<Option<&Meta>> = metas.iter().map(Option::as_ref).collect();
+            let cost = infer::cost(&kind, &info, &refs)?;
+            check_node(&info, "constant folding", cost.bytes(), 0, max_memory)?;
             let outs = exec::exec(&kind, &info, &ins)?;
             let done: Vec<(usize, Value)> = outputs.iter().copied().zip(outs).collect();
             consts.extend(done);
@@ -547,8 +700,77 @@ fn schedule(
     sources
 }
 
+/// The compiled graph, for shape inference at load.
+struct Plan<'a> {
+    steps: &'a [Step],
+    sources: &'a [(usize, Source)],
+    params: &'a [(String, Param)],
+    slots: usize,
+    input_slot: usize,
+}
+
+impl Plan<'_> {
+    /// Infers every value's shape for a batch of `options.batch_size` and checks each node against the budget:
+    /// the values alive plus what the node allocates. `None` when an input dimension after the batch is
+    /// symbolic (nothing to infer from).
+    fn estimate(&self, input_dims: &[Option<usize>], options: LoadOptions) -> Result<Option<MemoryEstimate>> {
+        let Some(rest) = input_dims.get(1..).and_then(|d| d.iter().copied().collect::<Option<Vec<usize>>>()) else {
+            return Ok(None);
+        };
+        // A batch dimension the file fixes is used as it is (it may not even be a batch: a test graph's [4, 2]).
+        let batch = input_dims.first().copied().flatten().unwrap_or(options.batch_size.max(1));
+        let mut input = vec![batch];
+        input.extend(rest);
+        crate::limits::checked_numel("onnx input", &input)?;
+        let mut metas: Vec<Option<Meta>> = vec![None; self.slots];
+        for (slot, src) in self.sources {
+            metas[*slot] = Some(match src {
+                Source::Param(i) => Meta::Shape { shape: self.params[*i].1.shape(), int: false },
+                Source::Const(v) => Meta::Known(v.clone()),
+            });
+        }
+        let first = Meta::Shape { shape: input, int: false };
+        let (mut live, mut graph) = (first.bytes(), first.bytes());
+        let mut peak = (live, String::from("<input>"));
+        metas[self.input_slot] = Some(first);
+        for step in self.steps {
+            let refs: Vec<Option<&Meta>> = step.inputs.iter().map(|i| i.and_then(|i| metas[i].as_ref())).collect();
+            let cost = infer::cost(&step.kind, &step.info, &refs)?;
+            let when = format!("a forward pass of batch {batch}");
+            check_node(&step.info, &when, cost.bytes(), live, options.max_memory)?;
+            if live + cost.bytes() > peak.0 {
+                peak = (live + cost.bytes(), step.info.name.clone());
+            }
+            let known = refs.iter().flatten().all(|m| matches!(m, Meta::Known(_)));
+            let outputs = if known && !matches!(step.kind, Kind::Shape { .. }) {
+                // Shape arithmetic on known shapes: computed for real (it was checked just above).
+                let vals: Vec<Option<&Value>> =
+                    refs.iter().map(|m| m.and_then(|m| if let Meta::Known(v) = m { Some(v) } else { None })).collect();
+                exec::exec(&step.kind, &step.info, &vals)?.into_iter().map(Meta::Known).collect()
+            } else {
+                cost.outputs
+            };
+            for (&slot, m) in step.outputs.iter().zip(outputs) {
+                live += m.bytes();
+                graph += m.bytes();
+                metas[slot] = Some(m);
+            }
+            for &slot in &step.free {
+                if let Some(m) = metas[slot].take() {
+                    live = live.saturating_sub(if self.is_source(slot) { 0 } else { m.bytes() });
+                }
+            }
+        }
+        Ok(Some(MemoryEstimate { batch_size: batch, peak_bytes: peak.0, peak_node: peak.1, graph_bytes: graph }))
+    }
+
+    fn is_source(&self, slot: usize) -> bool {
+        self.sources.iter().any(|(s, _)| *s == slot)
+    }
+}
+
 /// Decodes the graph: initialisers into parameters and constants, nodes into steps, constants folded.
-fn build(model: &ModelProto) -> Result<Graph> {
+fn build(model: &ModelProto, options: LoadOptions) -> Result<Graph> {
     let opset = model
         .opset_import
         .iter()
@@ -572,7 +794,7 @@ fn build(model: &ModelProto) -> Result<Graph> {
     names.insert(input.name.clone(), input_slot);
     let output = graph.output.first().ok_or_else(|| malformed("the graph has no output"))?;
 
-    let mut steps = compile_nodes(graph, opset, &mut names, &mut consts)?;
+    let mut steps = compile_nodes(graph, opset, &mut names, &mut consts, options.max_memory)?;
     let output_slot =
         *names.get(&output.name).ok_or_else(|| malformed(format!("output '{}' is never computed", output.name)))?;
     if output_slot != input_slot && consts.contains_key(&output_slot) {
@@ -582,10 +804,19 @@ fn build(model: &ModelProto) -> Result<Graph> {
     fuse(&mut steps, output_slot);
     let taps = tap_list(&names, &steps, &input.name, input_slot);
     let sources = schedule(&mut steps, output_slot, param_slots, consts);
+    let input_dims = dims(input);
+    let plan = Plan { steps: &steps, sources: &sources, params: &params, slots: names.len(), input_slot };
+    // Over the budget is an error; a graph whose shapes do not work out for the batch size inferred (one that only
+    // runs for the batch it was traced with) gets no estimate, and every node is still checked when it runs.
+    let estimate = match plan.estimate(&input_dims, options) {
+        Ok(e) => e,
+        Err(e @ Error::ResourceLimit { .. }) => return Err(e),
+        Err(_) => None,
+    };
     Ok(Graph {
         opset,
         input_name: input.name.clone(),
-        input_dims: dims(input),
+        input_dims,
         output_dims: dims(output),
         params,
         sources,
@@ -594,5 +825,7 @@ fn build(model: &ModelProto) -> Result<Graph> {
         output_slot,
         steps,
         taps,
+        max_memory: options.max_memory,
+        estimate,
     })
 }

@@ -40,6 +40,14 @@ impl Value {
         }
     }
 
+    /// The number of elements.
+    pub(crate) fn numel(&self) -> usize {
+        match self {
+            Value::F(t) => t.numel(),
+            Value::I(i) => i.data.len(),
+        }
+    }
+
     /// As a float tensor (integers become an untracked constant).
     pub(crate) fn to_tensor(&self) -> Result<Tensor> {
         match self {
@@ -102,7 +110,8 @@ pub(crate) fn decode_tensor(t: &TensorProto, what: &str) -> Result<Value> {
         return Err(bad(format!("negative dimension in {:?}", t.dims)));
     }
     let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| bad("shape overflows".into()))?;
+    let n =
+        crate::limits::checked_numel("onnx tensor", &shape).map_err(|_| bad(format!("shape {shape:?} overflows")))?;
     let raw = &t.raw_data;
     let width = match t.data_type {
         dt::FLOAT | dt::INT32 | dt::UINT32 => 4,
@@ -126,7 +135,8 @@ pub(crate) fn decode_tensor(t: &TensorProto, what: &str) -> Result<Value> {
         if v.len() != n {
             return Err(bad(format!("{} values for shape {shape:?}", v.len())));
         }
-        Ok(Value::F(Tensor::new(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("length checked"))))
+        let a = ArrayD::from_shape_vec(IxDyn(&shape), v).map_err(|e| bad(format!("shape {shape:?}: {e}")))?;
+        Ok(Value::F(Tensor::new(a)))
     };
     let ints = |v: Vec<i64>| -> Result<Value> {
         if v.len() != n {

@@ -49,6 +49,9 @@ impl Tensor {
         if let Some(&bad) = index.iter().find(|&&i| i >= d) {
             return Err(Error::invalid("index_select", format!("index {bad} out of range for size {d}")));
         }
+        let mut out_shape = self.shape().to_vec();
+        out_shape[axis] = index.len();
+        crate::limits::checked_numel("index_select", &out_shape)?;
         let value = self.value().select(Axis(axis), index);
         Ok(record(value, Op::IndexSelect { x: self.clone(), axis, index: index.to_vec() }))
     }

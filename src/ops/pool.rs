@@ -29,7 +29,7 @@ impl Pool2dParams {
         Pool2dParams { kernel: (k, k), stride: (k, k), padding: (0, 0), ceil_mode: false, count_include_pad: true }
     }
 
-    fn out_len(len: usize, k: usize, s: usize, p: usize, ceil: bool) -> Option<usize> {
+    pub(crate) fn out_len(len: usize, k: usize, s: usize, p: usize, ceil: bool) -> Option<usize> {
         let span = (len + 2 * p).checked_sub(k)?;
         let mut o = if ceil { span.div_ceil(s) + 1 } else { span / s + 1 };
         // PyTorch: the last window must start inside the input or the left padding.
@@ -47,6 +47,9 @@ impl Pool2dParams {
         }
         if 2 * self.padding.0 > kh || 2 * self.padding.1 > kw {
             return Err(Error::invalid(op, format!("padding must be at most half the kernel: {self:?}")));
+        }
+        if h == 0 || w == 0 {
+            return Err(Error::invalid(op, format!("empty image planes {h}x{w}")));
         }
         let ho = Self::out_len(h, kh, self.stride.0, self.padding.0, self.ceil_mode);
         let wo = Self::out_len(w, kw, self.stride.1, self.padding.1, self.ceil_mode);
@@ -193,7 +196,11 @@ pub(crate) fn max_pool2d_backward(x: &Tensor, out: &Array, index: &[u32], g: &Ar
     let shape = x.shape();
     let (h, w) = (shape[2], shape[3]);
     let planes = shape[0] * shape[1];
-    let per = g.len() / planes.max(1);
+    if planes == 0 || g.is_empty() {
+        // No plane (batch × channels = 0): nothing to scatter, and chunks of size 0 are not allowed.
+        return ArrayD::zeros(shape);
+    }
+    let per = g.len() / planes;
     let gs = g.as_standard_layout();
     let gs = gs.as_slice().expect("standard layout");
     let scatter = |o: &mut [f32], gp: &[f32], ip: &[u32]| {
@@ -262,6 +269,9 @@ fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
 pub(crate) fn avg_pool2d_backward(shape: &[usize], p: &Pool2dParams, g: &ArrayD<f32>) -> ArrayD<f32> {
     let (h, w) = (shape[2], shape[3]);
     let (ho, wo) = (g.shape()[2], g.shape()[3]);
+    if g.is_empty() || h * w == 0 {
+        return ArrayD::zeros(shape);
+    }
     let gs = g.as_standard_layout();
     let gs = gs.as_slice().expect("standard layout");
     let mut out = vec![0.0f32; shape.iter().product()];

@@ -74,14 +74,16 @@ fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {
 impl Tensor {
     /// The same values in a new shape (row-major); a view when the value is contiguous.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        if shape.iter().product::<usize>() != self.numel() {
+        // Checked over every dimension: `[0, 2^40, 2^40]` has as many elements as `[0]` but is no valid array.
+        if crate::limits::checked_numel("reshape", shape)? != self.numel() {
             return Err(Error::ShapeMismatch { op: "reshape", expected: shape.to_vec(), got: self.shape().to_vec() });
         }
         let v = self.value();
+        let bad = |e: ndarray::ShapeError| Error::invalid("reshape", format!("to {shape:?}: {e}"));
         let value = if v.is_standard_layout() {
-            v.clone().into_shape_with_order(IxDyn(shape)).expect("contiguous and same size")
+            v.clone().into_shape_with_order(IxDyn(shape)).map_err(bad)?
         } else {
-            v.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).expect("same size").into_shared()
+            v.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).map_err(bad)?.into_shared()
         };
         Ok(record(value, Op::Reshape(self.clone())))
     }
@@ -152,10 +154,10 @@ impl Tensor {
     /// `len` entries along `axis` starting at `start` (a view).
     pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Tensor> {
         check_axis("narrow", axis, self.rank())?;
-        if start + len > self.shape()[axis] {
+        if start.checked_add(len).is_none_or(|end| end > self.shape()[axis]) {
             return Err(Error::invalid(
                 "narrow",
-                format!("range {start}..{} exceeds axis {axis} of size {}", start + len, self.shape()[axis]),
+                format!("range {start} + {len} exceeds axis {axis} of size {}", self.shape()[axis]),
             ));
         }
         let mut value = self.value().clone();

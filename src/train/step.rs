@@ -138,6 +138,9 @@ pub fn evaluate(model: &dyn Module, data: &Dataset, batch_size: usize) -> Result
         return Err(Error::invalid("evaluate", "batch size and data set must be non-empty"));
     }
     let k = data.num_classes();
+    crate::limits::check_classes("evaluate: the data set's class count", k)?;
+    let cells = (k as u128) * (k as u128) * 8;
+    crate::limits::check_bytes(|| format!("evaluate: a {k}×{k} confusion matrix"), cells, crate::limits::max_memory())?;
     let mut confusion = Array2::zeros((k, k));
     let mut loss_sum = 0.0f64;
     for (x, y) in data.batches(batch_size)? {

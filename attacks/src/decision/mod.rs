@@ -130,7 +130,7 @@ impl Start {
             }
             Start::Given(t) => {
                 let (lo, hi) = v.bounds();
-                let s: Vec<f32> = armoury::attack::sample(t, i).iter().map(|a| a.clamp(lo, hi)).collect();
+                let s: Vec<f32> = armoury::attack::sample(t, i)?.iter().map(|a| a.clamp(lo, hi)).collect();
                 let ok = v.adversarial(&s)?;
                 Ok((ok.first() == Some(&true)).then_some(s))
             }

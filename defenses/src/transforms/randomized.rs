@@ -90,7 +90,7 @@ impl RandomizedSmoothing {
         let d: usize = shape.iter().product();
         let mut all = Vec::with_capacity(n);
         for i in 0..n {
-            let v = sample(x, i);
+            let v = sample(x, i)?;
             let base = sample_seed(self.seed, stream, &v);
             let mut counts = vec![0u64; model.num_classes()];
             let mut start = 0;
