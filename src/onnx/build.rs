@@ -1,0 +1,360 @@
+//! Loading: an ONNX graph proto becomes a [`Graph`] ready to run — initialisers decoded, nodes compiled and
+//! constant-folded within the memory budget, Conv → Relu (→ MaxPool) fused, slots scheduled and freed after
+//! their last reader, and the memory a forward pass needs estimated by shape inference.
+
+use std::collections::HashMap;
+
+use super::attrs::NodeInfo;
+use super::compile::{compile, input_role, Fused, InputRole, Kind};
+use super::exec;
+use super::infer::{self, Meta};
+use super::proto::{self, DimensionValue, ModelProto, ValueInfoProto};
+use super::value::{decode_tensor, Value};
+use super::{check_node, malformed, Graph, LoadOptions, MemoryEstimate, Source, Step};
+use crate::nn::Param;
+use crate::ops::UnaryKind;
+use crate::{Error, Result};
+
+fn dims(v: &ValueInfoProto) -> Vec<Option<usize>> {
+    let Some(shape) = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()).and_then(|t| t.shape.as_ref()) else {
+        return Vec::new();
+    };
+    shape
+        .dim
+        .iter()
+        .map(|d| match &d.value {
+            Some(DimensionValue::DimValue(n)) if *n > 0 => Some(*n as usize),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Folds a Relu, and a 2×2 max pooling after it, into the Conv step before them where the intermediate values are
+/// read by nothing else and are not the graph's output: one op with the same values and gradients
+/// ([`Tensor::conv2d_relu_max_pool2`]), as the native layers run.
+fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
+    let mut readers: HashMap<usize, usize> = HashMap::new();
+    for s in steps.iter() {
+        for &slot in s.inputs.iter().flatten() {
+            *readers.entry(slot).or_default() += 1;
+        }
+    }
+    let sole_input = |slot: usize, next: &Step| {
+        slot != output_slot && readers.get(&slot) == Some(&1) && next.inputs.first() == Some(&Some(slot))
+    };
+    let mut out = Vec::with_capacity(steps.len());
+    let mut rest = std::mem::take(steps).into_iter().peekable();
+    while let Some(mut step) = rest.next() {
+        let Kind::Conv { window, group, .. } = &step.kind else {
+            out.push(step);
+            continue;
+        };
+        let (window, group) = (window.clone(), *group);
+        let relu = |n: &Step| matches!(n.kind, Kind::Unary(UnaryKind::Relu)) && sole_input(step.outputs[0], n);
+        let Some(relu) = rest.next_if(relu) else {
+            out.push(step);
+            continue;
+        };
+        let pool = |n: &Step| matches!(&n.kind, Kind::MaxPool(w) if w.is_max_pool2()) && sole_input(relu.outputs[0], n);
+        let pool = rest.next_if(pool);
+        let then = if pool.is_some() { Fused::ReluMaxPool2 } else { Fused::Relu };
+        let mut unfused = vec![step.clone(), relu];
+        unfused.extend(pool);
+        step.kind = Kind::Conv { window, group, then };
+        step.outputs = unfused.last().map(|s| s.outputs.clone()).unwrap_or_default();
+        step.unfused = unfused;
+        out.push(step);
+    }
+    *steps = out;
+}
+
+/// The initialisers as decoded: slot names, folded constants, trainable parameters and their slots.
+struct Initialisers {
+    /// Every named value's slot, initialisers first.
+    names: HashMap<String, usize>,
+    /// Constant values by slot.
+    consts: HashMap<usize, Value>,
+    /// Parameters and buffers, by initialiser name.
+    params: Vec<(String, Param)>,
+    /// (slot, index into `params`) for every parameter.
+    param_slots: Vec<(usize, usize)>,
+}
+
+/// What each initialiser feeds decides what it becomes: data, buffer or constant.
+fn initialiser_roles(graph: &proto::GraphProto) -> HashMap<&str, InputRole> {
+    let mut role: HashMap<&str, InputRole> = HashMap::new();
+    for node in &graph.node {
+        for (i, name) in node.input.iter().enumerate() {
+            let r = input_role(&node.op_type, i);
+            let e = role.entry(name.as_str()).or_insert(r);
+            if r == InputRole::Data || (r == InputRole::Buffer && *e == InputRole::Constant) {
+                *e = r;
+            }
+        }
+    }
+    role
+}
+
+/// Decodes the initialisers into parameters, buffers and constants, each given a slot.
+fn load_initialisers(graph: &proto::GraphProto) -> Result<Initialisers> {
+    let role = initialiser_roles(graph);
+    let mut names: HashMap<String, usize> = HashMap::new();
+    let mut consts: HashMap<usize, Value> = HashMap::new();
+    let mut params = Vec::new();
+    let mut param_slots = Vec::new();
+    for t in &graph.initializer {
+        if t.name.is_empty() || names.contains_key(&t.name) {
+            return Err(malformed(format!("initialiser with an empty or repeated name '{}'", t.name)));
+        }
+        let slot = names.len();
+        names.insert(t.name.clone(), slot);
+        match (decode_tensor(t, &t.name)?, role.get(t.name.as_str())) {
+            (Value::F(v), Some(r @ (InputRole::Data | InputRole::Buffer))) => {
+                if !v.all_finite() {
+                    return Err(malformed(format!("initialiser '{}' holds NaN or infinite values", t.name)));
+                }
+                let value = v.value().clone();
+                let p = if *r == InputRole::Data { Param::new(value) } else { Param::buffer(value) };
+                param_slots.push((slot, params.len()));
+                params.push((t.name.clone(), p));
+            }
+            (v, _) => {
+                consts.insert(slot, v);
+            }
+        }
+    }
+    Ok(Initialisers { names, consts, params, param_slots })
+}
+
+/// Compiles the nodes into steps, giving each output a slot and folding those whose inputs are all constant.
+fn compile_nodes(
+    graph: &proto::GraphProto,
+    opset: i64,
+    names: &mut HashMap<String, usize>,
+    consts: &mut HashMap<usize, Value>,
+    max_memory: u64,
+) -> Result<Vec<Step>> {
+    let mut steps = Vec::new();
+    for node in &graph.node {
+        let info = NodeInfo::new(node, opset);
+        let kind = compile(node, &info)?;
+        let produced = if matches!(kind, Kind::Identity { mask: true }) { 2 } else { 1 };
+        if node.output.iter().skip(produced).any(|o| !o.is_empty()) || node.output.is_empty() {
+            return Err(info.unsupported(format!("{} outputs", node.output.len())));
+        }
+        let mut inputs = Vec::with_capacity(node.input.len());
+        for name in &node.input {
+            if name.is_empty() {
+                inputs.push(None);
+                continue;
+            }
+            let slot = names.get(name).ok_or_else(|| {
+                info.malformed(format!(
+                    "input '{name}' is neither a graph input, an initialiser nor an earlier node's output"
+                ))
+            })?;
+            inputs.push(Some(*slot));
+        }
+        let mut outputs = Vec::with_capacity(node.output.len());
+        for o in node.output.iter().filter(|o| !o.is_empty()) {
+            // A name defined twice would give two values one slot (or an out-of-range slot).
+            if names.contains_key(o) {
+                return Err(info.malformed(format!("output '{o}' is already defined earlier in the graph")));
+            }
+            outputs.push(names.len());
+            names.insert(o.clone(), names.len());
+        }
+        let foldable = inputs.iter().flatten().all(|s| consts.contains_key(s));
+        if foldable {
+            let ins: Vec<Option<&Value>> = inputs.iter().map(|i| i.and_then(|i| consts.get(&i))).collect();
+            // Folding allocates too: a small file can ask for a huge constant ([100000,1]·[1,100000]).
+            let metas: Vec<Option<Meta>> = ins.iter().map(|v| v.map(|v| Meta::Known(v.clone()))).collect();
+            let refs: Vec<Option<&Meta>> = metas.iter().map(Option::as_ref).collect();
+            let cost = infer::cost(&kind, &info, &refs)?;
+            check_node(&info, "constant folding", cost.bytes(), 0, max_memory)?;
+            let outs = exec::exec(&kind, &info, &ins)?;
+            let done: Vec<(usize, Value)> = outputs.iter().copied().zip(outs).collect();
+            consts.extend(done);
+        } else {
+            steps.push(Step { info, kind, inputs, outputs, free: Vec::new(), unfused: Vec::new() });
+        }
+    }
+    Ok(steps)
+}
+
+/// The tappable values: the input, then what the steps (and the steps a fused one stands for) compute.
+fn tap_list(
+    names: &HashMap<String, usize>,
+    steps: &[Step],
+    input_name: &str,
+    input_slot: usize,
+) -> Vec<(String, usize)> {
+    let slot_names: HashMap<usize, &str> = names.iter().map(|(n, &s)| (s, n.as_str())).collect();
+    let mut taps = vec![(input_name.to_string(), input_slot)];
+    for step in steps {
+        let parts = if step.unfused.is_empty() { std::slice::from_ref(step) } else { &step.unfused[..] };
+        for &slot in parts.iter().flat_map(|s| &s.outputs) {
+            if let Some(name) = slot_names.get(&slot) {
+                taps.push((name.to_string(), slot));
+            }
+        }
+    }
+    taps
+}
+
+/// Frees every slot after its last reader; returns the constants and parameters that some step reads.
+fn schedule(
+    steps: &mut [Step],
+    output_slot: usize,
+    param_slots: Vec<(usize, usize)>,
+    consts: HashMap<usize, Value>,
+) -> Vec<(usize, Source)> {
+    let mut last: HashMap<usize, usize> = HashMap::new();
+    for (i, s) in steps.iter().enumerate() {
+        for &slot in s.inputs.iter().flatten() {
+            last.insert(slot, i);
+        }
+    }
+    for (&slot, &i) in &last {
+        if slot != output_slot {
+            steps[i].free.push(slot);
+        }
+    }
+    let mut sources: Vec<(usize, Source)> = param_slots
+        .into_iter()
+        .filter(|(s, _)| last.contains_key(s) || *s == output_slot)
+        .map(|(s, p)| (s, Source::Param(p)))
+        .collect();
+    sources.extend(consts.into_iter().filter(|(s, _)| last.contains_key(s)).map(|(s, v)| (s, Source::Const(v))));
+    sources
+}
+
+/// The compiled graph, for shape inference at load.
+struct Plan<'a> {
+    steps: &'a [Step],
+    sources: &'a [(usize, Source)],
+    params: &'a [(String, Param)],
+    slots: usize,
+    input_slot: usize,
+}
+
+impl Plan<'_> {
+    /// Infers every value's shape for a batch of `options.batch_size` and checks each node against the budget:
+    /// the values alive plus what the node allocates. `None` when an input dimension after the batch is
+    /// symbolic (nothing to infer from).
+    fn estimate(&self, input_dims: &[Option<usize>], options: LoadOptions) -> Result<Option<MemoryEstimate>> {
+        let Some(rest) = input_dims.get(1..).and_then(|d| d.iter().copied().collect::<Option<Vec<usize>>>()) else {
+            return Ok(None);
+        };
+        // A batch dimension the file fixes is used as it is (it may not even be a batch: a test graph's [4, 2]).
+        let batch = input_dims.first().copied().flatten().unwrap_or(options.batch_size.max(1));
+        let mut input = vec![batch];
+        input.extend(rest);
+        crate::limits::checked_numel("onnx input", &input)?;
+        let mut metas: Vec<Option<Meta>> = vec![None; self.slots];
+        for (slot, src) in self.sources {
+            metas[*slot] = Some(match src {
+                Source::Param(i) => Meta::Shape { shape: self.params[*i].1.shape(), int: false },
+                Source::Const(v) => Meta::Known(v.clone()),
+            });
+        }
+        let first = Meta::Shape { shape: input, int: false };
+        let (mut live, mut graph) = (first.bytes(), first.bytes());
+        let mut peak = (live, String::from("<input>"));
+        metas[self.input_slot] = Some(first);
+        for step in self.steps {
+            let refs: Vec<Option<&Meta>> = step.inputs.iter().map(|i| i.and_then(|i| metas[i].as_ref())).collect();
+            let cost = infer::cost(&step.kind, &step.info, &refs)?;
+            let when = format!("a forward pass of batch {batch}");
+            check_node(&step.info, &when, cost.bytes(), live, options.max_memory)?;
+            if live + cost.bytes() > peak.0 {
+                peak = (live + cost.bytes(), step.info.name.clone());
+            }
+            let known = refs.iter().flatten().all(|m| matches!(m, Meta::Known(_)));
+            let outputs = if known && !matches!(step.kind, Kind::Shape { .. }) {
+                // Shape arithmetic on known shapes: computed for real (it was checked just above).
+                let vals: Vec<Option<&Value>> =
+                    refs.iter().map(|m| m.and_then(|m| if let Meta::Known(v) = m { Some(v) } else { None })).collect();
+                exec::exec(&step.kind, &step.info, &vals)?.into_iter().map(Meta::Known).collect()
+            } else {
+                cost.outputs
+            };
+            for (&slot, m) in step.outputs.iter().zip(outputs) {
+                live += m.bytes();
+                graph += m.bytes();
+                metas[slot] = Some(m);
+            }
+            for &slot in &step.free {
+                if let Some(m) = metas[slot].take() {
+                    live = live.saturating_sub(if self.is_source(slot) { 0 } else { m.bytes() });
+                }
+            }
+        }
+        Ok(Some(MemoryEstimate { batch_size: batch, peak_bytes: peak.0, peak_node: peak.1, graph_bytes: graph }))
+    }
+
+    fn is_source(&self, slot: usize) -> bool {
+        self.sources.iter().any(|(s, _)| *s == slot)
+    }
+}
+
+/// Decodes the graph: initialisers into parameters and constants, nodes into steps, constants folded.
+pub(super) fn build(model: &ModelProto, options: LoadOptions) -> Result<Graph> {
+    let opset = model
+        .opset_import
+        .iter()
+        .filter(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map(|o| o.version)
+        .max()
+        .ok_or_else(|| malformed("no opset_import for the default ONNX domain"))?;
+    let graph = model.graph.as_ref().ok_or_else(|| malformed("the model has no graph"))?;
+
+    let Initialisers { mut names, mut consts, params, param_slots } = load_initialisers(graph)?;
+    let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !names.contains_key(&i.name)).collect();
+    let [input] = inputs.as_slice() else {
+        return Err(Error::UnsupportedOnnx {
+            what: format!("a graph with {} data inputs (exactly one image input is supported)", inputs.len()),
+            node: graph.name.clone(),
+            op: "graph".into(),
+            opset,
+        });
+    };
+    let input_slot = names.len();
+    names.insert(input.name.clone(), input_slot);
+    let output = graph.output.first().ok_or_else(|| malformed("the graph has no output"))?;
+
+    let mut steps = compile_nodes(graph, opset, &mut names, &mut consts, options.max_memory)?;
+    let output_slot =
+        *names.get(&output.name).ok_or_else(|| malformed(format!("output '{}' is never computed", output.name)))?;
+    if output_slot != input_slot && consts.contains_key(&output_slot) {
+        return Err(malformed("the output does not depend on the input"));
+    }
+
+    fuse(&mut steps, output_slot);
+    let taps = tap_list(&names, &steps, &input.name, input_slot);
+    let sources = schedule(&mut steps, output_slot, param_slots, consts);
+    let input_dims = dims(input);
+    let plan = Plan { steps: &steps, sources: &sources, params: &params, slots: names.len(), input_slot };
+    // Over the budget is an error; a graph whose shapes do not work out for the batch size inferred (one that only
+    // runs for the batch it was traced with) gets no estimate, and every node is still checked when it runs.
+    let estimate = match plan.estimate(&input_dims, options) {
+        Ok(e) => e,
+        Err(e @ Error::ResourceLimit { .. }) => return Err(e),
+        Err(_) => None,
+    };
+    Ok(Graph {
+        opset,
+        input_name: input.name.clone(),
+        input_dims,
+        output_dims: dims(output),
+        params,
+        sources,
+        slots: names.len(),
+        input_slot,
+        output_slot,
+        steps,
+        taps,
+        max_memory: options.max_memory,
+        estimate,
+    })
+}
