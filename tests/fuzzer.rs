@@ -374,7 +374,7 @@ fn fuzz_resumes_from_a_saved_corpus() {
     let path = std::env::temp_dir().join(format!("armoury-fuzz-checkpoint-{}.json", std::process::id()));
     cp.save(&path).expect("save");
     let cp = armoury::fuzz::Checkpoint::load(&path).expect("load");
-    assert_eq!(cp.iterations, 32);
+    assert_eq!(cp.tally.iterations, 32);
     let (resumed, _) = fuzzer(64, 9).run_from(&x, &y, Some(&cp), &mut |_| {}).expect("resumed");
     assert_eq!(clean(resumed), clean(whole));
     assert!(fuzzer(64, 10).run_from(&x, &y, Some(&cp), &mut |_| {}).is_err(), "another seed");

@@ -290,19 +290,9 @@ pub struct SavedEntry {
     pub recent: u32,
 }
 
-/// What a run needs to continue where it stopped ([`Fuzzer::run_from`]): the corpus as mutation chains (images
-/// are replayed, so the file stays small), the power schedule's counts, the failures found (unshrunk), and the
-/// counters. Saved and read as JSON ([`Checkpoint::save`], [`Checkpoint::load`]).
+/// What a run has found and done so far: the running state's counts, saved as they are in its [`Checkpoint`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// The run's seed.
-    pub seed: u64,
-    /// Number of seeds.
-    pub seeds: usize,
-    /// Every corpus entry, the seeds first.
-    pub entries: Vec<SavedEntry>,
-    /// Per seed family: times drawn, and entries kept the last time.
-    pub families: Vec<(u32, u32)>,
+pub struct Tally {
     /// Failures so far (unshrunk).
     pub failures: Vec<Failure>,
     /// Per strategy group.
@@ -317,6 +307,24 @@ pub struct Checkpoint {
     pub rounds: usize,
     /// Mutants kept.
     pub kept: usize,
+}
+
+/// What a run needs to continue where it stopped ([`Fuzzer::run_from`]): the corpus as mutation chains (images
+/// are replayed, so the file stays small), the power schedule's counts, the failures found (unshrunk), and the
+/// counters. Saved and read as JSON ([`Checkpoint::save`], [`Checkpoint::load`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The run's seed.
+    pub seed: u64,
+    /// Number of seeds.
+    pub seeds: usize,
+    /// Every corpus entry, the seeds first.
+    pub entries: Vec<SavedEntry>,
+    /// Per seed family: times drawn, and entries kept the last time.
+    pub families: Vec<(u32, u32)>,
+    /// What the run found and did so far.
+    #[serde(flatten)]
+    pub tally: Tally,
 }
 
 impl Checkpoint {
@@ -429,33 +437,33 @@ impl<'a> Fuzzer<'a> {
         while !state.done(self, start.elapsed().as_secs_f64()) {
             state.round(self)?;
             progress(&Progress {
-                mutants: state.mutants,
-                iterations: state.iterations,
+                mutants: state.tally.mutants,
+                iterations: state.tally.iterations,
                 coverage: state.tracker.value(self.config.metric),
-                failures: state.failures.len(),
+                failures: state.tally.failures.len(),
             });
         }
         let seconds = start.elapsed().as_secs_f64();
         let t = Instant::now();
         let checkpoint = state.checkpoint(self);
-        let mut failures = std::mem::take(&mut state.failures);
+        let mut failures = std::mem::take(&mut state.tally.failures);
         if self.config.shrink && !failures.is_empty() {
             shrink::shrink_all(self, seeds, &mut failures)?;
         }
         let report = FuzzReport {
             seeds: n,
             seeds_correct: state.correct.iter().filter(|&&c| c).count(),
-            iterations: state.iterations,
-            rounds: state.rounds,
-            mutants: state.mutants,
-            kept: state.kept,
+            iterations: state.tally.iterations,
+            rounds: state.tally.rounds,
+            mutants: state.tally.mutants,
+            kept: state.tally.kept,
             corpus: state.corpus.len(),
             metric: self.config.metric,
             seed_coverage,
             final_coverage: state.tracker.values(),
-            curve: state.curve,
+            curve: state.tally.curve,
             failures,
-            groups: state.groups,
+            groups: state.tally.groups,
             attacks: self.attacks.iter().map(|(n, _)| n.clone()).collect(),
             seconds,
             shrink_seconds: t.elapsed().as_secs_f64(),

@@ -1,14 +1,13 @@
 //! One fuzzing round: draw seeds by the power schedule, make their mutants in parallel, run them through the
 //! model as one batch, and update coverage, the corpus and the failures in slot order.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::Rng;
 use rayon::prelude::*;
 
 use super::mutate::{apply, Group, Method, Step};
-use super::{l0_linf, Checkpoint, Failure, Fuzzer, GroupStats, SavedEntry};
+use super::{l0_linf, Checkpoint, Failure, Fuzzer, SavedEntry, Tally};
 use crate::coverage::Tracker;
 use crate::{seed, Goal, Result, Tensor};
 
@@ -56,13 +55,7 @@ pub(super) struct State {
     family_draws: Vec<u32>,
     family_recent: Vec<u32>,
     pub tracker: Tracker,
-    pub failures: Vec<Failure>,
-    pub groups: BTreeMap<Group, GroupStats>,
-    pub curve: Vec<(usize, f64)>,
-    pub mutants: usize,
-    pub iterations: usize,
-    pub rounds: usize,
-    pub kept: usize,
+    pub tally: Tally,
 }
 
 impl State {
@@ -97,16 +90,18 @@ impl State {
             family_draws: vec![0; n],
             family_recent: vec![0; n],
             tracker,
-            failures: Vec::new(),
-            groups: [Group::Pixel, Group::Affine, Group::Adversarial]
-                .into_iter()
-                .map(|g| (g, Default::default()))
-                .collect(),
-            curve,
-            mutants: 0,
-            iterations: 0,
-            rounds: 0,
-            kept: 0,
+            tally: Tally {
+                failures: Vec::new(),
+                groups: [Group::Pixel, Group::Affine, Group::Adversarial]
+                    .into_iter()
+                    .map(|g| (g, Default::default()))
+                    .collect(),
+                curve,
+                mutants: 0,
+                iterations: 0,
+                rounds: 0,
+                kept: 0,
+            },
         })
     }
 
@@ -121,13 +116,7 @@ impl State {
                 .map(|e| SavedEntry { origin: e.origin, chain: e.chain.clone(), fuzzed: e.fuzzed, recent: e.recent })
                 .collect(),
             families: self.family_draws.iter().copied().zip(self.family_recent.iter().copied()).collect(),
-            failures: self.failures.clone(),
-            groups: self.groups.clone(),
-            curve: self.curve.clone(),
-            mutants: self.mutants,
-            iterations: self.iterations,
-            rounds: self.rounds,
-            kept: self.kept,
+            tally: self.tally.clone(),
         }
     }
 
@@ -174,18 +163,15 @@ impl State {
             (entry.fuzzed, entry.recent) = (saved.fuzzed, saved.recent);
         }
         (self.family_draws, self.family_recent) = cp.families.iter().copied().unzip();
-        self.failures = cp.failures.clone();
-        self.groups = cp.groups.clone();
-        self.curve = cp.curve.clone();
-        (self.mutants, self.iterations, self.rounds, self.kept) = (cp.mutants, cp.iterations, cp.rounds, cp.kept);
+        self.tally = cp.tally.clone();
         Ok(())
     }
 
     /// Whether a budget is spent.
     pub fn done(&self, f: &Fuzzer<'_>, elapsed: f64) -> bool {
         let c = &f.config;
-        c.max_iterations.is_some_and(|m| self.iterations >= m)
-            || c.max_mutants.is_some_and(|m| self.mutants >= m)
+        c.max_iterations.is_some_and(|m| self.tally.iterations >= m)
+            || c.max_mutants.is_some_and(|m| self.tally.mutants >= m)
             || c.max_seconds.is_some_and(|s| elapsed >= s)
             || c.target_coverage.is_some_and(|t| self.tracker.value(c.metric) >= t)
     }
@@ -195,10 +181,10 @@ impl State {
         let c = &f.config;
         let mut k = c.seeds_per_round;
         if let Some(m) = c.max_iterations {
-            k = k.min(m.saturating_sub(self.iterations));
+            k = k.min(m.saturating_sub(self.tally.iterations));
         }
         if let Some(m) = c.max_mutants {
-            k = k.min(m.saturating_sub(self.mutants).div_ceil(c.mutants_per_seed));
+            k = k.min(m.saturating_sub(self.tally.mutants).div_ceil(c.mutants_per_seed));
         }
         k.max(1)
     }
@@ -221,15 +207,15 @@ impl State {
 
     /// One round.
     pub fn round(&mut self, f: &Fuzzer<'_>) -> Result<()> {
-        let round_seed = seed::derive(f.config.seed, self.rounds as u64);
+        let round_seed = seed::derive(f.config.seed, self.tally.rounds as u64);
         let mut rng = seed::rng(round_seed);
         let draws = self.draws(f);
         let picks: Vec<usize> = (0..draws).map(|_| self.pick(&mut rng)).collect();
         let steps = self.plan(f, &picks, round_seed, &mut rng);
         let mutants = self.make(f, steps)?;
-        self.iterations += draws;
-        self.rounds += 1;
-        self.mutants += mutants.len();
+        self.tally.iterations += draws;
+        self.tally.rounds += 1;
+        self.tally.mutants += mutants.len();
         for &p in &picks {
             let origin = self.corpus[p].origin;
             self.corpus[p].fuzzed += 1;
@@ -238,7 +224,7 @@ impl State {
             self.family_recent[origin] = 0;
         }
         self.evaluate(f, mutants)?;
-        self.curve.push((self.mutants, self.tracker.value(f.config.metric)));
+        self.tally.curve.push((self.tally.mutants, self.tracker.value(f.config.metric)));
         Ok(())
     }
 
@@ -315,7 +301,7 @@ impl State {
     fn evaluate(&mut self, f: &Fuzzer<'_>, mutants: Vec<Mutant>) -> Result<()> {
         let valid: Vec<bool> = mutants.par_iter().map(|m| f.valid(&m.reference, &m.image)).collect();
         for (m, &v) in mutants.iter().zip(&valid) {
-            let g = self.groups.entry(m.step.method.group()).or_default();
+            let g = self.tally.groups.entry(m.step.method.group()).or_default();
             g.mutants += 1;
             g.valid += usize::from(v);
         }
@@ -332,15 +318,15 @@ impl State {
             let origin = self.corpus[m.parent].origin;
             let (label, group) = (self.labels[origin], m.step.method.group());
             if self.correct[origin] {
-                self.groups.entry(group).or_default().valid_from_correct += 1;
+                self.tally.groups.entry(group).or_default().valid_from_correct += 1;
             }
             let mut chain = self.corpus[m.parent].chain.clone();
             chain.push(m.step);
             if self.correct[origin] && predictions[i] != label {
-                self.groups.entry(group).or_default().failures += 1;
+                self.tally.groups.entry(group).or_default().failures += 1;
                 let (l0, linf) = l0_linf(&self.seeds[origin], &m.image);
                 let reference_linf = l0_linf(&m.reference, &m.image).1;
-                self.failures.push(Failure {
+                self.tally.failures.push(Failure {
                     seed: origin,
                     label,
                     prediction: predictions[i],
@@ -357,7 +343,7 @@ impl State {
             let gain = self.tracker.gain(&batch, i)?;
             if self.tracker.delta(&gain, f.config.metric) > f.config.gain_threshold {
                 self.tracker.commit(&batch, i)?;
-                self.kept += 1;
+                self.tally.kept += 1;
                 self.corpus[m.parent].recent += 1;
                 self.family_recent[origin] += 1;
                 self.families[origin].push(self.corpus.len());
