@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use base64::Engine as _;
+
 use super::{fmt_interval, html_escape, plots, Report};
 use crate::metrics::attack_radar;
 use crate::Result;
@@ -87,7 +89,7 @@ pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
             "<h2>Examples</h2>\n<p>Each row: the clean image, the adversarial image and the perturbation (mid-grey = \
              unchanged, magnified 5×); the label reads true class &gt; adversarial prediction.</p>\n\
              <img id=\"examples-grid\" class=\"grid\" alt=\"example adversarial images\" src=\"data:image/png;base64,{}\">\n",
-            base64(png)
+            base64::engine::general_purpose::STANDARD.encode(png)
         );
     }
     h.push_str("</body></html>\n");
@@ -133,43 +135,4 @@ fn attack_metrics_table(h: &mut String, r: &Report) {
         let _ = writeln!(h, "<tr><td class=\"name\">{}</td>{}</tr>", html_escape(name), cells.concat());
     }
     h.push_str("</table>\n");
-}
-
-/// Standard base64 (RFC 4648, with padding).
-pub(super) fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-        for k in 0..4 {
-            if k <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * k) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::base64;
-
-    #[test]
-    fn base64_matches_rfc_4648() {
-        // The test vectors of RFC 4648, section 10.
-        for (i, o) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            assert_eq!(base64(i.as_bytes()), o);
-        }
-    }
 }
