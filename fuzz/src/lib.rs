@@ -22,6 +22,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("safetensors", safetensors),
     ("onnx", onnx),
     ("image_folder", image_folder),
+    ("threat_model", threat_model),
+    ("fuzz_config", fuzz_config),
 ];
 
 /// The memory budget the fuzz binaries run with ([`armoury::limits::set_max_memory`]) and ONNX models are
@@ -118,6 +120,34 @@ pub fn image_folder(data: &[u8]) {
     for class in ["a", "b"] {
         let _ = std::fs::remove_dir_all(dir.join(class));
     }
+}
+
+/// A threat model (JSON): parsed and checked; one that parses hashes, names its norm, checks bounds against [0, 1],
+/// and survives a round trip through its own JSON with the same hash.
+pub fn threat_model(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(tm) = armoury::eval::ThreatModel::from_json(text) else { return };
+    let hash = tm.hash();
+    tm.norm().expect("a checked threat model has a norm");
+    let _ = tm.check_bounds((0.0, 1.0));
+    let again = serde_json::to_string(&tm).expect("a threat model serialises");
+    let back = armoury::eval::ThreatModel::from_json(&again).expect("a threat model's own JSON parses");
+    assert_eq!(back.hash(), hash, "threat model round trip");
+}
+
+/// A fuzzer mutation configuration (JSON): parsed; one that parses draws every method's parameters a few times
+/// and lists its attacks.
+pub fn fuzz_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(config) = armoury::fuzz::config::MutationConfig::from_json(text) else { return };
+    let mut rng = armoury::seed::rng(0);
+    for m in &config.methods {
+        for _ in 0..4 {
+            let p = m.draw(&mut rng);
+            assert!(p.iter().all(|v| v.is_finite()), "{:?} drew {p:?}", m.method);
+        }
+    }
+    let _ = config.attack_names();
 }
 
 /// A folder of this process and thread under the temporary directory.
