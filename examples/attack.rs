@@ -97,12 +97,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let attack = registry::by_name(&args.name, &args.params)?;
     let n = args.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;
-    let goal = match args.targeted.as_deref() {
-        None => Goal::Untargeted,
-        Some("random") => Goal::RandomTarget { seed: args.seed },
-        Some("least-likely") | Some("ll") => Goal::LeastLikely,
-        Some(c) => Goal::Targeted(vec![c.parse()?; n]),
-    };
+    let goal = goal(&args, n)?;
     println!("attack: {} on {} images, goal {:?}", attack.name(), n, goal);
 
     let clean_pred = clf.predict(&x)?;
@@ -148,17 +143,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let q_median = queries.get(n / 2).copied().unwrap_or(0);
     let q_max = *queries.last().unwrap_or(&0);
 
-    std::fs::create_dir_all(&args.out)?;
-    let png = args.out.join(format!("attack-{}.png", args.name));
-    let show = n.min(8);
-    let mut rows = vec![GridRow::new("clean", (0..show).map(|i| x.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?)];
-    rows.push(GridRow::new("adv", (0..show).map(|i| adv.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?));
-    let magnify = 0.5 / args.params.eps.max(1e-3);
-    let pert = (0..show)
-        .map(|i| perturbation_image(&x.narrow(0, i, 1)?, &adv.narrow(0, i, 1)?, magnify))
-        .collect::<Result<Vec<_>, _>>()?;
-    rows.push(GridRow::new(format!("x{magnify:.0}"), pert));
-    save_png_grid(&png, &rows, 3)?;
+    let png = save_grid(&args, &x, &adv, n)?;
 
     println!("\n{:<26} {:>12}", "figure", "value");
     let table = [
@@ -199,4 +184,35 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     });
     println!("{line}");
     Ok(())
+}
+
+/// The PNG grid of the first images: clean, adversarial, and the perturbation magnified to half the range.
+fn save_grid(
+    args: &Args,
+    x: &Tensor,
+    adv: &Tensor,
+    n: usize,
+) -> Result<std::path::PathBuf, Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(&args.out)?;
+    let png = args.out.join(format!("attack-{}.png", args.name));
+    let show = n.min(8);
+    let mut rows = vec![GridRow::new("clean", (0..show).map(|i| x.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?)];
+    rows.push(GridRow::new("adv", (0..show).map(|i| adv.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?));
+    let magnify = 0.5 / args.params.eps.max(1e-3);
+    let pert = (0..show)
+        .map(|i| perturbation_image(&x.narrow(0, i, 1)?, &adv.narrow(0, i, 1)?, magnify))
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.push(GridRow::new(format!("x{magnify:.0}"), pert));
+    save_png_grid(&png, &rows, 3)?;
+    Ok(png)
+}
+
+/// The goal `--targeted` names (none, `random`, `least-likely`/`ll`, or a class for every image).
+fn goal(args: &Args, n: usize) -> Result<Goal, Box<dyn std::error::Error>> {
+    Ok(match args.targeted.as_deref() {
+        None => Goal::Untargeted,
+        Some("random") => Goal::RandomTarget { seed: args.seed },
+        Some("least-likely") | Some("ll") => Goal::LeastLikely,
+        Some(c) => Goal::Targeted(vec![c.parse()?; n]),
+    })
 }

@@ -236,6 +236,41 @@ impl Apgd {
         adv
     }
 
+    /// The next iterate of each active row `i` (row `r` of `dir`): the step `z = x_cur + η·dir` projected, then,
+    /// after the first step, the momentum mix of `z`, `x_cur` and `x_prev` (Croce & Hein's eq. 2), projected.
+    #[allow(clippy::too_many_arguments)]
+    fn propose(
+        &self,
+        x2: &Array2<f32>,
+        (x_cur, x_prev): (&Array2<f32>, &Array2<f32>),
+        dir: &Array2<f32>,
+        active: &[usize],
+        (eta, eps): (&[f32], &[f32]),
+        first: bool,
+        bounds: (f32, f32),
+    ) -> Array2<f32> {
+        let a = self.alpha_momentum;
+        let mut new = Array2::<f32>::zeros((active.len(), x2.ncols()));
+        for (r, &i) in active.iter().enumerate() {
+            let xr = x2.row(i);
+            let xr = xr.as_slice().expect("rows");
+            let (cur, prev) = (x_cur.row(i), x_prev.row(i));
+            let mut z: Vec<f32> = cur.iter().zip(dir.row(r)).map(|(&c, &s)| c + eta[i] * s).collect();
+            project_row(self.norm, xr, &mut z, eps[i], bounds);
+            let mut out = new.row_mut(r);
+            let o = out.as_slice_mut().expect("rows");
+            if first {
+                o.copy_from_slice(&z);
+            } else {
+                for (((o, &zv), &c), &p) in o.iter_mut().zip(&z).zip(cur.iter()).zip(prev.iter()) {
+                    *o = c + a * (zv - c) + (1.0 - a) * (c - p);
+                }
+                project_row(self.norm, xr, o, eps[i], bounds);
+            }
+        }
+        new
+    }
+
     /// One APGD run (`steps` ≥ 1) from restart stream `stream` on all rows of `x2`, the samples `who`.
     #[allow(clippy::too_many_arguments)]
     fn run_once(
@@ -248,9 +283,8 @@ impl Apgd {
         eps: &[f32],
         stream: u64,
     ) -> Result<Outcome> {
-        let (n, d) = x2.dim();
+        let n = x2.nrows();
         let bounds = ctx.p.bounds();
-        let a = self.alpha_momentum;
         let mut x_cur = self.start(x2, eps, ctx.p.seed, stream, bounds);
         let first = ctx.eval(&x_cur, (who, labels), self.loss, goals, true)?;
         let mut f_cur = first.objective;
@@ -270,26 +304,8 @@ impl Apgd {
             if active.is_empty() {
                 break;
             }
-            let m = active.len();
             let dir = steepest(&g_cur.select(Axis(0), &active), self.norm, 0.0);
-            let mut new = Array2::<f32>::zeros((m, d));
-            for (r, &i) in active.iter().enumerate() {
-                let xr = x2.row(i);
-                let xr = xr.as_slice().expect("rows");
-                let (cur, prev) = (x_cur.row(i), x_prev.row(i));
-                let mut z: Vec<f32> = cur.iter().zip(dir.row(r)).map(|(&c, &s)| c + eta[i] * s).collect();
-                project_row(self.norm, xr, &mut z, eps[i], bounds);
-                let mut out = new.row_mut(r);
-                let o = out.as_slice_mut().expect("rows");
-                if k == 0 {
-                    o.copy_from_slice(&z);
-                } else {
-                    for (((o, &zv), &c), &p) in o.iter_mut().zip(&z).zip(cur.iter()).zip(prev.iter()) {
-                        *o = c + a * (zv - c) + (1.0 - a) * (c - p);
-                    }
-                    project_row(self.norm, xr, o, eps[i], bounds);
-                }
-            }
+            let mut new = self.propose(x2, (&x_cur, &x_prev), &dir, &active, (&eta, eps), k == 0, bounds);
             let xa = x2.select(Axis(0), &active);
             let ea: Vec<f32> = active.iter().map(|&i| eps[i]).collect();
             make_feasible(&xa, &mut new, self.norm, &ea, bounds);

@@ -100,7 +100,7 @@ pub(crate) fn cost(kind: &Kind, info: &NodeInfo, ins: &[Option<&Meta>]) -> Resul
 fn shapes(kind: &Kind, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
     let x = || input(info, ins, 0);
     let s0 = || Ok::<_, Error>(x()?.shape().to_vec());
-    let one = |m: Meta| Ok(Cost { outputs: vec![m], scratch: 0 });
+    let one = single;
     match kind {
         Kind::Identity { mask } => {
             let v = x()?.clone();
@@ -170,88 +170,15 @@ fn shapes(kind: &Kind, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
             }
             one(Meta::Shape { shape, int: x()?.is_int() })
         }
-        Kind::Transpose { perm } => {
-            let s = s0()?;
-            let perm: Vec<usize> = match perm {
-                Some(p) => p.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?,
-                None => (0..s.len()).rev().collect(),
-            };
-            let mut seen = vec![false; s.len()];
-            if perm.len() != s.len() || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
-                return Err(info.malformed(format!("perm {perm:?} for rank {}", s.len())));
-            }
-            one(Meta::Shape { shape: perm.iter().map(|&p| s[p]).collect(), int: x()?.is_int() })
-        }
+        Kind::Transpose { perm } => transpose(info, x()?, perm.as_deref()),
         Kind::Concat { axis: a } => concat(info, ins, *a),
-        Kind::Squeeze { axes } => {
-            let s = s0()?;
-            let axes = match axes {
-                Some(a) => Some(a.clone()),
-                None => known_ints(info, ins, 1)?,
-            };
-            let drop: Vec<usize> = match axes {
-                Some(a) => a.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?,
-                None => (0..s.len()).filter(|&i| s[i] == 1).collect(),
-            };
-            if let Some(&bad) = drop.iter().find(|&&a| s[a] != 1) {
-                return Err(info.malformed(format!("cannot squeeze axis {bad} of size {}", s[bad])));
-            }
-            let shape = (0..s.len()).filter(|i| !drop.contains(i)).map(|i| s[i]).collect();
-            one(Meta::Shape { shape, int: x()?.is_int() })
-        }
-        Kind::Unsqueeze { axes } => {
-            let s = s0()?;
-            let axes = match axes {
-                Some(a) => a.clone(),
-                None => required_ints(info, ins, 1)?,
-            };
-            let r = s.len() + axes.len();
-            let mut ax: Vec<usize> = axes.iter().map(|&a| axis(info, a, r)).collect::<Result<_>>()?;
-            ax.sort_unstable();
-            ax.dedup();
-            let mut shape = s;
-            for &a in &ax {
-                if a > shape.len() {
-                    return Err(info.malformed(format!("Unsqueeze axes {ax:?}")));
-                }
-                shape.insert(a, 1);
-            }
-            one(Meta::Shape { shape, int: x()?.is_int() })
-        }
-        Kind::Gather { axis: a } => {
-            let (s, idx) = (s0()?, input(info, ins, 1)?.shape());
-            let ax = axis(info, *a, s.len())?;
-            let mut shape = s[..ax].to_vec();
-            shape.extend_from_slice(idx);
-            shape.extend_from_slice(&s[ax + 1..]);
-            let mut picked = s.clone();
-            picked[ax] = idx.iter().try_fold(1usize, |p, &d| p.checked_mul(d)).unwrap_or(usize::MAX);
-            crate::limits::checked_numel("onnx Gather", &picked)?;
-            one(Meta::Shape { shape, int: x()?.is_int() })
-        }
+        Kind::Squeeze { axes } => squeeze(info, ins, axes.as_deref()),
+        Kind::Unsqueeze { axes } => unsqueeze(info, ins, axes.as_deref()),
+        Kind::Gather { axis: a } => gather(info, x()?, input(info, ins, 1)?.shape(), *a),
         Kind::Slice { attrs } => slice(info, ins, attrs),
         Kind::Pad { mode, attrs } => pad(info, ins, *mode, attrs),
         Kind::Reduce { axes, keepdims, noop_with_empty_axes, .. } => {
-            let s = s0()?;
-            let axes = match axes {
-                Some(a) => a.clone(),
-                None => known_ints(info, ins, 1)?.unwrap_or_default(),
-            };
-            if axes.is_empty() && *noop_with_empty_axes {
-                return one(float(s));
-            }
-            let mut ax: Vec<usize> = axes.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?;
-            if ax.is_empty() {
-                ax = (0..s.len()).collect();
-            }
-            let shape = (0..s.len())
-                .filter_map(|i| match (ax.contains(&i), keepdims) {
-                    (false, _) => Some(s[i]),
-                    (true, true) => Some(1),
-                    (true, false) => None,
-                })
-                .collect();
-            one(float(shape))
+            reduce(info, ins, axes.as_deref(), *keepdims, *noop_with_empty_axes)
         }
         Kind::Shape { .. } => {
             // The one op whose value is always known: what it reads is a shape.
@@ -265,6 +192,103 @@ fn shapes(kind: &Kind, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
             one(Meta::Shape { shape: s0()?, int })
         }
     }
+}
+
+/// Transpose by `perm` (reversed axes when absent), which must be a permutation of the input's axes.
+fn transpose(info: &NodeInfo, x: &Meta, perm: Option<&[i64]>) -> Result<Cost> {
+    let s = x.shape();
+    let perm: Vec<usize> = match perm {
+        Some(p) => p.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?,
+        None => (0..s.len()).rev().collect(),
+    };
+    let mut seen = vec![false; s.len()];
+    if perm.len() != s.len() || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+        return Err(info.malformed(format!("perm {perm:?} for rank {}", s.len())));
+    }
+    single(Meta::Shape { shape: perm.iter().map(|&p| s[p]).collect(), int: x.is_int() })
+}
+
+/// Squeeze `axes` (an attribute, the second input, or every axis of size 1); each must have size 1.
+fn squeeze(info: &NodeInfo, ins: &[Option<&Meta>], axes: Option<&[i64]>) -> Result<Cost> {
+    let x = input(info, ins, 0)?;
+    let s = x.shape();
+    let axes = match axes {
+        Some(a) => Some(a.to_vec()),
+        None => known_ints(info, ins, 1)?,
+    };
+    let drop: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?,
+        None => (0..s.len()).filter(|&i| s[i] == 1).collect(),
+    };
+    if let Some(&bad) = drop.iter().find(|&&a| s[a] != 1) {
+        return Err(info.malformed(format!("cannot squeeze axis {bad} of size {}", s[bad])));
+    }
+    let shape = (0..s.len()).filter(|i| !drop.contains(i)).map(|i| s[i]).collect();
+    single(Meta::Shape { shape, int: x.is_int() })
+}
+
+/// Unsqueeze at `axes` (an attribute or the second input), counted in the output's rank.
+fn unsqueeze(info: &NodeInfo, ins: &[Option<&Meta>], axes: Option<&[i64]>) -> Result<Cost> {
+    let x = input(info, ins, 0)?;
+    let axes = match axes {
+        Some(a) => a.to_vec(),
+        None => required_ints(info, ins, 1)?,
+    };
+    let r = x.shape().len() + axes.len();
+    let mut ax: Vec<usize> = axes.iter().map(|&a| axis(info, a, r)).collect::<Result<_>>()?;
+    ax.sort_unstable();
+    ax.dedup();
+    let mut shape = x.shape().to_vec();
+    for &a in &ax {
+        if a > shape.len() {
+            return Err(info.malformed(format!("Unsqueeze axes {ax:?}")));
+        }
+        shape.insert(a, 1);
+    }
+    single(Meta::Shape { shape, int: x.is_int() })
+}
+
+/// Gather along `a`: the indices' shape replaces that axis; what it picks is checked against the element limit.
+fn gather(info: &NodeInfo, x: &Meta, idx: &[usize], a: i64) -> Result<Cost> {
+    let s = x.shape();
+    let ax = axis(info, a, s.len())?;
+    let mut shape = s[..ax].to_vec();
+    shape.extend_from_slice(idx);
+    shape.extend_from_slice(&s[ax + 1..]);
+    let mut picked = s.to_vec();
+    picked[ax] = idx.iter().try_fold(1usize, |p, &d| p.checked_mul(d)).unwrap_or(usize::MAX);
+    crate::limits::checked_numel("onnx Gather", &picked)?;
+    single(Meta::Shape { shape, int: x.is_int() })
+}
+
+/// A reduction over `axes` (an attribute or the second input; all axes when empty, unless
+/// `noop_with_empty_axes`), keeping reduced axes as 1 when `keepdims`.
+fn reduce(info: &NodeInfo, ins: &[Option<&Meta>], axes: Option<&[i64]>, keepdims: bool, noop: bool) -> Result<Cost> {
+    let s = input(info, ins, 0)?.shape().to_vec();
+    let axes = match axes {
+        Some(a) => a.to_vec(),
+        None => known_ints(info, ins, 1)?.unwrap_or_default(),
+    };
+    if axes.is_empty() && noop {
+        return single(float(s));
+    }
+    let mut ax: Vec<usize> = axes.iter().map(|&a| axis(info, a, s.len())).collect::<Result<_>>()?;
+    if ax.is_empty() {
+        ax = (0..s.len()).collect();
+    }
+    let shape = (0..s.len())
+        .filter_map(|i| match (ax.contains(&i), keepdims) {
+            (false, _) => Some(s[i]),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    single(float(shape))
+}
+
+/// One output and no scratch.
+fn single(m: Meta) -> Result<Cost> {
+    Ok(Cost { outputs: vec![m], scratch: 0 })
 }
 
 /// Conv output `[n, o, ho, wo]` (halved by a fused 2×2 pooling), with the asymmetric padding copy and one

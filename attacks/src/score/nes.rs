@@ -199,6 +199,45 @@ impl Nes {
         }
     }
 
+    /// Partial-information ε-decay (Ilyas et al. 2018, Algorithm 2): one signed step along `g` into a box shrunk
+    /// by `decay`, halving the step until the point stays admissible and, below 1/64 of `eta`, the decay itself.
+    fn shrink_box(
+        &self,
+        ctx: &Ctx,
+        cur: &mut Vec<f32>,
+        (cur_eps, decay): (&mut f32, &mut f32),
+        g: &[f32],
+        eta: f32,
+    ) -> Result<()> {
+        let eta_min = eta / 64.0;
+        let mut lr = eta;
+        let mut next = (*cur_eps - *decay).max(ctx.eps);
+        while ctx.remaining() > 0 {
+            let mut cand: Vec<f32> = cur
+                .iter()
+                .zip(g)
+                .zip(&ctx.x)
+                .map(|((&c, &gv), &xv)| (c - lr * sign(gv)).clamp(xv - next, xv + next))
+                .collect();
+            ctx.clamp_bounds(&mut cand);
+            if self.admissible(ctx, &cand)? {
+                *cur = cand;
+                *cur_eps = next;
+                break;
+            }
+            lr /= 2.0;
+            if lr < eta_min {
+                *decay /= 2.0;
+                lr = eta;
+                next = (*cur_eps - *decay).max(ctx.eps);
+                if *decay < 1e-6 {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn attack(&self, ctx: &Ctx) -> Result<Vec<f32>> {
         let mut rng = ChaCha8Rng::seed_from_u64(ctx.seed);
         let d = ctx.dim();
@@ -222,7 +261,6 @@ impl Nes {
             }
         }
         let eta = self.step * ctx.eps;
-        let eta_min = eta / 64.0;
         let mut lr = eta;
         let mut mom = vec![0.0f32; d];
         let (mut since, mut plateau_best) = (0usize, f32::INFINITY);
@@ -271,33 +309,7 @@ impl Nes {
                 ctx.clamp_box(&mut cur);
                 continue;
             }
-            let g = mom.clone();
-            // ε-decay (Algorithm 2): shrink the box while the point stays admissible.
-            let mut lr = eta;
-            let mut next = (cur_eps - decay).max(ctx.eps);
-            while ctx.remaining() > 0 {
-                let mut cand: Vec<f32> = cur
-                    .iter()
-                    .zip(&g)
-                    .zip(&ctx.x)
-                    .map(|((&c, &gv), &xv)| (c - lr * sign(gv)).clamp(xv - next, xv + next))
-                    .collect();
-                ctx.clamp_bounds(&mut cand);
-                if self.admissible(ctx, &cand)? {
-                    cur = cand;
-                    cur_eps = next;
-                    break;
-                }
-                lr /= 2.0;
-                if lr < eta_min {
-                    decay /= 2.0;
-                    lr = eta;
-                    next = (cur_eps - decay).max(ctx.eps);
-                    if decay < 1e-6 {
-                        break;
-                    }
-                }
-            }
+            self.shrink_box(ctx, &mut cur, (&mut cur_eps, &mut decay), &mom, eta)?;
             if cur_eps <= ctx.eps {
                 ctx.clamp_box(&mut cur);
             }
