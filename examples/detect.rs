@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example detect -- --detector magnet|squeeze|region|ensemble|lid|mahalanobis|similarity
 //! --attack fgsm|pgd|cw|jsma|hsj|nes|square --eps 0.1 [--adaptive] [--lambda L] [--model cnn|mlp|FILE.onnx]
-//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-epochs E] [--ae-lr LR] [--ae-train N] [--sim-fpr F] [--benign STREAMS] [--k K] [--layers L1,L2,…] [--seed S] [--out DIR]`
+//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-lr LR] [--ae1 N,E] [--ae2 N,E] [--magnet-parts l2-i,l1-ii,…] [--sim-fpr F] [--benign STREAMS] [--k K] [--layers L1,L2,…] [--seed S] [--out DIR]`
 //!
 //! Fits the detector on clean training images (thresholds at 1% FPR; MagNet's auto-encoders trained here; LID's
 //! and Mahalanobis' logistic combiners on attacked training images), attacks the first N test images (PGD-40 of
@@ -51,9 +51,10 @@ struct Args {
     data: Option<PathBuf>,
     limit: usize,
     fit: usize,
-    ae_epochs: usize,
     ae_lr: f32,
-    ae_train: usize,
+    ae1: (usize, usize),
+    ae2: (usize, usize),
+    magnet_parts: Vec<String>,
     sim_fpr: f32,
     benign: usize,
     k: usize,
@@ -77,9 +78,10 @@ fn parse() -> Res<Args> {
         data: None,
         limit: 1000,
         fit: 1000,
-        ae_epochs: 10,
         ae_lr: 1e-2,
-        ae_train: 60_000,
+        ae1: (20_000, 10),
+        ae2: (60_000, 20),
+        magnet_parts: ["l1-ii", "jsd10-ii", "jsd40-ii"].map(String::from).to_vec(),
         sim_fpr: 0.005,
         benign: 500,
         k: 20,
@@ -101,9 +103,10 @@ fn parse() -> Res<Args> {
             Long("data") => a.data = Some(p.value()?.into()),
             Long("limit") => a.limit = p.value()?.parse()?,
             Long("fit") => a.fit = p.value()?.parse()?,
-            Long("ae-epochs") => a.ae_epochs = p.value()?.parse()?,
             Long("ae-lr") => a.ae_lr = p.value()?.parse()?,
-            Long("ae-train") => a.ae_train = p.value()?.parse()?,
+            Long("ae1") => a.ae1 = images_epochs(&p.value()?.string()?)?,
+            Long("ae2") => a.ae2 = images_epochs(&p.value()?.string()?)?,
+            Long("magnet-parts") => a.magnet_parts = p.value()?.string()?.split(',').map(String::from).collect(),
             Long("sim-fpr") => a.sim_fpr = p.value()?.parse()?,
             Long("benign") => a.benign = p.value()?.parse()?,
             Long("k") => a.k = p.value()?.parse()?,
@@ -114,6 +117,12 @@ fn parse() -> Res<Args> {
         }
     }
     Ok(a)
+}
+
+/// `N,E`: N training images, E epochs.
+fn images_epochs(v: &str) -> Res<(usize, usize)> {
+    let (n, e) = v.split_once(',').ok_or_else(|| format!("'{v}': IMAGES,EPOCHS"))?;
+    Ok((n.trim().parse()?, e.trim().parse()?))
 }
 
 fn main() -> std::process::ExitCode {
@@ -151,57 +160,72 @@ fn accuracy(pred: &[usize], y: &[usize]) -> f64 {
     pred.iter().zip(y).filter(|(p, l)| p == l).count() as f64 / y.len().max(1) as f64
 }
 
-/// MagNet's auto-encoders (detector I / reformer and detector II) trained on the training images, its four
-/// detectors (L2 error of I, L1 error of II, JSD at T = 10 and 40 through I) and the reformer.
-fn magnet_parts(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<(Vec<Box<dyn Detector>>, Autoencoder)> {
-    let n = set.train.len().min(args.ae_train);
-    let (x, _) = set.train.batch(0..n)?;
+/// MagNet's auto-encoder `arch` trained on the first `n` training images for `epochs` (Meng & Chen's recipe:
+/// Gaussian noise 0.1, Adam, L2 1e-9), cached in --out and reused by runs with the same settings.
+fn trained_autoencoder(
+    args: &Args,
+    clf: &Arc<dyn Classifier>,
+    set: &TrainTest,
+    arch: Architecture,
+    (n, epochs): (usize, usize),
+) -> Res<Autoencoder> {
+    let n = set.train.len().min(n);
     let channels = set.train.image_shape()[0];
-    let mut aes = Vec::new();
-    for (k, arch) in [Architecture::MnistI, Architecture::MnistII].into_iter().enumerate() {
-        let ae = autoencoder(arch, channels, args.seed + 10 * k as u64)?;
-        let cfg = AutoencoderTraining { epochs: args.ae_epochs, lr: args.ae_lr, seed: args.seed, ..Default::default() };
-        // Trained auto-encoders are kept in --out and reused by runs with the same settings.
-        let cache =
-            args.out.join(format!("magnet-{arch:?}-n{n}-e{}-lr{}-s{}.safetensors", cfg.epochs, cfg.lr, cfg.seed));
-        if cache.exists() {
-            armoury::io::load_module(&ae, &cache)?;
-            println!("MagNet auto-encoder {arch:?} loaded from {}", cache.display());
-        } else {
-            let t = Instant::now();
-            let losses = train_autoencoder(&ae, &x, clf.bounds(), &cfg)?;
-            println!(
-                "trained MagNet auto-encoder {arch:?}: {} epochs on {n} images, loss {:.5} → {:.5}, {:.1} s ({:.0} images/s)",
-                cfg.epochs,
-                losses[0],
-                losses[losses.len() - 1],
-                t.elapsed().as_secs_f64(),
-                (n * cfg.epochs) as f64 / t.elapsed().as_secs_f64()
-            );
-            std::fs::create_dir_all(&args.out)?;
-            armoury::io::save_module(&ae, &cache)?;
-        }
-        aes.push(Autoencoder::new(Arc::new(ae), clf.bounds())?);
+    let k = u64::from(arch == Architecture::MnistII);
+    let ae = autoencoder(arch, channels, args.seed + 10 * k)?;
+    let cfg = AutoencoderTraining { epochs, lr: args.ae_lr, seed: args.seed, ..Default::default() };
+    let cache = args.out.join(format!("magnet-{arch:?}-n{n}-e{}-lr{}-s{}.safetensors", cfg.epochs, cfg.lr, cfg.seed));
+    if cache.exists() {
+        armoury::io::load_module(&ae, &cache)?;
+        println!("MagNet auto-encoder {arch:?} loaded from {}", cache.display());
+    } else {
+        let (x, _) = set.train.batch(0..n)?;
+        let t = Instant::now();
+        let losses = train_autoencoder(&ae, &x, clf.bounds(), &cfg)?;
+        println!(
+            "trained MagNet auto-encoder {arch:?}: {} epochs on {n} images, loss {:.5} → {:.5}, {:.1} s ({:.0} images/s)",
+            cfg.epochs,
+            losses[0],
+            losses[losses.len() - 1],
+            t.elapsed().as_secs_f64(),
+            (n * cfg.epochs) as f64 / t.elapsed().as_secs_f64()
+        );
+        std::fs::create_dir_all(&args.out)?;
+        armoury::io::save_module(&ae, &cache)?;
     }
-    let detectors: Vec<Box<dyn Detector>> = vec![
-        Box::new(ErrorDetector::new(aes[0].clone(), 2)?),
-        Box::new(ErrorDetector::new(aes[1].clone(), 1)?),
-        Box::new(DivergenceDetector::new(aes[0].clone(), clf.clone(), 10.0)?),
-        Box::new(DivergenceDetector::new(aes[0].clone(), clf.clone(), 40.0)?),
-    ];
-    Ok((detectors, aes[0].clone()))
+    Ok(Autoencoder::new(Arc::new(ae), clf.bounds())?)
 }
 
-/// `magnet` (the pipeline) or one of its parts: `magnet-l2`, `magnet-l1`, `magnet-jsd10`, `magnet-jsd40`, each
-/// with the reformer.
+/// `magnet` (the pipeline of the --magnet-parts detectors with auto-encoder I as the reformer) or one part
+/// (`magnet-l2-i`, `magnet-l1-ii`, `magnet-jsd10-ii`, …), also with the reformer. A part is `l1`/`l2` (the
+/// reconstruction error) or `jsd10`/`jsd40` (the divergence at T = 10 / 40) on auto-encoder `i` or `ii`.
 fn magnet(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<MagNet> {
-    let name = args.detector.as_str();
-    let (mut parts, reformer) = magnet_parts(args, clf, set)?;
-    let pick = ["magnet-l2", "magnet-l1", "magnet-jsd10", "magnet-jsd40"].iter().position(|p| *p == name);
-    if let Some(i) = pick {
-        parts = vec![parts.swap_remove(i)];
+    let parts: Vec<String> = match args.detector.strip_prefix("magnet-") {
+        Some(one) => vec![one.to_string()],
+        None => args.magnet_parts.clone(),
+    };
+    let (mut ae1, mut ae2) = (None, None);
+    let mut detectors: Vec<Box<dyn Detector>> = Vec::new();
+    for part in &parts {
+        let (kind, which) = part.split_once('-').ok_or_else(|| format!("MagNet part '{part}': KIND-i or KIND-ii"))?;
+        let ae = match which {
+            "i" => ae1.get_or_insert(trained_autoencoder(args, clf, set, Architecture::MnistI, args.ae1)?).clone(),
+            "ii" => ae2.get_or_insert(trained_autoencoder(args, clf, set, Architecture::MnistII, args.ae2)?).clone(),
+            other => return Err(format!("MagNet part '{part}': auto-encoder '{other}' is i or ii").into()),
+        };
+        detectors.push(match kind {
+            "l1" => Box::new(ErrorDetector::new(ae, 1)?),
+            "l2" => Box::new(ErrorDetector::new(ae, 2)?),
+            "jsd10" => Box::new(DivergenceDetector::new(ae, clf.clone(), 10.0)?),
+            "jsd40" => Box::new(DivergenceDetector::new(ae, clf.clone(), 40.0)?),
+            other => return Err(format!("MagNet part '{part}': '{other}' is l1, l2, jsd10 or jsd40").into()),
+        });
     }
-    Ok(MagNet::new(parts, Some(reformer))?)
+    let reformer = match ae1 {
+        Some(a) => a,
+        None => trained_autoencoder(args, clf, set, Architecture::MnistI, args.ae1)?,
+    };
+    Ok(MagNet::new(detectors, Some(reformer))?)
 }
 
 /// Layer detectors' logistic combiners are fitted on clean and attacked training images (Ma et al., Lee et al.).
