@@ -174,7 +174,7 @@ pub struct IndexConfig {
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { tables: 8, bits: 8, bucket_capacity: 32, seed: 0 }
+        IndexConfig { tables: 8, bits: 6, bucket_capacity: 32, seed: 0 }
     }
 }
 
