@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example detect -- --detector magnet|squeeze|region|ensemble|lid|mahalanobis|similarity
 //! --attack fgsm|pgd|cw|jsma|hsj|nes|square --eps 0.1 [--adaptive] [--lambda L] [--model cnn|mlp|FILE.onnx]
-//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-epochs E] [--ae-lr LR] [--layers L1,L2,…] [--seed S] [--out DIR]`
+//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-lr LR] [--ae1 N,E] [--ae2 N,E] [--magnet-parts l2-i,l1-ii,…] [--sim-fpr F] [--benign STREAMS] [--k K] [--layers L1,L2,…] [--seed S] [--out DIR]`
 //!
 //! Fits the detector on clean training images (thresholds at 1% FPR; MagNet's auto-encoders trained here; LID's
 //! and Mahalanobis' logistic combiners on attacked training images), attacks the first N test images (PGD-40 of
@@ -31,9 +31,10 @@ use armoury::data::TrainTest;
 use armoury::{Classifier, Detector, Goal, Guarded, Tensor};
 use armoury_attacks::registry::{self, AttackParams};
 use armoury_defenses::detectors::{
-    autoencoder, detection_metrics, protected_accuracy, train_autoencoder, AdaptivePgd, Architecture, Autoencoder,
-    AutoencoderTraining, DivergenceDetector, Ensemble, ErrorDetector, FeatureSqueezing, IndexConfig, Lid,
-    LogisticTraining, MagNet, Mahalanobis, Monitored, Policy, RegionClassifier, StatefulDetector, TapEncoder,
+    autoencoder, detection_metrics, gaussian_encodings, measure_index, protected_accuracy, train_autoencoder,
+    AdaptivePgd, Architecture, Autoencoder, AutoencoderTraining, DivergenceDetector, Ensemble, ErrorDetector,
+    FeatureSqueezing, IndexConfig, IndexMeasurement, Lid, LogisticTraining, MagNet, Mahalanobis, Monitored, Policy,
+    RegionClassifier, StatefulDetector, TapEncoder,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -50,8 +51,13 @@ struct Args {
     data: Option<PathBuf>,
     limit: usize,
     fit: usize,
-    ae_epochs: usize,
     ae_lr: f32,
+    ae1: (usize, usize),
+    ae2: (usize, usize),
+    magnet_parts: Vec<String>,
+    sim_fpr: f32,
+    benign: usize,
+    k: usize,
     layers: Vec<String>,
     seed: u64,
     out: PathBuf,
@@ -72,8 +78,13 @@ fn parse() -> Res<Args> {
         data: None,
         limit: 1000,
         fit: 1000,
-        ae_epochs: 10,
         ae_lr: 1e-2,
+        ae1: (20_000, 10),
+        ae2: (60_000, 20),
+        magnet_parts: ["l1-ii", "jsd10-ii", "jsd40-ii"].map(String::from).to_vec(),
+        sim_fpr: 0.005,
+        benign: 500,
+        k: 20,
         layers: ["conv1_relu", "conv2_relu", "fc1_relu", "fc2"].map(String::from).to_vec(),
         seed: 0,
         out: PathBuf::from("out"),
@@ -92,8 +103,13 @@ fn parse() -> Res<Args> {
             Long("data") => a.data = Some(p.value()?.into()),
             Long("limit") => a.limit = p.value()?.parse()?,
             Long("fit") => a.fit = p.value()?.parse()?,
-            Long("ae-epochs") => a.ae_epochs = p.value()?.parse()?,
             Long("ae-lr") => a.ae_lr = p.value()?.parse()?,
+            Long("ae1") => a.ae1 = images_epochs(&p.value()?.string()?)?,
+            Long("ae2") => a.ae2 = images_epochs(&p.value()?.string()?)?,
+            Long("magnet-parts") => a.magnet_parts = p.value()?.string()?.split(',').map(String::from).collect(),
+            Long("sim-fpr") => a.sim_fpr = p.value()?.parse()?,
+            Long("benign") => a.benign = p.value()?.parse()?,
+            Long("k") => a.k = p.value()?.parse()?,
             Long("layers") => a.layers = p.value()?.string()?.split(',').map(String::from).collect(),
             Long("seed") => a.seed = p.value()?.parse()?,
             Long("out") => a.out = p.value()?.into(),
@@ -101,6 +117,12 @@ fn parse() -> Res<Args> {
         }
     }
     Ok(a)
+}
+
+/// `N,E`: N training images, E epochs.
+fn images_epochs(v: &str) -> Res<(usize, usize)> {
+    let (n, e) = v.split_once(',').ok_or_else(|| format!("'{v}': IMAGES,EPOCHS"))?;
+    Ok((n.trim().parse()?, e.trim().parse()?))
 }
 
 fn main() -> std::process::ExitCode {
@@ -138,57 +160,72 @@ fn accuracy(pred: &[usize], y: &[usize]) -> f64 {
     pred.iter().zip(y).filter(|(p, l)| p == l).count() as f64 / y.len().max(1) as f64
 }
 
-/// MagNet's auto-encoders (detector I / reformer and detector II) trained on the training images, its four
-/// detectors (L2 error of I, L1 error of II, JSD at T = 10 and 40 through I) and the reformer.
-fn magnet_parts(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<(Vec<Box<dyn Detector>>, Autoencoder)> {
-    let n = set.train.len().min(20_000);
-    let (x, _) = set.train.batch(0..n)?;
+/// MagNet's auto-encoder `arch` trained on the first `n` training images for `epochs` (Meng & Chen's recipe:
+/// Gaussian noise 0.1, Adam, L2 1e-9), cached in --out and reused by runs with the same settings.
+fn trained_autoencoder(
+    args: &Args,
+    clf: &Arc<dyn Classifier>,
+    set: &TrainTest,
+    arch: Architecture,
+    (n, epochs): (usize, usize),
+) -> Res<Autoencoder> {
+    let n = set.train.len().min(n);
     let channels = set.train.image_shape()[0];
-    let mut aes = Vec::new();
-    for (k, arch) in [Architecture::MnistI, Architecture::MnistII].into_iter().enumerate() {
-        let ae = autoencoder(arch, channels, args.seed + 10 * k as u64)?;
-        let cfg = AutoencoderTraining { epochs: args.ae_epochs, lr: args.ae_lr, seed: args.seed, ..Default::default() };
-        // Trained auto-encoders are kept in --out and reused by runs with the same settings.
-        let cache =
-            args.out.join(format!("magnet-{arch:?}-n{n}-e{}-lr{}-s{}.safetensors", cfg.epochs, cfg.lr, cfg.seed));
-        if cache.exists() {
-            armoury::io::load_module(&ae, &cache)?;
-            println!("MagNet auto-encoder {arch:?} loaded from {}", cache.display());
-        } else {
-            let t = Instant::now();
-            let losses = train_autoencoder(&ae, &x, clf.bounds(), &cfg)?;
-            println!(
-                "trained MagNet auto-encoder {arch:?}: {} epochs on {n} images, loss {:.5} → {:.5}, {:.1} s ({:.0} images/s)",
-                cfg.epochs,
-                losses[0],
-                losses[losses.len() - 1],
-                t.elapsed().as_secs_f64(),
-                (n * cfg.epochs) as f64 / t.elapsed().as_secs_f64()
-            );
-            std::fs::create_dir_all(&args.out)?;
-            armoury::io::save_module(&ae, &cache)?;
-        }
-        aes.push(Autoencoder::new(Arc::new(ae), clf.bounds())?);
+    let k = u64::from(arch == Architecture::MnistII);
+    let ae = autoencoder(arch, channels, args.seed + 10 * k)?;
+    let cfg = AutoencoderTraining { epochs, lr: args.ae_lr, seed: args.seed, ..Default::default() };
+    let cache = args.out.join(format!("magnet-{arch:?}-n{n}-e{}-lr{}-s{}.safetensors", cfg.epochs, cfg.lr, cfg.seed));
+    if cache.exists() {
+        armoury::io::load_module(&ae, &cache)?;
+        println!("MagNet auto-encoder {arch:?} loaded from {}", cache.display());
+    } else {
+        let (x, _) = set.train.batch(0..n)?;
+        let t = Instant::now();
+        let losses = train_autoencoder(&ae, &x, clf.bounds(), &cfg)?;
+        println!(
+            "trained MagNet auto-encoder {arch:?}: {} epochs on {n} images, loss {:.5} → {:.5}, {:.1} s ({:.0} images/s)",
+            cfg.epochs,
+            losses[0],
+            losses[losses.len() - 1],
+            t.elapsed().as_secs_f64(),
+            (n * cfg.epochs) as f64 / t.elapsed().as_secs_f64()
+        );
+        std::fs::create_dir_all(&args.out)?;
+        armoury::io::save_module(&ae, &cache)?;
     }
-    let detectors: Vec<Box<dyn Detector>> = vec![
-        Box::new(ErrorDetector::new(aes[0].clone(), 2)?),
-        Box::new(ErrorDetector::new(aes[1].clone(), 1)?),
-        Box::new(DivergenceDetector::new(aes[0].clone(), clf.clone(), 10.0)?),
-        Box::new(DivergenceDetector::new(aes[0].clone(), clf.clone(), 40.0)?),
-    ];
-    Ok((detectors, aes[0].clone()))
+    Ok(Autoencoder::new(Arc::new(ae), clf.bounds())?)
 }
 
-/// `magnet` (the pipeline) or one of its parts: `magnet-l2`, `magnet-l1`, `magnet-jsd10`, `magnet-jsd40`, each
-/// with the reformer.
+/// `magnet` (the pipeline of the --magnet-parts detectors with auto-encoder I as the reformer) or one part
+/// (`magnet-l2-i`, `magnet-l1-ii`, `magnet-jsd10-ii`, …), also with the reformer. A part is `l1`/`l2` (the
+/// reconstruction error) or `jsd10`/`jsd40` (the divergence at T = 10 / 40) on auto-encoder `i` or `ii`.
 fn magnet(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<MagNet> {
-    let name = args.detector.as_str();
-    let (mut parts, reformer) = magnet_parts(args, clf, set)?;
-    let pick = ["magnet-l2", "magnet-l1", "magnet-jsd10", "magnet-jsd40"].iter().position(|p| *p == name);
-    if let Some(i) = pick {
-        parts = vec![parts.swap_remove(i)];
+    let parts: Vec<String> = match args.detector.strip_prefix("magnet-") {
+        Some(one) => vec![one.to_string()],
+        None => args.magnet_parts.clone(),
+    };
+    let (mut ae1, mut ae2) = (None, None);
+    let mut detectors: Vec<Box<dyn Detector>> = Vec::new();
+    for part in &parts {
+        let (kind, which) = part.split_once('-').ok_or_else(|| format!("MagNet part '{part}': KIND-i or KIND-ii"))?;
+        let ae = match which {
+            "i" => ae1.get_or_insert(trained_autoencoder(args, clf, set, Architecture::MnistI, args.ae1)?).clone(),
+            "ii" => ae2.get_or_insert(trained_autoencoder(args, clf, set, Architecture::MnistII, args.ae2)?).clone(),
+            other => return Err(format!("MagNet part '{part}': auto-encoder '{other}' is i or ii").into()),
+        };
+        detectors.push(match kind {
+            "l1" => Box::new(ErrorDetector::new(ae, 1)?),
+            "l2" => Box::new(ErrorDetector::new(ae, 2)?),
+            "jsd10" => Box::new(DivergenceDetector::new(ae, clf.clone(), 10.0)?),
+            "jsd40" => Box::new(DivergenceDetector::new(ae, clf.clone(), 40.0)?),
+            other => return Err(format!("MagNet part '{part}': '{other}' is l1, l2, jsd10 or jsd40").into()),
+        });
     }
-    Ok(MagNet::new(parts, Some(reformer))?)
+    let reformer = match ae1 {
+        Some(a) => a,
+        None => trained_autoencoder(args, clf, set, Architecture::MnistI, args.ae1)?,
+    };
+    Ok(MagNet::new(detectors, Some(reformer))?)
 }
 
 /// Layer detectors' logistic combiners are fitted on clean and attacked training images (Ma et al., Lee et al.).
@@ -431,20 +468,33 @@ fn streams(images: &Tensor, order: &[usize], len: usize) -> Res<Vec<Tensor>> {
 fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> {
     let start = Instant::now();
     let encoder = Arc::new(TapEncoder::new(clf.clone(), "fc1_relu")?);
-    let mut d = StatefulDetector::new(encoder, 20, IndexConfig::default())?;
+    let mut d = StatefulDetector::new(encoder, args.k, IndexConfig::default())?;
     let train = set.train.images();
-    let nt = set.train.len().min(30_000);
-    let calib = streams(train, &armoury::seed::shuffled(nt, args.seed, 1), 100)?;
+    let calib = streams(train, &armoury::seed::shuffled(set.train.len(), args.seed, 1), 100)?;
     let t = Instant::now();
-    let tau = d.calibrate(&calib, 0.01)?;
+    let tau = d.calibrate(&calib, args.sim_fpr)?;
     let fit_rate = (calib.len() * 100) as f64 / t.elapsed().as_secs_f64();
     println!(
-        "similarity: threshold {tau} (mean 20-NN distance {:.3}) from {} benign streams of 100",
+        "similarity: threshold {tau} (mean {}-NN distance {:.3}) at {} of {} benign streams of 100 training images",
+        args.k,
         -tau,
+        args.sim_fpr,
         calib.len()
     );
-    // Benign streams of shuffled test images, each from an empty history.
-    let benign = streams(set.test.images(), &armoury::seed::shuffled(set.test.len(), args.seed, 2), 100)?;
+    // Benign streams of shuffled test images (a fresh shuffle for each pass over the test set), each from an
+    // empty history.
+    let mut benign = Vec::new();
+    for pass in 0.. {
+        if benign.len() >= args.benign {
+            break;
+        }
+        let order = armoury::seed::shuffled(set.test.len(), args.seed, 2 + pass);
+        benign.extend(streams(set.test.images(), &order, 100)?);
+        if benign.is_empty() {
+            return Err("fewer than 100 test images: no benign stream".into());
+        }
+    }
+    benign.truncate(args.benign.max(1));
     let mut flagged = 0;
     for s in &benign {
         d.reset();
@@ -484,7 +534,14 @@ fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()
         ("benign streams flagged", format!("{benign_rate:.4} of {}", benign.len())),
         ("calibration queries/s", format!("{fit_rate:.0}")),
         ("attack seconds", format!("{attack_seconds:.1}")),
-        ("µs/query at history 1k / 10k / 100k", format!("{:.1} / {:.1} / {:.1}", costs[0], costs[1], costs[2])),
+        (
+            "µs/query at history 1k / 10k / 100k",
+            costs.iter().map(|c| format!("{:.1}", c.micros_per_query)).collect::<Vec<_>>().join(" / "),
+        ),
+        (
+            "index recall of the 20 nearest at 1k / 10k / 100k",
+            costs.iter().map(|c| format!("{:.2}", c.recall)).collect::<Vec<_>>().join(" / "),
+        ),
         ("seconds", format!("{seconds:.1}")),
     ];
     for (k, v) in rows {
@@ -507,37 +564,10 @@ fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()
 }
 
 /// The stateful index's cost per query (score + insert of a 128-value encoding) once its history holds 1k,
-/// 10k and 100k encodings (random Gaussian ones), in µs.
-fn query_costs(seed: u64) -> Res<[f64; 3]> {
-    let dim = 128;
-    let mut rng = armoury::seed::rng(seed);
-    let mut d = StatefulDetector::new(Arc::new(TapEncoderless), 20, IndexConfig::default())?;
-    let mut out = [0.0; 3];
-    let mut filled = 0;
-    for (slot, target) in [1_000usize, 10_000, 100_000].into_iter().enumerate() {
-        while filled < target {
-            d.insert_encoding(&armoury::seed::normal_vec(&mut rng, dim))?;
-            filled += 1;
-        }
-        let probes: Vec<Vec<f32>> = (0..1000).map(|_| armoury::seed::normal_vec(&mut rng, dim)).collect();
-        let t = Instant::now();
-        let mut sink = 0.0f32;
-        for p in &probes {
-            sink += d.score_encoding(p).max(-1e9);
-            d.insert_encoding(p)?;
-        }
-        filled += probes.len();
-        out[slot] = t.elapsed().as_secs_f64() * 1e6 / probes.len() as f64;
-        std::hint::black_box(sink);
-    }
-    Ok(out)
-}
-
-/// An encoder that is never called (the cost bench inserts encodings directly).
-struct TapEncoderless;
-
-impl armoury_defenses::detectors::Encoder for TapEncoderless {
-    fn encode(&self, _x: &Tensor) -> armoury::Result<ndarray::Array2<f32>> {
-        Err(armoury::Error::invalid("bench", "no encoder"))
-    }
+/// 10k and 100k encodings (random Gaussian ones), in µs, and its recall against the exact 20 nearest
+/// (`cargo bench --bench similarity` has the same on the cnn's encodings of Fashion-MNIST).
+fn query_costs(seed: u64) -> Res<Vec<IndexMeasurement>> {
+    let history = gaussian_encodings(100_000, 128, seed);
+    let probes = gaussian_encodings(1050, 128, seed + 1);
+    Ok(measure_index(20, IndexConfig::default(), &history, &probes, &[1_000, 10_000, 100_000])?)
 }

@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use armoury::detector::{roc_auc, roc_curve, tpr_at_fpr};
 use armoury::io::load_module;
-use armoury::nn::{Conv2d, Flatten, Module, Param, Sequential, Sigmoid};
+use armoury::nn::{Conv2d, Flatten, Linear, Module, Param, ReLU, Sequential, Sigmoid};
 use armoury::{Classifier, Conv2dParams, Detector, Guarded, ModuleClassifier, Tensor};
 use armoury_defenses::detectors::{
-    autoencoder, jensen_shannon, local_intrinsic_dimensionality, protected_accuracy, spd_inverse, train_autoencoder,
-    AdaptivePgd, Architecture, Autoencoder, AutoencoderTraining, DivergenceDetector, Ensemble, ErrorDetector,
-    FeatureSqueezing, IndexConfig, Lid, Logistic, LogisticTraining, Mahalanobis, ModuleEncoder, Policy,
-    RegionClassifier, StatefulDetector, Upsample2x,
+    autoencoder, gaussian_encodings, jensen_shannon, local_intrinsic_dimensionality, measure_index, protected_accuracy,
+    spd_inverse, train_autoencoder, train_similarity_encoder, AdaptivePgd, Architecture, Autoencoder,
+    AutoencoderTraining, DivergenceDetector, Ensemble, ErrorDetector, FeatureSqueezing, IndexConfig, Lid, Logistic,
+    LogisticTraining, Mahalanobis, ModuleEncoder, Policy, RegionClassifier, SimilarityTraining, StatefulDetector,
+    Upsample2x,
 };
 use ndarray::Array2;
 
@@ -302,4 +303,84 @@ fn detectors_logistic_separates_and_adaptive_attack_is_no_weaker() {
     for (a, b) in adaptive.to_vec().iter().zip(x.to_vec()) {
         assert!((a - b).abs() <= 0.1 + 1e-6 && (0.0..=1.0).contains(a));
     }
+}
+
+#[test]
+fn detectors_similarity_index_recall_and_one_hash_per_query() {
+    // The exact search finds every true neighbour; the default index most of them on clustered encodings (ten
+    // tight clusters: a probe's 5 nearest are members of its cluster), comparing at most tables × capacity
+    // entries however long the history.
+    let clustered = |n: usize, seed: u64| {
+        let centres = gaussian_encodings(10, 16, 99).mapv(|v| 10.0 * v);
+        let jitter = gaussian_encodings(n, 16, seed).mapv(|v| 0.1 * v);
+        Array2::from_shape_fn((n, 16), |(i, j)| centres[[i % 10, j]] + jitter[[i, j]])
+    };
+    let (history, probes) = (clustered(3000, 1), clustered(80, 2));
+    let exact = measure_index(5, IndexConfig::exact(), &history, &probes, &[300]).expect("exact");
+    assert_eq!(exact[0].recall, 1.0);
+    assert_eq!(exact[0].candidates, 300.0);
+    let config = IndexConfig::default();
+    let lsh = measure_index(5, config, &history, &probes, &[300, 3000]).expect("index");
+    let cap = (config.tables * config.bucket_capacity) as f64;
+    assert!(lsh.iter().all(|m| m.candidates <= cap && m.candidates >= 5.0), "{lsh:?}");
+    assert!(lsh[0].recall > 0.5 && lsh[0].recall <= 1.0, "{lsh:?}");
+    // Structureless Gaussian encodings: the hash finds few of the true neighbours (stated, not hidden).
+    let (gh, gp) = (gaussian_encodings(3000, 16, 3), gaussian_encodings(60, 16, 4));
+    let g = measure_index(5, config, &gh, &gp, &[3000]).expect("gaussian");
+    assert!(g[0].recall < lsh[0].recall, "{g:?} vs {lsh:?}");
+    // score_and_insert is score_encoding then insert_encoding.
+    let enc = Arc::new(ModuleEncoder::new(Arc::new(Sequential::new().add("flatten", Flatten))));
+    let mut a = StatefulDetector::new(enc.clone(), 2, IndexConfig { tables: 3, bits: 3, bucket_capacity: 8, seed: 2 })
+        .expect("detector");
+    let mut b = StatefulDetector::new(enc, 2, IndexConfig { tables: 3, bits: 3, bucket_capacity: 8, seed: 2 })
+        .expect("detector");
+    let points = Tensor::uniform(&[60, 1, 1, 4], -1.0, 1.0, 5).to_vec();
+    for e in points.chunks(4) {
+        let s = a.score_and_insert(e).expect("score and insert");
+        let t = b.score_encoding(e);
+        b.insert_encoding(e).expect("insert");
+        assert_eq!(s.to_bits(), t.to_bits());
+    }
+    assert_eq!(a.history_len(), 60);
+    assert!(a.exact_neighbours(&points[..4]).contains(&0), "a stored point is its own nearest");
+}
+
+#[test]
+fn detectors_similarity_encoder_training_pulls_noisy_copies_together() {
+    let encoder = || {
+        Sequential::new()
+            .add("flatten", Flatten)
+            .add("fc1", Linear::new(784, 64, true, 3))
+            .add("relu", ReLU)
+            .add("fc2", Linear::new(64, 16, true, 4))
+    };
+    let trained: Arc<dyn Module> = Arc::new(encoder());
+    let untrained: Arc<dyn Module> = Arc::new(encoder());
+    let (train, _) = test_images(0..600);
+    let cfg = SimilarityTraining { epochs: 4, batch_size: 64, noise: 0.1, margin: 10.0, ..Default::default() };
+    let losses = train_similarity_encoder(trained.as_ref(), &train, (0.0, 1.0), &cfg).expect("trains");
+    assert_eq!(losses.len(), 4);
+    assert!(losses[3] < 0.7 * losses[0], "the contrastive loss falls: {losses:?}");
+    // Held-out images: the ratio of the distance to a noisy copy over the distance to another image falls well
+    // below the untrained encoder's.
+    let (held, _) = test_images(700..900);
+    let noisy = held.add(&Tensor::uniform(held.shape(), -0.1, 0.1, 9)).expect("noise").clamp(0.0, 1.0);
+    let ratio = |m: &Arc<dyn Module>| {
+        let e = ModuleEncoder::new(m.clone());
+        let (f, fp) = (e_rows(&e, &held), e_rows(&e, &noisy));
+        let n = f.nrows();
+        let (mut pos, mut neg) = (0.0f64, 0.0f64);
+        for i in 0..n {
+            pos += (&f.row(i) - &fp.row(i)).mapv(|v| f64::from(v * v)).sum().sqrt();
+            neg += (&f.row(i) - &f.row((i + 1) % n)).mapv(|v| f64::from(v * v)).sum().sqrt();
+        }
+        pos / neg
+    };
+    let (r_trained, r_untrained) = (ratio(&trained), ratio(&untrained));
+    assert!(r_trained < 0.5 * r_untrained, "trained {r_trained} vs untrained {r_untrained}");
+}
+
+fn e_rows(e: &ModuleEncoder, x: &Tensor) -> Array2<f32> {
+    use armoury_defenses::detectors::Encoder;
+    e.encode(x).expect("encodes")
 }

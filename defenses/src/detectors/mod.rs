@@ -43,8 +43,8 @@ pub use magnet::{
 };
 pub use region::RegionClassifier;
 pub use similarity::{
-    train_similarity_encoder, Encoder, IndexConfig, ModuleEncoder, Monitored, SimilarityTraining, StatefulDetector,
-    TapEncoder,
+    gaussian_encodings, measure_index, train_similarity_encoder, Encoder, IndexConfig, IndexMeasurement, ModuleEncoder,
+    Monitored, SimilarityTraining, StatefulDetector, TapEncoder,
 };
 pub use squeeze::FeatureSqueezing;
 

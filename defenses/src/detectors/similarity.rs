@@ -174,7 +174,7 @@ pub struct IndexConfig {
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { tables: 8, bits: 10, bucket_capacity: 64, seed: 0 }
+        IndexConfig { tables: 8, bits: 6, bucket_capacity: 32, seed: 0 }
     }
 }
 
@@ -201,7 +201,7 @@ pub struct StatefulDetector {
     stream_len: usize,
     clear_on_detect: bool,
     planes: Vec<f32>,
-    center: Option<Vec<f32>>,
+    offsets: Option<Vec<f32>>,
     dim: usize,
     store: Vec<f32>,
     buckets: Vec<HashMap<u64, VecDeque<u32>>>,
@@ -226,7 +226,7 @@ impl StatefulDetector {
             stream_len: 100,
             clear_on_detect: true,
             planes: Vec::new(),
-            center: None,
+            offsets: None,
             dim: 0,
             store: Vec::new(),
             buckets: vec![HashMap::new(); config.tables],
@@ -303,18 +303,28 @@ impl StatefulDetector {
         Ok(())
     }
 
-    fn hash(&self, table: usize, e: &[f32]) -> u64 {
+    /// Centres the hyperplanes on `center` (an encoding; [`StatefulDetector::calibrate`] uses the benign
+    /// queries' mean), so that they split the encodings rather than all pass on one side of them.
+    pub fn set_center(&mut self, center: Vec<f32>) -> Result<()> {
+        self.prepare(center.len())?;
+        let d = self.dim;
+        self.offsets = Some(self.planes.chunks_exact(d).map(|p| dot(p, &center)).collect());
+        Ok(())
+    }
+
+    /// The bucket key of `e` in every table: one bit per hyperplane, the sign of `plane · (e − centre)`
+    /// (`plane · centre` is precomputed in `offsets`).
+    fn hashes(&self, e: &[f32]) -> Vec<u64> {
         let (b, d) = (self.config.bits, self.dim);
-        let mut h = 0u64;
-        for bit in 0..b {
-            let p = &self.planes[(table * b + bit) * d..(table * b + bit + 1) * d];
-            let dot: f32 = match &self.center {
-                Some(c) => p.iter().zip(e).zip(c).map(|((a, x), m)| a * (x - m)).sum(),
-                None => p.iter().zip(e).map(|(a, x)| a * x).sum(),
-            };
-            h = (h << 1) | u64::from(dot > 0.0);
-        }
-        h
+        (0..self.config.tables)
+            .map(|t| {
+                (0..b).fold(0u64, |h, bit| {
+                    let i = t * b + bit;
+                    let dot = dot(&self.planes[i * d..(i + 1) * d], e) - self.offsets.as_ref().map_or(0.0, |o| o[i]);
+                    (h << 1) | u64::from(dot > 0.0)
+                })
+            })
+            .collect()
     }
 
     /// The score of encoding `e` against the history (see [`StatefulDetector`]).
@@ -322,49 +332,110 @@ impl StatefulDetector {
         if e.len() != self.dim {
             return f32::NEG_INFINITY;
         }
-        let mut candidates: Vec<u32> = Vec::new();
-        for (t, table) in self.buckets.iter().enumerate() {
-            if let Some(b) = table.get(&self.hash(t, e)) {
-                candidates.extend(b.iter().copied());
-            }
+        self.score_hashed(e, &self.hashes(e))
+    }
+
+    /// The distinct history entries in the buckets `keys` (ascending ids).
+    fn candidates(&self, keys: &[u64]) -> Vec<u32> {
+        let mut c: Vec<u32> = self.buckets.iter().zip(keys).filter_map(|(t, k)| t.get(k)).flatten().copied().collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    }
+
+    /// How many distinct history entries a query with encoding `e` is compared with (at most tables × capacity).
+    pub fn candidate_count(&self, e: &[f32]) -> usize {
+        if e.len() != self.dim {
+            return 0;
         }
-        candidates.sort_unstable();
-        candidates.dedup();
+        self.candidates(&self.hashes(e)).len()
+    }
+
+    /// The score of `e` whose bucket keys are `keys`: its candidates are the entries of its buckets (at most
+    /// tables × capacity, the most recent ones), the mean of the k smallest distances among them.
+    fn score_hashed(&self, e: &[f32], keys: &[u64]) -> f32 {
+        let candidates = self.candidates(keys);
         if candidates.len() < self.k {
             return f32::NEG_INFINITY;
         }
         let d = self.dim;
         let mut dist: Vec<f32> = candidates
             .iter()
-            .map(|&i| {
-                let s = &self.store[i as usize * d..(i as usize + 1) * d];
-                s.iter().zip(e).map(|(a, b)| (a - b) * (a - b)).sum::<f32>()
-            })
+            .map(|&i| squared_distance(&self.store[i as usize * d..(i as usize + 1) * d], e))
             .collect();
         let k = self.k;
         if dist.len() > k {
             dist.select_nth_unstable_by(k - 1, f32::total_cmp);
         }
-        let mean = dist[..k].iter().map(|&q| (q as f64).sqrt()).sum::<f64>() / k as f64;
+        let mean = dist[..k].iter().map(|&q| f64::from(q.max(0.0)).sqrt()).sum::<f64>() / k as f64;
         -(mean as f32)
     }
 
     /// Adds encoding `e` to the history.
     pub fn insert_encoding(&mut self, e: &[f32]) -> Result<()> {
         self.prepare(e.len())?;
+        let keys = self.hashes(e);
+        self.insert_hashed(e, &keys)
+    }
+
+    fn insert_hashed(&mut self, e: &[f32], keys: &[u64]) -> Result<()> {
         let id = u32::try_from(self.history_len())
             .map_err(|_| Error::invalid("StatefulDetector", "history beyond 2³² queries: clear it"))?;
         self.store.extend_from_slice(e);
         let cap = self.config.bucket_capacity;
-        for t in 0..self.config.tables {
-            let h = self.hash(t, e);
-            let b = self.buckets[t].entry(h).or_default();
+        for (table, &key) in self.buckets.iter_mut().zip(keys) {
+            let b = table.entry(key).or_default();
             b.push_back(id);
             if b.len() > cap {
                 b.pop_front();
             }
         }
         Ok(())
+    }
+
+    /// Scores encoding `e` against the history, then adds it (hashing it once): what [`StatefulDetector::observe`]
+    /// does for each query, without the encoder and the detection bookkeeping.
+    pub fn score_and_insert(&mut self, e: &[f32]) -> Result<f32> {
+        self.prepare(e.len())?;
+        let keys = self.hashes(e);
+        let s = self.score_hashed(e, &keys);
+        self.insert_hashed(e, &keys)?;
+        Ok(s)
+    }
+
+    /// The k nearest entries of the history to `e` by exhaustive search (ids into the history, nearest first):
+    /// the reference against which the index's recall is measured.
+    pub fn exact_neighbours(&self, e: &[f32]) -> Vec<u32> {
+        if e.len() != self.dim {
+            return Vec::new();
+        }
+        let d = self.dim;
+        let mut all: Vec<(f32, u32)> =
+            self.store.chunks_exact(d).zip(0u32..).map(|(s, i)| (squared_distance(s, e), i)).collect();
+        let k = self.k.min(all.len());
+        if all.len() > k && k > 0 {
+            all.select_nth_unstable_by(k - 1, |a, b| a.0.total_cmp(&b.0));
+        }
+        all.truncate(k);
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        all.into_iter().map(|p| p.1).collect()
+    }
+
+    /// The k nearest entries among the index's candidates for `e` (ids, nearest first): the neighbours the
+    /// score averages over. Their overlap with [`StatefulDetector::exact_neighbours`] is the index's recall.
+    pub fn indexed_neighbours(&self, e: &[f32]) -> Vec<u32> {
+        if e.len() != self.dim {
+            return Vec::new();
+        }
+        let d = self.dim;
+        let mut all: Vec<(f32, u32)> = self
+            .candidates(&self.hashes(e))
+            .into_iter()
+            .map(|i| (squared_distance(&self.store[i as usize * d..(i as usize + 1) * d], e), i))
+            .collect();
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        all.truncate(self.k);
+        all.into_iter().map(|p| p.1).collect()
     }
 
     /// Processes the queries `x` in order: scores each against the history, adds it, and on a detection records
@@ -382,9 +453,8 @@ impl StatefulDetector {
         let mut out = Vec::with_capacity(enc.nrows());
         for row in enc.rows() {
             let e: Vec<f32> = row.iter().copied().collect();
-            let s = self.score_encoding(&e);
+            let s = self.score_and_insert(&e)?;
             let flagged = self.threshold.is_some_and(|t| s > t);
-            self.insert_encoding(&e)?;
             let index = self.queries;
             self.queries += 1;
             if flagged {
@@ -407,7 +477,7 @@ impl StatefulDetector {
         if streams.is_empty() {
             return Err(Error::invalid("StatefulDetector::calibrate", "no benign streams"));
         }
-        if self.center.is_none() {
+        if self.offsets.is_none() {
             let mut sum: Vec<f64> = Vec::new();
             let mut count = 0usize;
             for s in streams {
@@ -420,7 +490,8 @@ impl StatefulDetector {
                     count += 1;
                 }
             }
-            self.center = Some(sum.iter().map(|&s| (s / count.max(1) as f64) as f32).collect());
+            let center: Vec<f32> = sum.iter().map(|&s| (s / count.max(1) as f64) as f32).collect();
+            self.set_center(center)?;
         }
         let saved = self.threshold.take();
         let mut maxima = Vec::with_capacity(streams.len());
@@ -441,6 +512,33 @@ impl StatefulDetector {
         self.threshold = Some(t);
         Ok(t)
     }
+}
+
+/// `a · b`, in eight independent lanes so that it vectorises.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `‖a − b‖²`, in eight independent lanes.
+fn squared_distance(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| (x - y) * (x - y)).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            let t = x[l] - y[l];
+            acc[l] += t * t;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 impl Detector for StatefulDetector {
@@ -520,4 +618,87 @@ impl Classifier for Monitored {
         }
         self.inner.forward(x)
     }
+}
+
+/// The cost and recall of a [`StatefulDetector`]'s index at one history size (from [`measure_index`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IndexMeasurement {
+    /// Encodings in the history before the probes.
+    pub history: usize,
+    /// Mean wall time of one query's score and insert (hashing, candidates, distances), µs.
+    pub micros_per_query: f64,
+    /// Mean number of candidates (distinct history entries compared) per query.
+    pub candidates: f64,
+    /// Mean fraction of the exact k nearest neighbours that the index returns among its k.
+    pub recall: f64,
+}
+
+/// Measures a detector with `k` neighbours and the index `config` as its history fills with the rows of
+/// `history` (in order) up to each of `sizes` (ascending, at most its rows; the hyperplanes centred on its
+/// mean): there, the recall of the index's k nearest against the exhaustive search for the first 50 rows of
+/// `probes` (read-only), and the wall time of the remaining probes each scored and inserted in turn (so they
+/// join the history). Timings are wall time on whatever else the machine runs.
+pub fn measure_index(
+    k: usize,
+    config: IndexConfig,
+    history: &Array2<f32>,
+    probes: &Array2<f32>,
+    sizes: &[usize],
+) -> Result<Vec<IndexMeasurement>> {
+    struct Unused;
+    impl Encoder for Unused {
+        fn encode(&self, _: &Tensor) -> Result<Array2<f32>> {
+            Err(Error::invalid("measure_index", "encodings are inserted directly"))
+        }
+    }
+    let bad_sizes = sizes.windows(2).any(|w| w[0] > w[1]) || sizes.iter().any(|&s| s > history.nrows());
+    if history.ncols() == 0 || probes.ncols() != history.ncols() || probes.nrows() <= 50 || bad_sizes {
+        return Err(Error::invalid(
+            "measure_index",
+            format!("history {:?}, probes {:?} (more than 50), sizes {sizes:?}", history.dim(), probes.dim()),
+        ));
+    }
+    let mut d = StatefulDetector::new(Arc::new(Unused), k, config)?;
+    let mean = history.mean_axis(ndarray::Axis(0)).expect("non-empty");
+    d.set_center(mean.to_vec())?;
+    let (recall_probes, cost_probes) = probes.view().split_at(ndarray::Axis(0), 50);
+    let cost_probes: Vec<Vec<f32>> = cost_probes.rows().into_iter().map(|r| r.to_vec()).collect();
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut next = 0;
+    for &size in sizes {
+        while next < size {
+            d.insert_encoding(&history.row(next).to_vec())?;
+            next += 1;
+        }
+        let history_len = d.history_len();
+        let (mut recall, mut candidates) = (0.0, 0.0);
+        for e in recall_probes.rows() {
+            let e = e.to_vec();
+            let exact = d.exact_neighbours(&e);
+            let found = d.indexed_neighbours(&e);
+            recall += found.iter().filter(|i| exact.contains(i)).count() as f64 / exact.len().max(1) as f64;
+            candidates += d.candidate_count(&e) as f64;
+        }
+        let start = std::time::Instant::now();
+        let mut sink = 0.0f32;
+        for e in &cost_probes {
+            sink += d.score_and_insert(e)?.max(-1e9);
+        }
+        let micros_per_query = start.elapsed().as_secs_f64() * 1e6 / cost_probes.len() as f64;
+        std::hint::black_box(sink);
+        out.push(IndexMeasurement {
+            history: history_len,
+            micros_per_query,
+            candidates: candidates / 50.0,
+            recall: recall / 50.0,
+        });
+    }
+    Ok(out)
+}
+
+/// `n` rows of `dim` standard Gaussian values from `seed`: structureless encodings, the hardest case for the
+/// hash, for [`measure_index`].
+pub fn gaussian_encodings(n: usize, dim: usize, seed: u64) -> Array2<f32> {
+    let mut r = rng(derive(seed, 0x1d8));
+    Array2::from_shape_vec((n, dim), normal_vec(&mut r, n * dim)).expect("n × dim values")
 }
