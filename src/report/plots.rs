@@ -72,24 +72,18 @@ fn text_style(size: u32, h: HPos, v: VPos) -> TextStyle<'static> {
     TextStyle::from((FONT, size).into_font()).color(&BLACK).pos(Pos::new(h, v))
 }
 
-/// MindArmour's radar chart: one polygon per series, the first axis at the top, clockwise, rings at 0.2 … 1.
-pub(super) fn radar(r: &Radar) -> Result<Plot> {
+/// MindArmour's radar chart: one polygon per series, the first axis at the top, clockwise, rings at 0.2 … 1;
+/// `id` is the `<svg>`'s id, `title` its heading.
+pub(super) fn radar(r: &Radar, id: &str, title: &str) -> Result<Plot> {
     let names: Vec<String> = r.series.iter().map(|s| s.name.clone()).collect();
-    render("plot-radar", names, (720, 500), |root| {
+    render(id, names, (720, 500), |root| {
         let (cx, cy, rad) = (260.0, 265.0, 180.0);
         let k = r.axes.len();
         let at = |i: usize, v: f64| -> (i32, i32) {
             let a = i as f64 / k as f64 * TAU;
             ((cx + rad * v * a.sin()).round() as i32, (cy - rad * v * a.cos()).round() as i32)
         };
-        draw!(
-            root,
-            Text::new(
-                "Attack metrics (larger = stronger attack)",
-                (cx as i32, 18),
-                text_style(18, HPos::Center, VPos::Center),
-            )
-        );
+        draw!(root, Text::new(title.to_string(), (cx as i32, 18), text_style(18, HPos::Center, VPos::Center),));
         for ring in 1..=5 {
             let v = ring as f64 / 5.0;
             let mut pts: Vec<(i32, i32)> = (0..k).map(|i| at(i, v)).collect();
