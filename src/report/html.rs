@@ -44,7 +44,7 @@ pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
         h.push_str("<h2>Robust accuracy vs ε</h2>\n");
         for norm in super::norms_in(r.curves.iter().map(|c| c.norm.as_str())) {
             let curves: Vec<_> = r.curves.iter().filter(|c| c.norm == norm).collect();
-            figure(&mut h, &plots::eps_curves(&norm, &curves)?);
+            figure(&mut h, &plots::eps_curves(&norm, &curves, r.clean_accuracy)?);
         }
     }
     if !r.minimal_norms.is_empty() {

@@ -140,8 +140,9 @@ fn padded(lo: f64, hi: f64) -> (f64, f64) {
     }
 }
 
-/// Robust accuracy against ε for the curves of one norm, each with its confidence band.
-pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve]) -> Result<Plot> {
+/// Robust accuracy against ε for the curves of one norm, each with its confidence band; a curve whose grid
+/// starts above 0 starts at ε = 0 with the clean accuracy (no budget, no attack).
+pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve], clean: Interval) -> Result<Plot> {
     let names: Vec<String> = curves.iter().map(|c| c.attack.clone()).collect();
     let id = format!("plot-eps-{}", slug(norm));
     render(&id, names, (720, 440), |root| {
@@ -151,10 +152,14 @@ pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve]) -> Result<Plot> {
         let mut chart = xy_chart(root, &caption, (x0, x1), &format!("ε ({norm})"), "accuracy")?;
         for (j, c) in curves.iter().enumerate() {
             let col = colour(j);
-            let mut band: Vec<(f64, f64)> = c.eps.iter().zip(&c.accuracy).map(|(e, a)| (*e, a.lo)).collect();
-            band.extend(c.eps.iter().zip(&c.accuracy).rev().map(|(e, a)| (*e, a.hi)));
+            let mut points: Vec<(f64, Interval)> = c.eps.iter().copied().zip(c.accuracy.iter().copied()).collect();
+            if c.eps.first().is_some_and(|&e| e > 0.0) {
+                points.insert(0, (0.0, clean));
+            }
+            let mut band: Vec<(f64, f64)> = points.iter().map(|(e, a)| (*e, a.lo)).collect();
+            band.extend(points.iter().rev().map(|(e, a)| (*e, a.hi)));
             chart.draw_series(std::iter::once(Polygon::new(band, col.mix(0.2).filled()))).map_err(plot_error)?;
-            let line: Vec<(f64, f64)> = c.eps.iter().zip(&c.accuracy).map(|(e, a)| (*e, a.value)).collect();
+            let line: Vec<(f64, f64)> = points.iter().map(|(e, a)| (*e, a.value)).collect();
             chart
                 .draw_series(LineSeries::new(line.clone(), col.stroke_width(2)))
                 .map_err(plot_error)?
@@ -292,8 +297,11 @@ pub(super) fn per_attack(clean: Interval, attacks: &[AttackSummary]) -> Result<P
             .y_label_area_size(52)
             .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..1.0)
             .map_err(plot_error)?;
+        // The attack's registry name alone under its bar (the table and the legend-free SVG keep the settings).
         let label = |v: &SegmentValue<i32>| match v {
-            SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
+            SegmentValue::CenterOf(i) => {
+                names.get(*i as usize).map(|n| n.split('(').next().unwrap_or(n).to_string()).unwrap_or_default()
+            }
             _ => String::new(),
         };
         chart
