@@ -28,7 +28,7 @@ use armoury_defenses::transforms::{
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The false-positive rate detectors are fitted at.
-pub const TARGET_FPR: f32 = 0.01;
+pub const TARGET_FPR: f64 = 0.01;
 
 /// The defenses `--defense` knows, with their parameter: `bit-depth[:BITS]`, `median[:SIZE]`, `mean[:SIZE]`,
 /// `gaussian[:SIGMA]`, `jpeg[:QUALITY]`, `tv[:WEIGHT]` (random pixel dropout: EOT), `noise[:SIGMA]` (EOT).
@@ -159,7 +159,7 @@ fn detector(cx: &Context<'_>, name: &str) -> Res<Box<dyn Detector>> {
 pub fn evaluate_detector(cx: &Context<'_>, name: &str) -> Res<DetectorReport> {
     let mut d = detector(cx, name)?;
     let (fit_x, _) = cx.set.train.batch(0..cx.fit.min(cx.set.train.len() / 2))?;
-    let tau = d.fit(&fit_x, TARGET_FPR)?;
+    let tau = d.fit(&fit_x, TARGET_FPR as f32)?;
     // The rejection logit's scale: one logit per (τ − median clean score), so that the adaptive attack's loss
     // sees the detector's margin on the classifier's scale.
     let mut clean_scores = d.score(&fit_x)?;
@@ -185,7 +185,7 @@ pub fn evaluate_detector(cx: &Context<'_>, name: &str) -> Res<DetectorReport> {
     };
     Ok(DetectorReport {
         name: d.name().to_string(),
-        target_fpr: f64::from(TARGET_FPR),
+        target_fpr: TARGET_FPR,
         threshold: f64::from(tau),
         fit_samples: fit_x.shape()[0],
         clean_scored: labels.len(),

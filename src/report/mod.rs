@@ -420,7 +420,8 @@ fn defense_cells(d: &DefenseReport) -> [String; 9] {
 fn detector_cells(d: &DetectorReport) -> [String; 8] {
     let f = |v: f64| format!("{v:.4}");
     [
-        format!("{:.4} ({}% on {})", d.threshold, d.target_fpr * 100.0, d.fit_samples),
+        // Rounded: an FPR that went through f32 would print as 0.9999999776482582%.
+        format!("{:.4} ({}% on {})", d.threshold, (d.target_fpr * 1e6).round() / 1e4, d.fit_samples),
         format!("{} / {}", d.clean_scored, d.adversarial_scored),
         f(d.auc),
         f(d.tpr_at_1fpr),
