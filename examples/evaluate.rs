@@ -4,7 +4,18 @@
 //!
 //! `cargo run --release --example evaluate -- [--model cnn|mlp|FILE.safetensors|FILE.onnx] [--weights FILE]
 //! [--bounds 0,1] [--data DIR] [--threat-model FILE.json] [--eps E] [--limit N] [--shard i/n | --shards n]
-//! [--merge n] [--no-audit] [--out DIR]`
+//! [--merge n] [--no-audit] [--defense NAME[:PARAM]]… [--eot N] [--detector squeeze|lid|mahalanobis]… [--fit N]
+//! [--out DIR]`
+//!
+//! `--data sample` takes the embedded sample even when the full data set is installed. Without `--model`/`--weights` the reference cnn is trained here with the reference recipe when the full
+//! Fashion-MNIST is installed, else it starts from the shipped reference weights (tests/fixtures/cnn.safetensors).
+//!
+//! `--defense` (repeatable; bit-depth, median, mean, gaussian, jpeg, tv, noise) puts an input transformation in
+//! front of the model and attacks the defended model with the same cascade through its BPDA/EOT gradients
+//! (`--eot` draws for random ones, default 8) at the headline ε; the report adds DefenseEvaluate's metrics and
+//! their radar chart. `--detector` (repeatable) fits a detector on `--fit` clean training images (default 1000)
+//! at 1% FPR and reports its detection of the cascade's adversarial examples and the protected pipeline's
+//! accuracy, non-adaptive and under AdaptivePgd. See examples/support/protect.rs.
 //!
 //! With `--shard i/n` (or `--shards n` and Kubernetes' `JOB_COMPLETION_INDEX` = i) it runs samples
 //! [N·i/n, N·(i+1)/n) only and writes `DIR/ledger-i-of-n.json`; `--merge n` combines the n shard ledgers of DIR
@@ -19,8 +30,11 @@ mod load;
 mod model;
 #[path = "support/progress.rs"]
 mod progress;
+#[path = "support/protect.rs"]
+mod protect;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use armoury::eval::{self, AuditConfig, CascadeRun, Ledger, ThreatModel};
@@ -39,6 +53,10 @@ struct Args {
     shard: Option<(usize, usize)>,
     merge: Option<usize>,
     audit: bool,
+    defenses: Vec<String>,
+    eot: usize,
+    detectors: Vec<String>,
+    fit: usize,
     out: PathBuf,
 }
 
@@ -60,6 +78,10 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         shard: None,
         merge: None,
         audit: true,
+        defenses: Vec::new(),
+        eot: 8,
+        detectors: Vec::new(),
+        fit: 1000,
         out: PathBuf::from("out/evaluate"),
     };
     let mut p = lexopt::Parser::from_env();
@@ -89,6 +111,10 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             }
             Long("merge") => a.merge = Some(p.value()?.parse()?),
             Long("no-audit") => a.audit = false,
+            Long("defense") => a.defenses.push(p.value()?.string()?.to_lowercase()),
+            Long("eot") => a.eot = p.value()?.parse()?,
+            Long("detector") => a.detectors.push(p.value()?.string()?.to_lowercase()),
+            Long("fit") => a.fit = p.value()?.parse()?,
             Long("out") => a.out = p.value()?.into(),
             _ => return Err(arg.unexpected().into()),
         }
@@ -107,6 +133,25 @@ fn ledger_path(out: &std::path::Path, shard: Option<(usize, usize)>) -> PathBuf 
     }
 }
 
+/// The progress bar of one cascade, and its callback.
+fn bar() -> Result<ProgressBar, Box<dyn std::error::Error>> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} steps ({elapsed}, eta {eta}) {msg}")?);
+    Ok(bar)
+}
+
+/// The weights to load: `--weights` when given; for a reference model without them, none (trained here with
+/// the reference recipe) when the full data set is loaded, else the shipped reference weights — three epochs
+/// on the 2,000-image sample give a much weaker model than the reference one.
+fn weights(args: &Args, set: &armoury::data::TrainTest) -> Option<PathBuf> {
+    if args.weights.is_some() {
+        return args.weights.clone();
+    }
+    let model::ModelChoice::Reference(r) = &args.model else { return None };
+    let fixture = PathBuf::from(format!("tests/fixtures/{}.safetensors", r.name()));
+    (set.train.len() < 60_000 && fixture.exists()).then_some(fixture)
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let args = parse()?;
@@ -118,55 +163,22 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         tm.eps = vec![e];
         tm.check()?;
     }
-    let set = model::load_data(args.data.as_deref())?;
+    // `--data sample`: the embedded sample even when the full data set is installed.
+    let set = match args.data.as_deref() {
+        Some(d) if d == std::path::Path::new("sample") => armoury::data::sample()?,
+        d => model::load_data(d)?,
+    };
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = load::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, tm.seed)?;
-    let model_name = match &args.weights {
+    let weights = weights(&args, &set);
+    let (_, clf) = load::load_model(&args.model, weights.as_deref(), args.bounds, &set, tm.seed)?;
+    let model_name = match &weights {
         Some(w) => format!("{} ({})", args.model.name(), w.display()),
         None => format!("{} (trained here)", args.model.name()),
     };
     let n = args.limit.min(set.test.len());
     std::fs::create_dir_all(&args.out)?;
     println!("threat model {} ({}), {} samples", tm.name, &tm.hash()[..12], n);
-    let ledger = match args.merge {
-        Some(k) => {
-            let shards =
-                (0..k).map(|i| Ledger::load(&ledger_path(&args.out, Some((i, k))))).collect::<Result<_, _>>()?;
-            let merged = eval::merge(&tm, shards)?;
-            merged.save(&ledger_path(&args.out, None))?;
-            merged
-        }
-        None => {
-            let range = match args.shard {
-                Some((i, k)) => eval::shard_range(n, i, k)?,
-                None => (0, n),
-            };
-            let bar = ProgressBar::new(0);
-            bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} steps ({elapsed}, eta {eta})")?);
-            let progress = |done: usize, total: usize| {
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            };
-            let run = CascadeRun {
-                threat: &tm,
-                build: &from_spec,
-                model_name: model_name.clone(),
-                range,
-                total_samples: n,
-                chunk: tm.batch_size,
-                state: Some(ledger_path(&args.out, args.shard)),
-                max_steps: None,
-                progress: Some(&progress),
-            };
-            let l = eval::run_cascade(&clf, &set.test, &run)?;
-            bar.finish_and_clear();
-            if args.shard.is_some() {
-                println!("shard {:?}: ledger {}", range, ledger_path(&args.out, args.shard).display());
-                return Ok(());
-            }
-            l
-        }
-    };
+    let Some(ledger) = cascade(&args, &tm, &clf, &set, model_name, n)? else { return Ok(()) };
     let summary = eval::summarise(&tm, &ledger, clf.num_classes());
     let verdicts = if args.audit {
         let (x, y) = set.test.batch(0..n.min(200))?;
@@ -175,19 +187,126 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         Vec::new()
     };
-    let report = eval::to_report(&clf, &set.test, &tm, &ledger, &summary, verdicts.clone())?;
+    let mut report = eval::to_report(&clf, &set.test, &tm, &ledger, &summary, verdicts)?;
+    let clf: Arc<dyn Classifier> = Arc::new(clf);
+    protect(&args, &tm, &clf, &set, &ledger, &mut report)?;
     let files = armoury::report::write(&report, &args.out)?;
     armoury::io::write_atomic(&args.out.join("threat-model.json"), serde_json::to_string_pretty(&tm)?.as_bytes())?;
-    print_and_save(&tm, &summary, &verdicts, &files.html, start.elapsed().as_secs_f64())
+    print_and_save(&tm, &summary, &report, &files.html, start.elapsed().as_secs_f64())
+}
+
+/// The undefended cascade (or the merge of its shards); `None` after a shard, which only writes its ledger.
+fn cascade(
+    args: &Args,
+    tm: &ThreatModel,
+    clf: &dyn Classifier,
+    set: &armoury::data::TrainTest,
+    model_name: String,
+    n: usize,
+) -> Result<Option<Ledger>, Box<dyn std::error::Error>> {
+    if let Some(k) = args.merge {
+        let shards = (0..k).map(|i| Ledger::load(&ledger_path(&args.out, Some((i, k))))).collect::<Result<_, _>>()?;
+        let merged = eval::merge(tm, shards)?;
+        merged.save(&ledger_path(&args.out, None))?;
+        return Ok(Some(merged));
+    }
+    let range = match args.shard {
+        Some((i, k)) => eval::shard_range(n, i, k)?,
+        None => (0, n),
+    };
+    let bar = bar()?;
+    let progress = |done: usize, total: usize| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
+    let run = CascadeRun {
+        threat: tm,
+        build: &from_spec,
+        model_name,
+        range,
+        total_samples: n,
+        chunk: tm.batch_size,
+        state: Some(ledger_path(&args.out, args.shard)),
+        max_steps: None,
+        progress: Some(&progress),
+    };
+    let l = eval::run_cascade(clf, &set.test, &run)?;
+    bar.finish_and_clear();
+    if args.shard.is_some() {
+        println!("shard {:?}: ledger {}", range, ledger_path(&args.out, args.shard).display());
+        return Ok(None);
+    }
+    Ok(Some(l))
+}
+
+/// The defenses and detectors of the command line, added to the report.
+fn protect(
+    args: &Args,
+    tm: &ThreatModel,
+    clf: &Arc<dyn Classifier>,
+    set: &armoury::data::TrainTest,
+    ledger: &Ledger,
+    report: &mut armoury::report::Report,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let bar = bar()?;
+    let progress = |done: usize, total: usize| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
+    let cx = protect::Context {
+        model: clf,
+        set,
+        threat: tm,
+        ledger,
+        out: &args.out,
+        eot: args.eot,
+        fit: args.fit,
+        progress: &progress,
+    };
+    for (k, spec) in args.defenses.iter().enumerate() {
+        let t = Instant::now();
+        bar.set_message(format!("defense {spec}"));
+        let d = protect::evaluate_defense(&cx, k, spec)?;
+        bar.finish_and_clear();
+        println!(
+            "defense {}: clean {:.4}, robust {:.4} (adaptive cascade at ε = {}), transfer {:.4}; {:.1} s",
+            d.name,
+            d.clean_accuracy.value,
+            d.robust_accuracy.value,
+            d.eps,
+            d.transfer_accuracy.value,
+            t.elapsed().as_secs_f64()
+        );
+        report.defenses.push(d);
+    }
+    for name in &args.detectors {
+        let t = Instant::now();
+        let d = protect::evaluate_detector(&cx, name)?;
+        println!(
+            "detector {}: AUC {:.4}, TPR@1% {:.4}, TPR@5% {:.4}; protected clean {:.4}, robust {:.4} (non-adaptive), \
+             {} (adaptive); {:.1} s",
+            d.name,
+            d.auc,
+            d.tpr_at_1fpr,
+            d.tpr_at_5fpr,
+            d.protected_clean_accuracy,
+            d.protected_robust_non_adaptive,
+            d.protected_robust_adaptive.map_or("not run".into(), |v| format!("{v:.4}")),
+            t.elapsed().as_secs_f64()
+        );
+        report.detectors.push(d);
+    }
+    Ok(())
 }
 
 fn print_and_save(
     tm: &ThreatModel,
     s: &eval::Summary,
-    verdicts: &[eval::Verdict],
+    r: &armoury::report::Report,
     report: &std::path::Path,
     seconds: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let verdicts = &r.audit;
     let eps = *tm.eps.last().unwrap_or(&0.0);
     let mut md = format!(
         "# Robustness of {}\n\nthreat model `{}` (sha256 {}), ε = {eps} ({}), {} samples\n\n| after | robust accuracy | \
@@ -217,7 +336,23 @@ fn print_and_save(
         .collect();
     let audit: serde_json::Map<String, serde_json::Value> =
         verdicts.iter().map(|v| (v.check.clone(), (if v.pass { "pass" } else { "fail" }).into())).collect();
-    let line = serde_json::json!({
+    let defenses: serde_json::Map<String, serde_json::Value> =
+        r.defenses.iter().map(|d| (d.name.clone(), round(d.robust_accuracy.value).into())).collect();
+    let detectors: serde_json::Map<String, serde_json::Value> = r
+        .detectors
+        .iter()
+        .map(|d| {
+            let v = serde_json::json!({
+                "auc": round(d.auc),
+                "tpr_at_1fpr": round(d.tpr_at_1fpr),
+                "tpr_at_5fpr": round(d.tpr_at_5fpr),
+                "protected_clean_accuracy": round(d.protected_clean_accuracy),
+                "protected_robust_accuracy": round(d.protected_robust_adaptive.map_or(d.protected_robust_non_adaptive, |a| a.min(d.protected_robust_non_adaptive))),
+            });
+            (d.name.clone(), v)
+        })
+        .collect();
+    let mut line = serde_json::json!({
         "example": "evaluate",
         "model": s.model,
         "clean_accuracy": round(s.clean_accuracy.value),
@@ -228,6 +363,12 @@ fn print_and_save(
         "seconds": (seconds * 100.0).round() / 100.0,
         "report": report.display().to_string(),
     });
+    if !defenses.is_empty() {
+        line["defenses"] = defenses.into();
+    }
+    if !detectors.is_empty() {
+        line["detectors"] = detectors.into();
+    }
     println!("{line}");
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use armoury::io::load_module;
 use armoury::metrics::{
     activation_sensitivity, attack_metrics, attack_metrics_of, attack_radar, black_defense_metrics, defense_metrics,
-    neuron_sensitivity, radar, ssim, ssim_batch, ssim_slices, wilson, BlackDefenseRecord, Z95,
+    defense_radar, neuron_sensitivity, radar, ssim, ssim_batch, ssim_slices, wilson, BlackDefenseRecord, Z95,
 };
 use armoury::report::RadarSeries;
 use armoury::{Attack, Classifier, Goal, Module, ModuleClassifier, Tensor};
@@ -268,7 +268,8 @@ fn attack_metrics_of_an_attack_result_agree_with_its_success_flags() {
 
 // ------------------------------------------------------------------------------------- defense metrics
 
-fn golden_probabilities() -> (Array2<f32>, Array2<f32>) {
+/// MindArmour's DefenseEvaluate test inputs (raw and defended probabilities; labels [3, 1, 0]).
+pub(crate) fn golden_probabilities() -> (Array2<f32>, Array2<f32>) {
     let raw = Array2::from_shape_vec((3, 4), vec![0.1, 0.1, 0.2, 0.6, 0.1, 0.7, 0.0, 0.2, 0.8, 0.1, 0.0, 0.1]).unwrap();
     let def = Array2::from_shape_vec((3, 4), vec![0.1, 0.1, 0.1, 0.7, 0.1, 0.6, 0.2, 0.1, 0.1, 0.2, 0.1, 0.6]).unwrap();
     (raw, def)
@@ -286,6 +287,26 @@ fn defense_metrics_match_the_golden_values() {
     // The script's values, tighter.
     close(m.ccv.unwrap(), 0.099_999_964_237_213_135, 1e-12, "CCV (script)");
     close(m.cos.unwrap(), 0.045_077_287_847_707_96, 1e-12, "COS (script)");
+}
+
+#[test]
+fn defense_radar_maps_the_golden_metrics_to_larger_is_better() {
+    let (raw, def) = golden_probabilities();
+    let golden = defense_metrics(&raw, &def, &[3, 1, 0]).unwrap();
+    // By hand from CAV −1/3, CRR 0, CSR 1/3, CCV 0.1, COS 0.045077: (1 − 1/3)/2, 0, 1 − 1/3, 0.9, 1 − COS/ln 2.
+    let r = defense_radar(&[("golden".into(), golden.clone())]).unwrap();
+    assert_eq!(r.axes.len(), 5);
+    let want = [1.0 / 3.0, 0.0, 2.0 / 3.0, 0.9, 1.0 - 0.045_077_287_847_707_96 / std::f64::consts::LN_2];
+    for (k, (got, want)) in r.series[0].values.iter().zip(want).enumerate() {
+        close(*got, want, 1e-6, &format!("axis {k}"));
+    }
+    // Without a sample both models get right, CCV's and COS's axes are 0, not NaN; a perfect defense is all 1.
+    let none = armoury::metrics::DefenseMetrics { cav: 1.0, crr: 1.0, csr: 0.0, ccv: None, cos: None };
+    let perfect = armoury::metrics::DefenseMetrics { ccv: Some(0.0), cos: Some(0.0), ..none.clone() };
+    let r = defense_radar(&[("none".into(), none), ("perfect".into(), perfect)]).unwrap();
+    assert_eq!(r.series[0].values, vec![1.0, 1.0, 1.0, 0.0, 0.0]);
+    assert_eq!(r.series[1].values, vec![1.0; 5]);
+    assert!(defense_radar(&[]).is_err());
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use armoury::metrics::{attack_metrics, wilson, Z95};
 use armoury::report::{
-    read, write, AttackSummary, ClassFlips, EpsCurve, ExampleImage, Interval, NormDistribution, Radar, RadarSeries,
-    Report, Verdict,
+    read, write, AttackSummary, ClassFlips, DefenseReport, DetectorReport, EpsCurve, ExampleImage, Interval,
+    NormDistribution, Radar, RadarSeries, Report, Verdict,
 };
 use armoury::Tensor;
 use ndarray::Array2;
@@ -26,7 +26,7 @@ fn ci(k: usize, n: usize) -> Interval {
 
 /// A report with every section filled: four cascade attacks, two L∞ curves and one L2 curve, two minimal-norm
 /// distributions, a 10-class flip matrix, attack metrics of two attacks, the audit and four example images from
-/// the embedded sample.
+/// the embedded sample, two defenses (DefenseEvaluate's metrics of the golden probabilities) and a detector.
 fn synthetic_report() -> Report {
     let n = 200;
     let mut r = Report::new("Synthetic evaluation <test>", "cnn (reference weights)", n, ci(177, n));
@@ -78,7 +78,41 @@ fn synthetic_report() -> Report {
         },
     ];
     r.examples = examples();
+    r.defenses = defenses(n);
+    r.detectors = vec![DetectorReport {
+        name: "FeatureSqueezing(BitDepth(bits=4), MedianFilter(size=3))".into(),
+        target_fpr: 0.01,
+        threshold: 0.4321,
+        fit_samples: 1000,
+        clean_scored: 200,
+        adversarial_scored: 156,
+        auc: 0.8125,
+        tpr_at_1fpr: 0.25,
+        tpr_at_5fpr: 0.5,
+        protected_clean_accuracy: 0.87,
+        protected_robust_non_adaptive: 0.6,
+        adaptive_attack: "AdaptivePgd(eps=0.1, steps=40, step=0.01, λ=1)".into(),
+        protected_robust_adaptive: Some(0.05),
+    }];
     r
+}
+
+/// A median filter and a bit-depth reduction beside the undefended model, with the golden DefenseEvaluate metrics.
+fn defenses(n: usize) -> Vec<DefenseReport> {
+    let (raw, def) = crate::metrics::golden_probabilities();
+    let golden = armoury::metrics::defense_metrics(&raw, &def, &[3, 1, 0]).unwrap();
+    let defense = |name: &str, clean: usize, robust: usize, metrics| DefenseReport {
+        name: name.into(),
+        clean_accuracy: ci(clean, n),
+        robust_accuracy: ci(robust, n),
+        eps: 0.1,
+        per_attack: Vec::new(),
+        transfer_accuracy: ci(robust + 30, n),
+        metrics,
+        metrics_inputs: "the undefended cascade's adversarial inputs".into(),
+    };
+    let mild = armoury::metrics::DefenseMetrics { cav: 0.1, crr: 0.2, csr: 0.1, ccv: Some(0.2), cos: Some(0.1) };
+    vec![defense("MedianFilter(size=3)", 170, 15, golden), defense("BitDepth(bits=3)", 175, 20, mild)]
 }
 
 fn synthetic_attack_metrics() -> Vec<(String, armoury::metrics::AttackMetrics)> {
@@ -128,13 +162,14 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// The ids of the plots the synthetic report must have, with a series each must name.
-const PLOTS: [(&str, &str); 6] = [
+const PLOTS: [(&str, &str); 7] = [
     ("plot-per-attack", "apgd-ce"),
     ("plot-eps-linf", "pgd-40"),
     ("plot-eps-l2", "pgd-l2"),
     ("plot-norms-l2", "cw-l2"),
     ("plot-class-flips", "class flips"),
     ("plot-radar", "pgd-40"),
+    ("plot-defense-radar", "MedianFilter(size=3)"),
 ];
 
 /// The `<svg …>…</svg>` element with this id in `html`.
@@ -163,6 +198,9 @@ fn write_produces_json_markdown_and_a_self_contained_page() {
         "| T-shirt/top |",
         "| unbounded ε → 0 | **FAIL** |",
         "| fgsm | 0.6250 |",
+        "| MedianFilter(size=3) | 0.1 | 0.8500 [",
+        "| -0.3333 | 0.0000 | 0.3333 | 0.1000 | 0.0451 |",
+        "| 0.4321 (1% on 1000) | 200 / 156 | 0.8125 | 0.2500 | 0.5000 | 0.8700 | 0.6000 | 0.0500 |",
     ] {
         assert!(md.contains(needle), "report.md lacks {needle:?}:\n{md}");
     }
@@ -192,6 +230,16 @@ fn write_produces_json_markdown_and_a_self_contained_page() {
         ["MR", "ACAC", "1 − ACTC", "ASS", "NTE"].iter().all(|a| radar.contains(&format!("{a}\n</text>"))),
         "radar axes"
     );
+    // The defenses' radar: DefenseEvaluate's five axes, larger = better, both defenses drawn.
+    let radar = svg_element(&html, "plot-defense-radar");
+    assert!(
+        ["(1 + CAV) / 2", "CRR", "1 − CSR", "1 − CCV", "1 − COS / ln 2"]
+            .iter()
+            .all(|a| radar.contains(&format!("{a}\n</text>"))),
+        "defense radar axes"
+    );
+    assert!(radar.contains("BitDepth(bits=3)") && radar.matches("<polygon").count() >= 2, "both defenses drawn");
+    assert!(html.contains("<table id=\"defenses\">") && html.contains("<table id=\"detectors\">"));
 }
 
 #[test]
@@ -222,6 +270,12 @@ fn write_rejects_inconsistent_reports_naming_the_field() {
         series: vec![RadarSeries { name: "s".into(), values: vec![0.1, 2.0, 0.3] }],
     });
     assert!(err(&r).contains("not in [0, 1]"));
+    let mut r = synthetic_report();
+    r.defenses[1].transfer_accuracy = Interval { value: 0.5, lo: 0.6, hi: 0.7 };
+    assert!(err(&r).contains("defenses[1].transfer_accuracy"), "{}", err(&r));
+    let mut r = synthetic_report();
+    r.detectors[0].auc = f64::NAN;
+    assert!(err(&r).contains("detectors[0]"));
     // Nothing was written by the failed calls.
     assert!(!dir.join("report.json").exists());
     // A minimal report (headline figures only) is fine: no plots, no grid.

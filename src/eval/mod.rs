@@ -19,6 +19,6 @@ pub mod threat;
 
 pub use audit::{audit, AuditConfig, Verdict};
 pub use cascade::{merge, run_cascade, shard_range, AttackWork, Break, Builder, CascadeRun, Ledger, SampleRecord};
-pub use report::to_report;
+pub use report::{attack_summaries, to_report, worst_case_inputs};
 pub use summary::{proportion, summarise, AttackLine, Summary};
 pub use threat::{AttackSpec, ThreatModel};

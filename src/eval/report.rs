@@ -27,18 +27,7 @@ pub fn to_report(
 ) -> Result<Report> {
     let last = tm.eps.len() - 1;
     let label = |j: usize| s.per_attack[j].attack.clone();
-    let per_attack = s
-        .per_attack
-        .iter()
-        .map(|a| AttackSummary {
-            attack: a.attack.clone(),
-            robust_accuracy_after: a.robust_after[last],
-            broken: a.broken,
-            mean_gradients: a.mean_gradients,
-            mean_queries: a.mean_queries,
-            seconds: a.seconds,
-        })
-        .collect();
+    let per_attack = attack_summaries(s, last);
     let curves = s
         .per_attack
         .iter()
@@ -90,7 +79,47 @@ pub fn to_report(
         radar,
         audit,
         examples,
+        defenses: Vec::new(),
+        defense_radar: None,
+        detectors: Vec::new(),
     })
+}
+
+/// Each attack of the summary's cascade at ε number `eps_index`: robust accuracy after it with its interval,
+/// samples broken, cost.
+pub fn attack_summaries(s: &Summary, eps_index: usize) -> Vec<AttackSummary> {
+    s.per_attack
+        .iter()
+        .map(|a| AttackSummary {
+            attack: a.attack.clone(),
+            robust_accuracy_after: a.robust_after[eps_index.min(a.robust_after.len().saturating_sub(1))],
+            broken: a.broken,
+            mean_gradients: a.mean_gradients,
+            mean_queries: a.mean_queries,
+            seconds: a.seconds,
+        })
+        .collect()
+}
+
+/// The cascade's worst-case input per sample of a ledger, in ledger order: its adversarial example when the
+/// cascade broke it (at any ε), else the clean image; with the labels and which samples were broken. What a
+/// defense or detector is evaluated on non-adaptively.
+///
+/// Errors: a record whose index is not in `data`, an adversarial example of another size.
+pub fn worst_case_inputs(ledger: &Ledger, data: &Dataset) -> Result<(Tensor, Vec<usize>, Vec<bool>)> {
+    let [c, h, w] = data.image_shape();
+    let mut values = Vec::with_capacity(ledger.records.len() * c * h * w);
+    let (mut labels, mut broken) = (Vec::new(), Vec::new());
+    for r in &ledger.records {
+        let clean = data.image(r.index).ok_or_else(|| {
+            crate::Error::invalid("worst_case_inputs", format!("sample {} is not in the data", r.index))
+        })?;
+        let adv = r.broken.as_ref().and(r.adversarial.as_deref());
+        values.extend_from_slice(adv.unwrap_or(clean));
+        labels.push(r.label);
+        broken.push(adv.is_some());
+    }
+    Ok((Tensor::from_vec(values, &[labels.len(), c, h, w])?, labels, broken))
 }
 
 /// MindArmour's attack metrics of the cascade after each attack, at the headline ε: over the correctly

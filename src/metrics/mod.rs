@@ -25,7 +25,7 @@ pub use self::defense::{
     black_defense_metrics, defense_metrics, BlackDefenseMetrics, BlackDefenseRecord, DefenseMetrics,
 };
 pub use self::neuron::{activation_sensitivity, neuron_sensitivity, LayerSensitivity};
-pub use self::radar::{attack_radar, radar};
+pub use self::radar::{attack_radar, defense_radar, radar};
 pub use self::ssim::{ssim, ssim_batch, ssim_slices, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW};
 pub use crate::report::Interval;
 

@@ -1,7 +1,8 @@
 //! The radar chart's data (MindArmour's `RadarMetric`): several normalised metrics per series, one axis each.
-//! MindArmour only shows the chart on screen; here it is data, drawn into the report by [`crate::report`].
+//! MindArmour only shows the chart on screen; here it is data, drawn into the report by [`crate::report`]:
+//! [`attack_radar`] for the cascade's attacks, [`defense_radar`] for defenses (DefenseEvaluate's metrics).
 
-use super::AttackMetrics;
+use super::{AttackMetrics, DefenseMetrics};
 use crate::report::{Radar, RadarSeries};
 use crate::{Error, Result};
 
@@ -51,6 +52,34 @@ pub fn attack_radar(attacks: &[(String, AttackMetrics)]) -> Result<Radar> {
                 values.push(m.avg_ssim.unwrap_or(0.0));
             }
             values.push(m.nte);
+            RadarSeries { name: name.clone(), values: values.into_iter().map(|v| v.clamp(0.0, 1.0)).collect() }
+        })
+        .collect();
+    radar(axes, series)
+}
+
+/// The radar chart of defenses' [`DefenseMetrics`] (MindArmour's `RadarMetric` over `DefenseEvaluate`), every
+/// axis mapped to [0, 1] with larger meaning a better defense: (1 + CAV) / 2, CRR, 1 − CSR, 1 − CCV and
+/// 1 − COS / ln 2 (the Jensen–Shannon divergence in nats is at most ln 2). CCV and COS are undefined when no
+/// sample is classified correctly by both models; their axes are then 0 (nothing to show for the defense).
+///
+/// MindArmour normalises each axis over the series (`scale="norm"`: divided by the axis' maximum), which makes
+/// a single defense a regular polygon whatever its figures; the fixed mapping keeps one defense readable and
+/// several comparable.
+///
+/// Errors: no defenses.
+pub fn defense_radar(defenses: &[(String, DefenseMetrics)]) -> Result<Radar> {
+    let axes = ["(1 + CAV) / 2", "CRR", "1 − CSR", "1 − CCV", "1 − COS / ln 2"].map(String::from).to_vec();
+    let series = defenses
+        .iter()
+        .map(|(name, m)| {
+            let values = [
+                (1.0 + m.cav) / 2.0,
+                m.crr,
+                1.0 - m.csr,
+                m.ccv.map_or(0.0, |v| 1.0 - v),
+                m.cos.map_or(0.0, |v| 1.0 - v / std::f64::consts::LN_2),
+            ];
             RadarSeries { name: name.clone(), values: values.into_iter().map(|v| v.clamp(0.0, 1.0)).collect() }
         })
         .collect();

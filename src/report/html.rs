@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 
 use super::{fmt_interval, html_escape, plots, Report};
-use crate::metrics::attack_radar;
+use crate::metrics::{attack_radar, defense_radar};
 use crate::Result;
 
 const STYLE: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}\
@@ -44,7 +44,7 @@ pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
         h.push_str("<h2>Robust accuracy vs ε</h2>\n");
         for norm in super::norms_in(r.curves.iter().map(|c| c.norm.as_str())) {
             let curves: Vec<_> = r.curves.iter().filter(|c| c.norm == norm).collect();
-            figure(&mut h, &plots::eps_curves(&norm, &curves)?);
+            figure(&mut h, &plots::eps_curves(&norm, &curves, r.clean_accuracy)?);
         }
     }
     if !r.minimal_norms.is_empty() {
@@ -68,8 +68,10 @@ pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
         attack_metrics_table(&mut h, r);
     }
     if let Some(radar) = &radar {
-        figure(&mut h, &plots::radar(radar)?);
+        figure(&mut h, &plots::radar(radar, "plot-radar", "Attack metrics (larger = stronger attack)")?);
     }
+    defenses(&mut h, r)?;
+    detectors(&mut h, r);
     if !r.audit.is_empty() {
         h.push_str("<h2>Gradient-masking audit</h2>\n<table id=\"audit\"><tr><th class=\"name\">check</th><th>verdict</th><th class=\"name\">explanation</th></tr>\n");
         for v in &r.audit {
@@ -133,6 +135,58 @@ fn attack_metrics_table(h: &mut String, r: &Report) {
     for (name, m) in &r.attack_metrics {
         let cells: Vec<String> = super::metric_cells(m).iter().map(|c| format!("<td>{c}</td>")).collect();
         let _ = writeln!(h, "<tr><td class=\"name\">{}</td>{}</tr>", html_escape(name), cells.concat());
+    }
+    h.push_str("</table>\n");
+}
+
+/// The defenses' table (undefended beside each defense) and their radar chart (DefenseEvaluate's metrics).
+fn defenses(h: &mut String, r: &Report) -> Result<()> {
+    if r.defenses.is_empty() {
+        return Ok(());
+    }
+    h.push_str("<h2>Defenses</h2>\n<p>Each defense is attacked by the same cascade through its BPDA/EOT gradients \
+                (adaptive); <em>transfer</em> is the defended model on the undefended cascade's adversarial inputs.</p>\n");
+    h.push_str("<table id=\"defenses\"><tr>");
+    for (k, c) in super::DEFENSE_COLUMNS.iter().enumerate() {
+        let _ = write!(h, "<th{}>{c}</th>", if k == 0 { " class=\"name\"" } else { "" });
+    }
+    h.push_str("</tr>\n");
+    for (name, cells) in super::defense_rows(r) {
+        let cells: Vec<String> = cells.iter().map(|c| format!("<td>{c}</td>")).collect();
+        let _ = writeln!(h, "<tr><td class=\"name\">{}</td>{}</tr>", html_escape(&name), cells.concat());
+    }
+    h.push_str("</table>\n");
+    let _ = writeln!(
+        h,
+        "<p>DefenseEvaluate's metrics compare the two models on {}.</p>",
+        html_escape(&r.defenses[0].metrics_inputs)
+    );
+    let radar = match &r.defense_radar {
+        Some(radar) => radar.clone(),
+        None => {
+            let metrics: Vec<_> = r.defenses.iter().map(|d| (d.name.clone(), d.metrics.clone())).collect();
+            defense_radar(&metrics)?
+        }
+    };
+    figure(h, &plots::radar(&radar, "plot-defense-radar", "Defense metrics (larger = better defense)")?);
+    Ok(())
+}
+
+/// The detectors' table: detection against the cascade's adversarial examples and the protected pipeline.
+fn detectors(h: &mut String, r: &Report) {
+    if r.detectors.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Detectors</h2>\n<table id=\"detectors\"><tr><th class=\"name\">detector</th><th>threshold (FPR fitted)</th><th>clean / adversarial scored</th><th>ROC AUC</th><th>TPR at 1% FPR</th><th>TPR at 5% FPR</th><th>protected clean accuracy</th><th>protected robust, non-adaptive</th><th>protected robust, adaptive</th><th class=\"name\">adaptive attack</th></tr>\n");
+    for d in &r.detectors {
+        let cells: Vec<String> = super::detector_cells(d).iter().map(|c| format!("<td>{c}</td>")).collect();
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"name\">{}</td>{}<td class=\"name\">{}</td></tr>",
+            html_escape(&d.name),
+            cells.concat(),
+            html_escape(&d.adaptive_attack)
+        );
     }
     h.push_str("</table>\n");
 }

@@ -65,6 +65,7 @@ pub(super) fn summary(r: &Report) -> String {
         }
     }
     attack_metrics(&mut m, r);
+    defenses(&mut m, r);
     if let Some(f) = &r.class_flips {
         m.push_str("\n## Class flips (rows: true class, columns: adversarial prediction)\n\n| |");
         for c in &f.classes {
@@ -101,5 +102,34 @@ fn attack_metrics(m: &mut String, r: &Report) {
     m.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
     for (name, a) in &r.attack_metrics {
         let _ = writeln!(m, "| {} | {} |", cell(name), super::metric_cells(a).join(" | "));
+    }
+}
+
+fn defenses(m: &mut String, r: &Report) {
+    if !r.defenses.is_empty() {
+        m.push_str("\n## Defenses (robust accuracy: the cascade through the defense's BPDA/EOT gradients)\n\n");
+        let _ =
+            writeln!(m, "| {} |\n|{}", super::DEFENSE_COLUMNS.join(" | "), "---|".repeat(super::DEFENSE_COLUMNS.len()));
+        for (name, cells) in super::defense_rows(r) {
+            let _ = writeln!(m, "| {} | {} |", cell(&name), cells.join(" | "));
+        }
+        let _ = writeln!(
+            m,
+            "\nDefenseEvaluate's metrics compare the two models on {}.",
+            cell(&r.defenses[0].metrics_inputs)
+        );
+    }
+    if !r.detectors.is_empty() {
+        m.push_str("\n## Detectors\n\n| detector | threshold (FPR fitted) | clean / adversarial scored | ROC AUC | TPR at 1% FPR | TPR at 5% FPR | protected clean accuracy | protected robust, non-adaptive | protected robust, adaptive | adaptive attack |\n");
+        m.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+        for d in &r.detectors {
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} |",
+                cell(&d.name),
+                super::detector_cells(d).join(" | "),
+                cell(&d.adaptive_attack)
+            );
+        }
     }
 }

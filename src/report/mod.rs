@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{perturbation_image, save_png_grid, GridRow};
 use crate::io::write_atomic;
-use crate::metrics::AttackMetrics;
+use crate::metrics::{AttackMetrics, DefenseMetrics};
 use crate::{Error, Result, Tensor};
 
 /// A proportion (or any estimate) with its confidence interval, e.g. a robust accuracy with its 95% Wilson
@@ -141,6 +141,63 @@ pub struct ExampleImage {
     pub attack: String,
 }
 
+/// A defense evaluated beside the undefended model: the defended model (a transform in front of it) attacked by
+/// the cascade adaptively — through the defense's BPDA/EOT gradients — and MindArmour's `DefenseEvaluate`
+/// metrics of the defended against the undefended model on the same inputs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DefenseReport {
+    /// The defense's name with its settings, e.g. `MedianFilter(size=3)`.
+    pub name: String,
+    /// The defended model's clean accuracy.
+    pub clean_accuracy: Interval,
+    /// The defended model's robust accuracy under the adaptive cascade at `eps`.
+    pub robust_accuracy: Interval,
+    /// The budget of `robust_accuracy` and `per_attack`.
+    pub eps: f64,
+    /// The adaptive cascade on the defended model, attack by attack.
+    pub per_attack: Vec<AttackSummary>,
+    /// The defended model's accuracy on the undefended cascade's adversarial inputs (the non-adaptive attack:
+    /// adversarial examples of the bare model, passed through the defense).
+    pub transfer_accuracy: Interval,
+    /// `DefenseEvaluate`'s CAV, CRR, CSR, CCV and COS, undefended against defended on `metrics_inputs`.
+    pub metrics: DefenseMetrics,
+    /// Which inputs `metrics` compares the two models on, in words.
+    pub metrics_inputs: String,
+}
+
+/// A detector of adversarial examples fitted on clean images and evaluated against the cascade's adversarial
+/// examples, with the robust accuracy of the protected pipeline (the model that rejects what the detector flags).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DetectorReport {
+    /// The detector's name.
+    pub name: String,
+    /// The false-positive rate its threshold was fitted at, on clean training images.
+    pub target_fpr: f64,
+    /// The fitted threshold on the detector's score.
+    pub threshold: f64,
+    /// Clean training images the threshold was fitted on.
+    pub fit_samples: usize,
+    /// Clean test images scored (the negatives).
+    pub clean_scored: usize,
+    /// Adversarial examples scored (the positives): the cascade's, on the samples it broke.
+    pub adversarial_scored: usize,
+    /// Area under the ROC curve, clean against adversarial.
+    pub auc: f64,
+    /// True-positive rate at the threshold of 1% false positives on the clean test scores.
+    pub tpr_at_1fpr: f64,
+    /// The same at 5%.
+    pub tpr_at_5fpr: f64,
+    /// Clean accuracy of the protected pipeline (a rejected clean image counts as wrong).
+    pub protected_clean_accuracy: f64,
+    /// Robust accuracy of the protected pipeline on the cascade's adversarial inputs (non-adaptive: detected or
+    /// correctly classified).
+    pub protected_robust_non_adaptive: f64,
+    /// The adaptive attack on the pipeline, with its settings.
+    pub adaptive_attack: String,
+    /// Robust accuracy of the protected pipeline under the adaptive attack; `None` when it was not run.
+    pub protected_robust_adaptive: Option<f64>,
+}
+
 /// Everything an evaluation found, as plain data: what [`write()`] renders.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Report {
@@ -174,6 +231,16 @@ pub struct Report {
     pub audit: Vec<Verdict>,
     /// Example adversarial images.
     pub examples: Vec<ExampleImage>,
+    /// Defenses evaluated beside the model (may be empty).
+    #[serde(default)]
+    pub defenses: Vec<DefenseReport>,
+    /// The radar chart of the defenses' metrics ([`crate::metrics::defense_radar`]); when `None` and there are
+    /// defenses, [`write()`] derives it.
+    #[serde(default)]
+    pub defense_radar: Option<Radar>,
+    /// Detectors evaluated against the cascade's adversarial examples (may be empty).
+    #[serde(default)]
+    pub detectors: Vec<DetectorReport>,
 }
 
 impl Report {
@@ -196,6 +263,9 @@ impl Report {
             radar: None,
             audit: Vec::new(),
             examples: Vec::new(),
+            defenses: Vec::new(),
+            defense_radar: None,
+            detectors: Vec::new(),
         }
     }
 }
@@ -302,6 +372,66 @@ fn metric_cells(m: &AttackMetrics) -> [String; 9] {
     ]
 }
 
+/// The columns of the defenses' table.
+const DEFENSE_COLUMNS: [&str; 10] = [
+    "model",
+    "ε",
+    "clean accuracy",
+    "robust accuracy (adaptive)",
+    "transfer accuracy",
+    "CAV",
+    "CRR",
+    "CSR",
+    "CCV",
+    "COS",
+];
+
+/// The defenses' table: the undefended model's row (its clean and robust accuracy), then each defense's, as
+/// (name, cells after the name).
+fn defense_rows(r: &Report) -> Vec<(String, Vec<String>)> {
+    let Some(first) = r.defenses.first() else { return Vec::new() };
+    let mut undefended = vec![first.eps.to_string(), fmt_interval(&r.clean_accuracy), fmt_interval(&r.robust_accuracy)];
+    undefended.resize(DEFENSE_COLUMNS.len() - 1, String::new());
+    let mut rows = vec![("undefended".to_string(), undefended)];
+    rows.extend(r.defenses.iter().map(|d| (d.name.clone(), defense_cells(d).to_vec())));
+    rows
+}
+
+/// The cells of a defense's table row after its name: ε, clean, adaptive robust and transfer accuracy, CAV, CRR,
+/// CSR, CCV, COS (— when undefined).
+fn defense_cells(d: &DefenseReport) -> [String; 9] {
+    let f = |v: f64| format!("{v:.4}");
+    let m = &d.metrics;
+    [
+        d.eps.to_string(),
+        fmt_interval(&d.clean_accuracy),
+        fmt_interval(&d.robust_accuracy),
+        fmt_interval(&d.transfer_accuracy),
+        f(m.cav),
+        f(m.crr),
+        f(m.csr),
+        m.ccv.map_or("—".to_string(), f),
+        m.cos.map_or("—".to_string(), f),
+    ]
+}
+
+/// The cells of a detector's table row after its name: threshold (FPR), scored, AUC, TPR at 1% and 5%,
+/// protected clean, non-adaptive and adaptive robust accuracy (— when not run).
+fn detector_cells(d: &DetectorReport) -> [String; 8] {
+    let f = |v: f64| format!("{v:.4}");
+    [
+        // Rounded: an FPR that went through f32 would print as 0.9999999776482582%.
+        format!("{:.4} ({}% on {})", d.threshold, (d.target_fpr * 1e6).round() / 1e4, d.fit_samples),
+        format!("{} / {}", d.clean_scored, d.adversarial_scored),
+        f(d.auc),
+        f(d.tpr_at_1fpr),
+        f(d.tpr_at_5fpr),
+        f(d.protected_clean_accuracy),
+        f(d.protected_robust_non_adaptive),
+        d.protected_robust_adaptive.map_or("not run".to_string(), f),
+    ]
+}
+
 /// `value [lo, hi]` with 4 decimals.
 fn fmt_interval(i: &Interval) -> String {
     if i.lo == i.hi {
@@ -338,24 +468,58 @@ fn html_escape(s: &str) -> String {
     out
 }
 
+/// An interval's figures are finite and ordered; the error names `field`.
+fn check_interval(field: &dyn Fn() -> String, i: &Interval) -> Result<()> {
+    if [i.value, i.lo, i.hi].iter().all(|v| v.is_finite()) && i.lo <= i.value && i.value <= i.hi {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "report",
+            format!("{}: interval {} not finite or not within [{}, {}]", field(), i.value, i.lo, i.hi),
+        ))
+    }
+}
+
+/// The defenses' and detectors' figures are finite, their intervals ordered and their rates in [0, 1].
+fn validate_defenses(r: &Report) -> Result<()> {
+    for (k, d) in r.defenses.iter().enumerate() {
+        for (name, i) in [
+            ("clean_accuracy", &d.clean_accuracy),
+            ("robust_accuracy", &d.robust_accuracy),
+            ("transfer_accuracy", &d.transfer_accuracy),
+        ] {
+            check_interval(&|| format!("defenses[{k}].{name}"), i)?;
+        }
+        for (j, a) in d.per_attack.iter().enumerate() {
+            check_interval(&|| format!("defenses[{k}].per_attack[{j}]"), &a.robust_accuracy_after)?;
+        }
+        let m = &d.metrics;
+        let values = [d.eps, m.cav, m.crr, m.csr, m.ccv.unwrap_or(0.0), m.cos.unwrap_or(0.0)];
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(Error::invalid("report", format!("defenses[{k}].metrics: not finite")));
+        }
+    }
+    for (k, d) in r.detectors.iter().enumerate() {
+        let rates = [d.target_fpr, d.auc, d.tpr_at_1fpr, d.tpr_at_5fpr, d.protected_clean_accuracy];
+        let more = [d.protected_robust_non_adaptive, d.protected_robust_adaptive.unwrap_or(0.0)];
+        if !d.threshold.is_finite() || rates.iter().chain(&more).any(|v| !(0.0..=1.0).contains(v)) {
+            return Err(Error::invalid(
+                "report",
+                format!("detectors[{k}]: a rate outside [0, 1] or a non-finite threshold"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that every figure is finite, every interval ordered, and every length consistent.
 fn validate(r: &Report) -> Result<()> {
     let bad = |field: String, msg: &str| Err(Error::invalid("report", format!("{field}: {msg}")));
     let finite = |field: &dyn Fn() -> String, v: f64| if v.is_finite() { Ok(()) } else { bad(field(), "not finite") };
-    let interval = |field: &dyn Fn() -> String, i: &Interval| {
-        for v in [i.value, i.lo, i.hi] {
-            finite(field, v)?;
-        }
-        if i.lo <= i.value && i.value <= i.hi {
-            Ok(())
-        } else {
-            bad(field(), &format!("interval {} not within [{}, {}]", i.value, i.lo, i.hi))
-        }
-    };
-    interval(&|| "clean_accuracy".into(), &r.clean_accuracy)?;
-    interval(&|| "robust_accuracy".into(), &r.robust_accuracy)?;
+    check_interval(&|| "clean_accuracy".into(), &r.clean_accuracy)?;
+    check_interval(&|| "robust_accuracy".into(), &r.robust_accuracy)?;
     for (k, a) in r.per_attack.iter().enumerate() {
-        interval(&|| format!("per_attack[{k}].robust_accuracy_after"), &a.robust_accuracy_after)?;
+        check_interval(&|| format!("per_attack[{k}].robust_accuracy_after"), &a.robust_accuracy_after)?;
         for (name, v) in
             [("mean_gradients", a.mean_gradients), ("mean_queries", a.mean_queries), ("seconds", a.seconds)]
         {
@@ -371,7 +535,7 @@ fn validate(r: &Report) -> Result<()> {
         }
         for (j, (e, a)) in c.eps.iter().zip(&c.accuracy).enumerate() {
             finite(&|| format!("curves[{k}].eps[{j}]"), *e)?;
-            interval(&|| format!("curves[{k}].accuracy[{j}]"), a)?;
+            check_interval(&|| format!("curves[{k}].accuracy[{j}]"), a)?;
         }
     }
     for (k, d) in r.minimal_norms.iter().enumerate() {
@@ -392,9 +556,10 @@ fn validate(r: &Report) -> Result<()> {
             finite(&|| format!("attack_metrics['{name}']"), v)?;
         }
     }
-    if let Some(radar) = &r.radar {
+    for radar in r.radar.iter().chain(&r.defense_radar) {
         crate::metrics::radar(radar.axes.clone(), radar.series.clone())?;
     }
+    validate_defenses(r)?;
     for (k, e) in r.examples.iter().enumerate() {
         let [c, h, w] = e.shape;
         if !(c == 1 || c == 3) || h == 0 || w == 0 {

@@ -72,24 +72,18 @@ fn text_style(size: u32, h: HPos, v: VPos) -> TextStyle<'static> {
     TextStyle::from((FONT, size).into_font()).color(&BLACK).pos(Pos::new(h, v))
 }
 
-/// MindArmour's radar chart: one polygon per series, the first axis at the top, clockwise, rings at 0.2 … 1.
-pub(super) fn radar(r: &Radar) -> Result<Plot> {
+/// MindArmour's radar chart: one polygon per series, the first axis at the top, clockwise, rings at 0.2 … 1;
+/// `id` is the `<svg>`'s id, `title` its heading.
+pub(super) fn radar(r: &Radar, id: &str, title: &str) -> Result<Plot> {
     let names: Vec<String> = r.series.iter().map(|s| s.name.clone()).collect();
-    render("plot-radar", names, (720, 500), |root| {
+    render(id, names, (720, 500), |root| {
         let (cx, cy, rad) = (260.0, 265.0, 180.0);
         let k = r.axes.len();
         let at = |i: usize, v: f64| -> (i32, i32) {
             let a = i as f64 / k as f64 * TAU;
             ((cx + rad * v * a.sin()).round() as i32, (cy - rad * v * a.cos()).round() as i32)
         };
-        draw!(
-            root,
-            Text::new(
-                "Attack metrics (larger = stronger attack)",
-                (cx as i32, 18),
-                text_style(18, HPos::Center, VPos::Center),
-            )
-        );
+        draw!(root, Text::new(title.to_string(), (cx as i32, 18), text_style(18, HPos::Center, VPos::Center),));
         for ring in 1..=5 {
             let v = ring as f64 / 5.0;
             let mut pts: Vec<(i32, i32)> = (0..k).map(|i| at(i, v)).collect();
@@ -146,8 +140,9 @@ fn padded(lo: f64, hi: f64) -> (f64, f64) {
     }
 }
 
-/// Robust accuracy against ε for the curves of one norm, each with its confidence band.
-pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve]) -> Result<Plot> {
+/// Robust accuracy against ε for the curves of one norm, each with its confidence band; a curve whose grid
+/// starts above 0 starts at ε = 0 with the clean accuracy (no budget, no attack).
+pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve], clean: Interval) -> Result<Plot> {
     let names: Vec<String> = curves.iter().map(|c| c.attack.clone()).collect();
     let id = format!("plot-eps-{}", slug(norm));
     render(&id, names, (720, 440), |root| {
@@ -157,10 +152,14 @@ pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve]) -> Result<Plot> {
         let mut chart = xy_chart(root, &caption, (x0, x1), &format!("ε ({norm})"), "accuracy")?;
         for (j, c) in curves.iter().enumerate() {
             let col = colour(j);
-            let mut band: Vec<(f64, f64)> = c.eps.iter().zip(&c.accuracy).map(|(e, a)| (*e, a.lo)).collect();
-            band.extend(c.eps.iter().zip(&c.accuracy).rev().map(|(e, a)| (*e, a.hi)));
+            let mut points: Vec<(f64, Interval)> = c.eps.iter().copied().zip(c.accuracy.iter().copied()).collect();
+            if c.eps.first().is_some_and(|&e| e > 0.0) {
+                points.insert(0, (0.0, clean));
+            }
+            let mut band: Vec<(f64, f64)> = points.iter().map(|(e, a)| (*e, a.lo)).collect();
+            band.extend(points.iter().rev().map(|(e, a)| (*e, a.hi)));
             chart.draw_series(std::iter::once(Polygon::new(band, col.mix(0.2).filled()))).map_err(plot_error)?;
-            let line: Vec<(f64, f64)> = c.eps.iter().zip(&c.accuracy).map(|(e, a)| (*e, a.value)).collect();
+            let line: Vec<(f64, f64)> = points.iter().map(|(e, a)| (*e, a.value)).collect();
             chart
                 .draw_series(LineSeries::new(line.clone(), col.stroke_width(2)))
                 .map_err(plot_error)?
@@ -298,8 +297,11 @@ pub(super) fn per_attack(clean: Interval, attacks: &[AttackSummary]) -> Result<P
             .y_label_area_size(52)
             .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..1.0)
             .map_err(plot_error)?;
+        // The attack's registry name alone under its bar (the table and the legend-free SVG keep the settings).
         let label = |v: &SegmentValue<i32>| match v {
-            SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
+            SegmentValue::CenterOf(i) => {
+                names.get(*i as usize).map(|n| n.split('(').next().unwrap_or(n).to_string()).unwrap_or_default()
+            }
             _ => String::new(),
         };
         chart
