@@ -9,10 +9,12 @@ use crate::{Error, Result};
 /// Products with at least this many multiply-adds let the GEMM use every thread.
 const PAR_GEMM_WORK: usize = 1 << 20;
 
-/// `c = a·b` (or `c += a·b` when `accumulate`), any strides.
+/// `c = a·b` (or `c += a·b` when `accumulate`), any strides: on the packed vector kernel
+/// ([`simd::gemm_packed`](super::simd::gemm_packed)) when the CPU has one, else on the `gemm` crate.
 ///
-/// The `gemm` crate splits the output across threads but keeps each element's reduction over k in one fixed
-/// order, so the result does not depend on the thread count (tested in `tests/determinism.rs`).
+/// Either way each element's reduction over k keeps one fixed order whatever the thread count, so the result
+/// does not depend on it (tested in `tests/determinism.rs`); the vector kernel's rows also never depend on the
+/// other rows.
 pub(crate) fn gemm(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
@@ -20,6 +22,9 @@ pub(crate) fn gemm(
     accumulate: bool,
     parallel: bool,
 ) {
+    if super::simd::gemm_packed(a, b, c.view_mut(), accumulate, parallel) {
+        return;
+    }
     let (m, k) = a.dim();
     let (k2, n) = b.dim();
     assert!(k == k2 && c.dim() == (m, n), "gemm: callers check shapes");
@@ -90,10 +95,16 @@ fn invariant_rows(m: usize, k: usize, n: usize) -> usize {
 /// in (tested below and in `classifier::tests`). Small `m` is zero-padded to [`invariant_rows`].
 pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
     let ((m, k), n) = (a.dim(), b.ncols());
-    let rows = invariant_rows(m, k, n);
     if m == 0 || n == 0 {
         return Array2::zeros((m, n));
     }
+    if super::simd::accelerated() {
+        // The vector kernel is batch invariant as it is: no padding.
+        let mut c = Array2::zeros((m, n));
+        gemm(a, b, c.view_mut(), false, true);
+        return c;
+    }
+    let rows = invariant_rows(m, k, n);
     let padded = (rows != m).then(|| {
         let mut p = Array2::zeros((rows, k));
         p.slice_mut(s![..m, ..]).assign(&a);
@@ -141,17 +152,8 @@ pub(crate) fn matmul_backward(
         let g2 = g.view().into_dimensionality::<Ix2>().expect("output is a matrix");
         let a2 = av.view().into_dimensionality::<Ix2>().expect("rank checked");
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
-        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. On the vector kernel when the right operand has contiguous rows (a
-        // `Linear` layer's weight is [out, in], so G·W qualifies): each row of its product is one fixed chain
-        // of multiply-adds, so G·Bᵀ stays batch invariant without padding.
-        let ga = need[0].then(|| {
-            let mut c = Array2::zeros((g2.nrows(), b2.nrows()));
-            if super::simd::gemm_nn(g2, b2.t(), c.view_mut(), false, true) {
-                c.into_dyn()
-            } else {
-                matmul2(g2, b2.t()).into_dyn()
-            }
-        });
+        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. G·Bᵀ goes through `matmul2`, so it is batch invariant like the forward.
+        let ga = need[0].then(|| matmul2(g2, b2.t()).into_dyn());
         let gb = need[1].then(|| {
             // A reduction over the rows: batch invariance does not apply, one GEMM over everything.
             if b2.ncols() > 1 && b2.t().is_standard_layout() {
@@ -159,15 +161,11 @@ pub(crate) fn matmul_backward(
                 // the matrix's own layout, so that the transpose's backward hands the weight a standard-layout
                 // gradient without a copy (and the optimiser reads it contiguously).
                 let mut ct = Array2::zeros((g2.ncols(), a2.ncols()));
-                if !super::simd::gemm_nn(g2.t(), a2, ct.view_mut(), false, true) {
-                    gemm(g2.t(), a2, ct.view_mut(), false, true);
-                }
+                gemm(g2.t(), a2, ct.view_mut(), false, true);
                 return ct.reversed_axes().into_dyn();
             }
             let mut c = Array2::zeros((a2.ncols(), g2.ncols()));
-            if !super::simd::gemm_nn(a2.t(), g2, c.view_mut(), false, true) {
-                gemm(a2.t(), g2, c.view_mut(), false, true);
-            }
+            gemm(a2.t(), g2, c.view_mut(), false, true);
             c.into_dyn()
         });
         return Ok(vec![ga, gb]);
