@@ -1,4 +1,5 @@
-//! Matrix products on a fast f32 GEMM (the `gemm` crate), 2-D and batched, with their backward.
+//! Matrix products, 2-D and batched, with their backward: `Linear`'s forward on the packed vector kernel
+//! (`simd::gemm_packed`), the rest on the unpacked one or the `gemm` crate.
 
 use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, Ix3};
 
@@ -9,12 +10,10 @@ use crate::{Error, Result};
 /// Products with at least this many multiply-adds let the GEMM use every thread.
 const PAR_GEMM_WORK: usize = 1 << 20;
 
-/// `c = a·b` (or `c += a·b` when `accumulate`), any strides: on the packed vector kernel
-/// ([`simd::gemm_packed`](super::simd::gemm_packed)) when the CPU has one, else on the `gemm` crate.
+/// `c = a·b` (or `c += a·b` when `accumulate`), any strides.
 ///
-/// Either way each element's reduction over k keeps one fixed order whatever the thread count, so the result
-/// does not depend on it (tested in `tests/determinism.rs`); the vector kernel's rows also never depend on the
-/// other rows.
+/// The `gemm` crate splits the output across threads but keeps each element's reduction over k in one fixed
+/// order, so the result does not depend on the thread count (tested in `tests/determinism.rs`).
 pub(crate) fn gemm(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
@@ -22,9 +21,6 @@ pub(crate) fn gemm(
     accumulate: bool,
     parallel: bool,
 ) {
-    if super::simd::gemm_packed(a, b, c.view_mut(), accumulate, parallel) {
-        return;
-    }
     let (m, k) = a.dim();
     let (k2, n) = b.dim();
     assert!(k == k2 && c.dim() == (m, n), "gemm: callers check shapes");
@@ -98,10 +94,10 @@ pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
     if m == 0 || n == 0 {
         return Array2::zeros((m, n));
     }
-    if super::simd::accelerated() {
-        // The vector kernel is batch invariant as it is: no padding.
-        let mut c = Array2::zeros((m, n));
-        gemm(a, b, c.view_mut(), false, true);
+    // The packed vector kernel is batch invariant as it is (each element one multiply-add chain over k, the
+    // same as `gemm_nn`'s): no padding.
+    let mut c = Array2::zeros((m, n));
+    if super::simd::gemm_packed(a, b, c.view_mut(), false, true) {
         return c;
     }
     let rows = invariant_rows(m, k, n);
@@ -152,8 +148,17 @@ pub(crate) fn matmul_backward(
         let g2 = g.view().into_dimensionality::<Ix2>().expect("output is a matrix");
         let a2 = av.view().into_dimensionality::<Ix2>().expect("rank checked");
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
-        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. G·Bᵀ goes through `matmul2`, so it is batch invariant like the forward.
-        let ga = need[0].then(|| matmul2(g2, b2.t()).into_dyn());
+        // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. On the vector kernel when the right operand has contiguous rows (a
+        // `Linear` layer's weight is [out, in], so G·W qualifies): each row of its product is one fixed chain
+        // of multiply-adds, so G·Bᵀ stays batch invariant without padding.
+        let ga = need[0].then(|| {
+            let mut c = Array2::zeros((g2.nrows(), b2.nrows()));
+            if super::simd::gemm_nn(g2, b2.t(), c.view_mut(), false, true) {
+                c.into_dyn()
+            } else {
+                matmul2(g2, b2.t()).into_dyn()
+            }
+        });
         let gb = need[1].then(|| {
             // A reduction over the rows: batch invariance does not apply, one GEMM over everything.
             if b2.ncols() > 1 && b2.t().is_standard_layout() {
@@ -161,11 +166,15 @@ pub(crate) fn matmul_backward(
                 // the matrix's own layout, so that the transpose's backward hands the weight a standard-layout
                 // gradient without a copy (and the optimiser reads it contiguously).
                 let mut ct = Array2::zeros((g2.ncols(), a2.ncols()));
-                gemm(g2.t(), a2, ct.view_mut(), false, true);
+                if !super::simd::gemm_nn(g2.t(), a2, ct.view_mut(), false, true) {
+                    gemm(g2.t(), a2, ct.view_mut(), false, true);
+                }
                 return ct.reversed_axes().into_dyn();
             }
             let mut c = Array2::zeros((a2.ncols(), g2.ncols()));
-            gemm(a2.t(), g2, c.view_mut(), false, true);
+            if !super::simd::gemm_nn(a2.t(), g2, c.view_mut(), false, true) {
+                gemm(a2.t(), g2, c.view_mut(), false, true);
+            }
             c.into_dyn()
         });
         return Ok(vec![ga, gb]);

@@ -3,8 +3,8 @@
 //!
 //! The kernels are split by family, each file holding its entry points and its bodies:
 //! - [`gemm`]: the register-tiled product `c (+)= a·b` ([`gemm_nn`]);
-//! - [`packed`]: the same tile on packed, cache-blocked operands of any strides ([`gemm_packed`]), for `Linear`
-//!   layers and large products;
+//! - [`packed`]: the same tile with one operand packed, cache-blocked, any strides ([`gemm_packed`]), for `Linear`
+//!   layers' forward;
 //! - [`conv`]: the convolution tiles read straight from the image (forward with fused ReLU and pooling, weight
 //!   gradient, input gradient), driven by the planners in `ops::conv`;
 //! - [`layout`]: im2col, col2im and the 8×8-block transpose;

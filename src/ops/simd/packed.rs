@@ -1,9 +1,11 @@
 //! The packed, cache-blocked product `c (+)= a·b` for large operands of any strides ([`gemm_packed`]), in the
-//! manner of BLIS: `b` is packed once into slivers of one register tile's width (contiguous over the whole
-//! reduction, zero-padded), each block of [`MC`] rows of `a` is packed per [`KC`]-long piece of the reduction into
-//! slivers of 6 rows, and the register tile of [`gemm_nn`](super::gemm_nn) (6 rows × four 16-lane vectors
-//! on AVX-512, × two 8-lane vectors on AVX2) runs over packed memory only: sequential broadcasts and aligned,
-//! unmasked vector loads.
+//! manner of BLIS: the smaller side (`b`, or `aᵀ` of the transposed product) is packed once per call into slivers
+//! of one register tile's width (contiguous over the whole reduction, zero-padded); the output is computed in
+//! blocks of [`MC`] rows × the columns of a job, per [`KC`]-long piece of the reduction, by the register tile of
+//! [`gemm_nn`](super::gemm_nn) (6 rows × four 16-lane vectors on AVX-512, × two 8-lane vectors on AVX2) with
+//! unmasked vector loads from the packed slivers and broadcasts read in place from the other operand (a scalar
+//! load takes any stride, so that side needs no packing: below a `Linear` layer's width its weight is read in
+//! place, above it the weight is packed once for the whole batch).
 //!
 //! The rounding is exactly that of `gemm_nn`: each output element is one fused multiply-add chain over `k` in
 //! order, started from zero (or from `c` when accumulating); a piece of the reduction stores the chain's value
@@ -15,7 +17,7 @@ use ndarray::{ArrayView2, ArrayViewMut2};
 
 use super::{level, Level};
 
-/// Rows of `a` per packed block (a multiple of the register tile's 6 rows): the block, `MC × KC`, stays in L2.
+/// Rows of `c` per job block (a multiple of the register tile's 6 rows).
 #[cfg(target_arch = "x86_64")]
 const MC: usize = 96;
 
@@ -47,13 +49,18 @@ pub(crate) fn gemm_packed(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if n == 1 || c.strides()[1] == 1 {
+        // Pack the smaller side: with more columns than rows compute cᵀ = bᵀ·aᵀ instead (each element is the
+        // same chain, a multiply-add being symmetric), so a `Linear` layer's weight is read in place, not
+        // repacked on every call — unless the rows are too few to fill a tile's vectors.
+        let (a, b) = (a.reborrow(), b.reborrow());
+        let width = if level == Level::Avx512 { 64 } else { 16 };
+        let (a, b, mut c) =
+            if n > m && m >= width { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
+        if c.ncols() == 1 || c.strides()[1] == 1 {
             x86::gemm(level, a, b, c, accumulate, parallel);
-        } else if m == 1 || c.strides()[0] == 1 {
-            // cᵀ = bᵀ·aᵀ has contiguous rows; each element is the same chain (a multiply-add is symmetric).
-            x86::gemm(level, b.reversed_axes(), a.reversed_axes(), c.reversed_axes(), accumulate, parallel);
         } else {
-            let mut tmp = if accumulate { c.to_owned() } else { ndarray::Array2::zeros((m, n)) };
+            let mut tmp =
+                if accumulate { c.as_standard_layout().into_owned() } else { ndarray::Array2::zeros(c.dim()) };
             x86::gemm(level, a, b, tmp.view_mut(), accumulate, parallel);
             c.assign(&tmp);
         }
@@ -160,11 +167,16 @@ mod x86 {
                     }
                 }
             } else {
-                // A transposed matrix (rows of `bᵀ` contiguous): read each column of `b` in order.
-                for q in 0..cols {
-                    for p in 0..k {
-                        // SAFETY: as above.
-                        dst[p * w + q] = unsafe { *ptr.offset(p as isize + (j0 + q) as isize * cs) };
+                // A transposed matrix (rows of `bᵀ` contiguous): 16 rows at a time (one cache line of each
+                // column of `b` read, a few KB of the sliver written), so neither side leaves L1.
+                for p0 in (0..k).step_by(16) {
+                    let p1 = (p0 + 16).min(k);
+                    for q in 0..cols {
+                        let src = ptr.wrapping_offset((j0 + q) as isize * cs);
+                        for p in p0..p1 {
+                            // SAFETY: as above.
+                            dst[p * w + q] = unsafe { *src.add(p) };
+                        }
                     }
                 }
             }
@@ -177,24 +189,22 @@ mod x86 {
         unsafe fn block(&self, i: usize, mc: usize, j: usize, nc: usize) {
             let w = tile_cols(self.level);
             let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
-            let mut packed_a = vec![0.0f32; mc.div_ceil(BLOCK_M) * BLOCK_M * KC.min(self.k)];
             for p0 in (0..self.k).step_by(KC) {
                 let kc = (self.k - p0).min(KC);
-                self.pack_a(i, mc, p0, kc, &mut packed_a);
                 let load = self.accumulate || p0 > 0;
                 for jj in (j..j + nc).step_by(w) {
                     let cols = (j + nc - jj).min(w);
                     let nv = cols.div_ceil(lanes);
                     let sliver = self.packed_b.add((jj / w) * self.k * w + p0 * w);
-                    for (s, r0) in (0..mc).step_by(BLOCK_M).enumerate() {
+                    for r0 in (0..mc).step_by(BLOCK_M) {
                         let mr = (mc - r0).min(BLOCK_M);
-                        // The unpacked kernel's tile on packed memory: the rows of an `a` sliver are adjacent,
-                        // its reduction steps `BLOCK_M` apart; a `b` sliver's rows are `w` apart.
+                        // The unpacked kernel's tile with a packed `b` (its sliver's rows `w` apart); `a` is
+                        // read in place (broadcasts: any strides do).
                         let t = Tile {
                             k: kc,
-                            a: packed_a.as_ptr().add(s * BLOCK_M * kc),
-                            rsa: 1,
-                            csa: BLOCK_M as isize,
+                            a: self.a.offset((i + r0) as isize * self.rsa + p0 as isize * self.csa),
+                            rsa: self.rsa,
+                            csa: self.csa,
                             b: sliver,
                             rsb: w as isize,
                             c: self.c.offset((i + r0) as isize * self.rsc).add(jj),
@@ -203,22 +213,6 @@ mod x86 {
                             accumulate: load,
                         };
                         tile(self.level, &t, mr, nv);
-                    }
-                }
-            }
-        }
-
-        /// Rows `i..i + mc`, reduction `p0..p0 + kc` of `a` into slivers of [`BLOCK_M`] rows: `kc` groups of
-        /// [`BLOCK_M`] values (zero beyond the block's rows).
-        unsafe fn pack_a(&self, i: usize, mc: usize, p0: usize, kc: usize, dst: &mut [f32]) {
-            for (t, r0) in (0..mc).step_by(BLOCK_M).enumerate() {
-                let rows = (mc - r0).min(BLOCK_M);
-                let sliver = &mut dst[t * BLOCK_M * kc..(t + 1) * BLOCK_M * kc];
-                let base = self.a.offset((i + r0) as isize * self.rsa + p0 as isize * self.csa);
-                for (p, group) in sliver.chunks_exact_mut(BLOCK_M).enumerate() {
-                    let col = base.offset(p as isize * self.csa);
-                    for (r, d) in group.iter_mut().enumerate() {
-                        *d = if r < rows { *col.offset(r as isize * self.rsa) } else { 0.0 };
                     }
                 }
             }
