@@ -51,11 +51,9 @@ pub(crate) fn gemm_packed(
     {
         // Pack the smaller side: with more columns than rows compute cᵀ = bᵀ·aᵀ instead (each element is the
         // same chain, a multiply-add being symmetric), so a `Linear` layer's weight is read in place, not
-        // repacked on every call — unless the rows are too few to fill a tile's vectors.
+        // repacked on every call (even for the few rows of a classifier's chunk).
         let (a, b) = (a.reborrow(), b.reborrow());
-        let width = if level == Level::Avx512 { 64 } else { 16 };
-        let (a, b, mut c) =
-            if n > m && m >= width { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
+        let (a, b, mut c) = if n > m { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
         if c.ncols() == 1 || c.strides()[1] == 1 {
             x86::gemm(level, a, b, c, accumulate, parallel);
         } else {
