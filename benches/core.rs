@@ -4,6 +4,9 @@
 //! 1000, as time, images/s, GFLOP/s and the share of the machine's f32 peak measured first (a tight loop of
 //! fused multiply-adds on every thread).
 //!
+//! `--gemm` compares the products `Linear` layers run on (Armoury's packed kernel through `Tensor::matmul`, the
+//! `gemm` crate, and `matrixmultiply` through ndarray, its two halves on the two threads) on large shapes.
+//!
 //! `--export DIR` writes every model's weights and a check batch for `benches/reference/zoo.py` (PyTorch and
 //! onnxruntime on the same models and weights) and exits.
 
@@ -20,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--bench" => {}
+            "--gemm" => return gemm_compare(budget_ms),
             "--export" => {
                 let dir = args.next().ok_or("--export needs a directory")?;
                 let all = if models.is_empty() { Zoo::ALL.to_vec() } else { models };
@@ -51,5 +55,70 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows.extend(bench::zoo_rows(zoo, &batches, budget_ms)?);
     }
     bench::print_zoo(&rows, peak);
+    Ok(())
+}
+
+/// GFLOP/s of `x·Wᵀ` (`x` `[m, k]`, `W` `[n, k]`, as a `Linear` layer computes it) on Armoury's kernel, the `gemm`
+/// crate and `matrixmultiply`, each the median of the runs that fit in `budget_ms`.
+fn gemm_compare(budget_ms: f64) -> Result<(), Box<dyn std::error::Error>> {
+    use armoury::Tensor;
+    use ndarray::{s, Array2, Ix2};
+    let peak = armoury::ops::measured_peak_gflops(1.0);
+    println!("measured f32 peak {peak:?} GFLOP/s, {} threads", rayon::current_num_threads());
+    println!("{:>5} {:>5} {:>5} {:>10} {:>10} {:>15}", "m", "k", "n", "armoury", "gemm", "matrixmultiply");
+    for (m, k, n) in [(1000, 784, 256), (1000, 256, 256), (1000, 3072, 1024), (1000, 1024, 1024), (1024, 1024, 1024)] {
+        let x = Tensor::uniform(&[m, k], -1.0, 1.0, 1);
+        let w = Tensor::uniform(&[n, k], -1.0, 1.0, 2);
+        let wt = w.t()?;
+        let xa = x.to_array().into_dimensionality::<Ix2>()?;
+        let wa = w.to_array().into_dimensionality::<Ix2>()?;
+        let mut c = Array2::<f32>::zeros((m, n));
+        let flops = 2.0 * (m * k * n) as f64;
+        let ours = bench::median_ms_within(budget_ms, 1000, || {
+            std::hint::black_box(x.matmul(&wt)?);
+            Ok(())
+        })?;
+        let crate_gemm = bench::median_ms_within(budget_ms, 1000, || {
+            let (b, cv) = (wa.t(), c.view_mut());
+            // SAFETY: the views are valid for their shapes and strides; `c` is uniquely borrowed.
+            unsafe {
+                let (sa, sb, sc) = (xa.strides().to_vec(), b.strides().to_vec(), cv.strides().to_vec());
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c.as_mut_ptr(),
+                    sc[1],
+                    sc[0],
+                    false,
+                    xa.as_ptr(),
+                    sa[1],
+                    sa[0],
+                    b.as_ptr(),
+                    sb[1],
+                    sb[0],
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(0),
+                );
+            }
+            Ok(())
+        })?;
+        let mm = bench::median_ms_within(budget_ms, 1000, || {
+            let half = m / 2;
+            let (top, bottom) = c.view_mut().split_at(ndarray::Axis(0), half);
+            let (xt, xb) = (xa.slice(s![..half, ..]), xa.slice(s![half.., ..]));
+            rayon::join(
+                || ndarray::linalg::general_mat_mul(1.0, &xt, &wa.t(), 0.0, &mut { top }),
+                || ndarray::linalg::general_mat_mul(1.0, &xb, &wa.t(), 0.0, &mut { bottom }),
+            );
+            Ok(())
+        })?;
+        let rate = |ms: f64| flops / ms / 1e6;
+        println!("{m:>5} {k:>5} {n:>5} {:>10.1} {:>10.1} {:>15.1}", rate(ours), rate(crate_gemm), rate(mm));
+    }
     Ok(())
 }

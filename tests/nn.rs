@@ -100,3 +100,45 @@ fn classifier_validates_counts_and_views() {
     assert_eq!(labels.meta().1, 10);
     assert_eq!(labels.labels(&x).unwrap(), clf.predict(&x).unwrap());
 }
+
+/// Evaluation mode folds a BatchNorm into the convolution before it (and fuses the ReLU after): the same
+/// function and gradients (input, conv weight, BatchNorm scale) as the layer-by-layer computation, to rounding;
+/// training mode and a requested BatchNorm output still run unfolded.
+#[test]
+fn batch_norm_folds_into_the_conv_before_in_eval_mode() {
+    use armoury::nn::{Conv2d, ReLU};
+    use armoury::ops::Conv2dParams;
+    let p = Conv2dParams { stride: (2, 2), padding: (1, 1), ..Conv2dParams::default() };
+    for bias in [false, true] {
+        let bn = BatchNorm::new(6);
+        bn.weight.set(Tensor::uniform(&[6], 0.5, 1.5, 1).to_array()).unwrap();
+        bn.bias.set(Tensor::uniform(&[6], -0.5, 0.5, 2).to_array()).unwrap();
+        bn.running_mean.set(Tensor::uniform(&[6], -0.3, 0.3, 3).to_array()).unwrap();
+        bn.running_var.set(Tensor::uniform(&[6], 0.2, 2.0, 4).to_array()).unwrap();
+        let net = Sequential::new()
+            .add("conv", Conv2d::new(3, 6, 3, p, bias, 5).unwrap())
+            .add("bn", bn)
+            .add("relu", ReLU)
+            .add("flat", Flatten);
+        let x = Tensor::uniform(&[4, 3, 9, 9], -1.0, 1.0, 6).variable();
+        let fused = net.forward_t(&x, false).unwrap();
+        let layered = net.forward_collect(&x, false).unwrap().pop().unwrap().1;
+        let (a, b) = (fused.to_vec(), layered.to_vec());
+        assert!(a.iter().zip(&b).all(|(u, v)| (u - v).abs() <= 1e-5 * (1.0 + v.abs())), "bias {bias}");
+        assert!(a.contains(&0.0) && a.iter().any(|&v| v > 0.0), "the ReLU is active and not");
+        let params = net.named_params();
+        let w = params.iter().find(|(n, _)| n == "conv.weight").unwrap().1.tensor();
+        let g = params.iter().find(|(n, _)| n == "bn.weight").unwrap().1.tensor();
+        let grads = |y: &Tensor| {
+            let r = y.sum_all().backward_with(&[&x, &w, &g]).unwrap();
+            [&x, &w, &g].map(|t| r.get(t).unwrap().iter().copied().collect::<Vec<f32>>())
+        };
+        for (u, v) in grads(&fused).iter().zip(&grads(&layered)) {
+            assert!(u.iter().zip(v).all(|(p, q)| (p - q).abs() <= 1e-4 * (1.0 + q.abs())), "bias {bias}");
+        }
+        // Asking for the BatchNorm's output runs it on its own: its tap is the layer-by-layer value.
+        let (_, taps) = net.forward_taps(&x, false, &["bn"]).unwrap();
+        let bn_out = net.forward_collect(&x, false).unwrap()[1].1.to_vec();
+        assert_eq!(taps[0].to_vec(), bn_out);
+    }
+}

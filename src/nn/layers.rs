@@ -118,6 +118,27 @@ impl Module for Conv2d {
         Some(x.conv2d_relu_max_pool2(&self.weight.tensor(), b.as_ref(), self.params))
     }
 
+    /// W' = W·scale (per output channel), b' = b·scale + shift.
+    fn forward_folded(&self, x: &Tensor, scale: &Tensor, shift: &Tensor, relu: bool) -> Option<Result<Tensor>> {
+        let o = self.weight.shape()[0];
+        if scale.shape() != [o] || shift.shape() != [o] {
+            return None;
+        }
+        let folded = || -> Result<Tensor> {
+            let w = self.weight.tensor().mul(&scale.reshape(&[o, 1, 1, 1])?)?;
+            let b = match &self.bias {
+                Some(b) => b.tensor().mul(scale)?.add(shift)?,
+                None => shift.clone(),
+            };
+            if relu {
+                x.conv2d_relu(&w, Some(&b), self.params)
+            } else {
+                x.conv2d(&w, Some(&b), self.params)
+            }
+        };
+        Some(folded())
+    }
+
     fn mode_independent(&self) -> bool {
         true
     }
@@ -301,6 +322,16 @@ impl Module for BatchNorm {
         };
         let inv_std = var.add_scalar(self.eps).powf(-0.5);
         x.sub(&mean)?.mul(&inv_std)?.mul(&gamma)?.add(&beta)
+    }
+
+    /// scale = γ/√(running var + ε), shift = β − running mean·scale.
+    fn eval_affine(&self) -> Option<Result<(Tensor, Tensor)>> {
+        let affine = || -> Result<(Tensor, Tensor)> {
+            let scale = self.running_var.tensor().add_scalar(self.eps).powf(-0.5).mul(&self.weight.tensor())?;
+            let shift = self.bias.tensor().sub(&self.running_mean.tensor().mul(&scale)?)?;
+            Ok((scale, shift))
+        };
+        Some(affine())
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {

@@ -121,6 +121,20 @@ pub trait Module: Send + Sync {
         None
     }
 
+    /// The per-channel affine map `y = x·scale + shift` (channels on axis 1) this module computes in
+    /// evaluation mode, when it is one (BatchNorm on its running statistics): lets a container fold it into
+    /// the convolution before. The two tensors are built from the module's parameters, so gradients reach them.
+    fn eval_affine(&self) -> Option<Result<(Tensor, Tensor)>> {
+        None
+    }
+
+    /// `self.forward_t(x, false)` followed by the per-output-channel map `x·scale + shift` (and a ReLU with
+    /// `relu`), computed with the map folded into the module's weights and bias, when the module can
+    /// (`Conv2d` does): one convolution instead of a convolution and four element-wise passes.
+    fn forward_folded(&self, _x: &Tensor, _scale: &Tensor, _shift: &Tensor, _relu: bool) -> Option<Result<Tensor>> {
+        None
+    }
+
     /// Whether this module is exactly max(x, 0) (lets a container fuse it into the module before).
     fn is_relu(&self) -> bool {
         false
@@ -343,7 +357,14 @@ impl Sequential {
             let next_is_relu = through(i) && self.children.get(i + 1).is_some_and(|(_, r)| r.is_relu());
             let then_pool = self.children.get(i + 2).and_then(|(_, p)| p.max_pool()).filter(|_| through(i + 1));
             let mut step = 1;
-            if next_is_relu && then_pool == Some(crate::ops::Pool2dParams::square(2)) && deep(i + 2).is_none() {
+            if !train && through(i) && deep(i + 1).is_none() {
+                step = self.run_folded(i, &mut h, through(i + 1) && deep(i + 2).is_none())?;
+            }
+            if step == 1
+                && next_is_relu
+                && then_pool == Some(crate::ops::Pool2dParams::square(2))
+                && deep(i + 2).is_none()
+            {
                 if let Some(fused) = m.forward_relu_max_pool2(&h, train) {
                     h = fused?;
                     step = 3;
@@ -371,6 +392,26 @@ impl Sequential {
             }
         }
         Ok(Tapped { output: h, kept, nested })
+    }
+}
+
+impl Sequential {
+    /// Evaluation mode: child `i` with the affine map of child `i + 1` (BatchNorm) folded into its weights, and
+    /// the ReLU of child `i + 2` fused when `relu_ok` (nothing is asked from inside); the number of children it
+    /// ran (1: none, `h` untouched).
+    fn run_folded(&self, i: usize, h: &mut Tensor, relu_ok: bool) -> Result<usize> {
+        let Some(affine) = self.children.get(i + 1).and_then(|(_, bn)| bn.eval_affine()) else {
+            return Ok(1);
+        };
+        let (scale, shift) = affine?;
+        let relu = relu_ok && self.children.get(i + 2).is_some_and(|(_, r)| r.is_relu());
+        match self.children[i].1.forward_folded(h, &scale, &shift, relu) {
+            Some(y) => {
+                *h = y?;
+                Ok(if relu { 3 } else { 2 })
+            }
+            None => Ok(1),
+        }
     }
 }
 

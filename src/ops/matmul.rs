@@ -1,4 +1,5 @@
-//! Matrix products on a fast f32 GEMM (the `gemm` crate), 2-D and batched, with their backward.
+//! Matrix products, 2-D and batched, with their backward: `Linear`'s forward on the packed vector kernel
+//! (`simd::gemm_packed`), the rest on the unpacked one or the `gemm` crate.
 
 use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, Ix3};
 
@@ -90,10 +91,16 @@ fn invariant_rows(m: usize, k: usize, n: usize) -> usize {
 /// in (tested below and in `classifier::tests`). Small `m` is zero-padded to [`invariant_rows`].
 pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
     let ((m, k), n) = (a.dim(), b.ncols());
-    let rows = invariant_rows(m, k, n);
     if m == 0 || n == 0 {
         return Array2::zeros((m, n));
     }
+    // The packed vector kernel is batch invariant as it is (each element one multiply-add chain over k, the
+    // same as `gemm_nn`'s): no padding.
+    let mut c = Array2::zeros((m, n));
+    if super::simd::gemm_packed(a, b, c.view_mut(), false, true) {
+        return c;
+    }
+    let rows = invariant_rows(m, k, n);
     let padded = (rows != m).then(|| {
         let mut p = Array2::zeros((rows, k));
         p.slice_mut(s![..m, ..]).assign(&a);

@@ -11,7 +11,7 @@
 //! the level and the tile's rows and vectors to a body specialised for them (`tile_dispatch!`). x86-64 only: on
 //! other targets no plan is ever made.
 
-use super::isa::{ld, tile_dispatch, tile_match, Avx2, Avx512, Isa};
+use super::isa::{ld, load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
 use super::{Level, BLOCK_M};
 
 /// One register tile of a direct convolution: `R ≤ 6` output channels (rows of `a`, `rsa` apart, and of the
@@ -190,12 +190,7 @@ pub(crate) unsafe fn gather(level: Level, t: &Gather, r: usize, v: usize) {
 #[inline(always)]
 unsafe fn gather_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Gather) {
     let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
-    let mut acc = [[S::zero(); V]; R];
-    for (r, row) in acc.iter_mut().enumerate() {
-        for (v, a) in row.iter_mut().enumerate() {
-            *a = ld::<S, V, TAIL>(last, t.c.offset(r as isize * t.rsc).add(S::LANES * v), v);
-        }
-    }
+    let mut acc = load_tile::<S, R, V, TAIL>(last, t.c, t.rsc);
     let mut bp = t.b;
     for p in 0..t.k {
         let o = *t.aoff.add(p);
@@ -211,16 +206,7 @@ unsafe fn gather_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
         }
         bp = bp.offset(t.rsb);
     }
-    for (r, row) in acc.iter().enumerate() {
-        for (v, &a) in row.iter().enumerate() {
-            let p = t.c.offset(r as isize * t.rsc).add(S::LANES * v);
-            if TAIL && v + 1 == V {
-                S::store(last, p, a)
-            } else {
-                S::storeu(p, a)
-            }
-        }
-    }
+    store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
 }
 
 /// Runs the input-gradient tile kernel specialised for `r` rows and `v` vectors a group (masked or not).

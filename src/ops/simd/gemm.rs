@@ -28,13 +28,7 @@ pub(crate) fn gemm_nn(
     if level == Level::Portable {
         return false;
     }
-    if m == 0 || n == 0 {
-        return true;
-    }
-    if k == 0 {
-        if !accumulate {
-            c.fill(0.0);
-        }
+    if empty_product(k, &mut c, accumulate) {
         return true;
     }
     if n > 1 && (b.strides()[1] != 1 || c.strides()[1] != 1) {
@@ -50,6 +44,21 @@ pub(crate) fn gemm_nn(
         let _ = parallel;
         unreachable!("off x86-64 the level is always `Portable`")
     }
+}
+
+/// Finishes a product with no multiply-add to do (`c` empty, or `k == 0`: `c` is zeroed unless accumulating);
+/// `false` when there is work.
+pub(super) fn empty_product(k: usize, c: &mut ArrayViewMut2<f32>, accumulate: bool) -> bool {
+    if c.is_empty() {
+        return true;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return true;
+    }
+    false
 }
 
 /// Chains of fused multiply-adds the peak loop keeps in flight: enough independent accumulators to cover the
@@ -77,11 +86,11 @@ pub(crate) fn fma_peak(iters: usize) -> Option<(f64, f32)> {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use ndarray::{ArrayView2, ArrayViewMut2};
     use rayon::prelude::*;
 
-    use super::super::isa::{entry_points, ld, tile_dispatch, tile_match, Avx2, Avx512, Isa};
+    use super::super::isa::{entry_points, ld, load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
     use super::super::{tile_rows, Level, PAR_WORK};
 
     entry_points! {
@@ -198,21 +207,21 @@ mod x86 {
     }
 
     /// One register tile: `R ≤ 6` rows by `V` vectors of columns, the last vector holding `tail` columns.
-    struct Tile {
-        k: usize,
-        a: *const f32,
-        rsa: isize,
-        csa: isize,
-        b: *const f32,
-        rsb: isize,
-        c: *mut f32,
-        rsc: isize,
-        tail: usize,
-        accumulate: bool,
+    pub(in crate::ops::simd) struct Tile {
+        pub(in crate::ops::simd) k: usize,
+        pub(in crate::ops::simd) a: *const f32,
+        pub(in crate::ops::simd) rsa: isize,
+        pub(in crate::ops::simd) csa: isize,
+        pub(in crate::ops::simd) b: *const f32,
+        pub(in crate::ops::simd) rsb: isize,
+        pub(in crate::ops::simd) c: *mut f32,
+        pub(in crate::ops::simd) rsc: isize,
+        pub(in crate::ops::simd) tail: usize,
+        pub(in crate::ops::simd) accumulate: bool,
     }
 
     /// Runs the product tile kernel specialised for `r` rows and `v` vectors (with a partial last vector or not).
-    unsafe fn tile(level: Level, t: &Tile, r: usize, v: usize) {
+    pub(in crate::ops::simd) unsafe fn tile(level: Level, t: &Tile, r: usize, v: usize) {
         let tail = t.tail < if level == Level::Avx512 { 16 } else { 8 };
         tile_dispatch!(tile_body, Tile, level, t, r, v, tail)
     }
@@ -222,14 +231,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn tile_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Tile) {
         let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
-        let mut acc = [[S::zero(); V]; R];
-        if t.accumulate {
-            for (r, row) in acc.iter_mut().enumerate() {
-                for (v, a) in row.iter_mut().enumerate() {
-                    *a = ld::<S, V, TAIL>(last, t.c.offset(r as isize * t.rsc).add(S::LANES * v), v);
-                }
-            }
-        }
+        let mut acc = if t.accumulate { load_tile::<S, R, V, TAIL>(last, t.c, t.rsc) } else { [[S::zero(); V]; R] };
         let (mut ap, mut bp) = (t.a, t.b);
         for _ in 0..t.k {
             let mut bv = [S::zero(); V];
@@ -245,16 +247,7 @@ mod x86 {
             ap = ap.offset(t.csa);
             bp = bp.offset(t.rsb);
         }
-        for (r, row) in acc.iter().enumerate() {
-            for (v, &a) in row.iter().enumerate() {
-                let p = t.c.offset(r as isize * t.rsc).add(S::LANES * v);
-                if TAIL && v + 1 == V {
-                    S::store(last, p, a)
-                } else {
-                    S::storeu(p, a)
-                }
-            }
-        }
+        store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
     }
 }
 

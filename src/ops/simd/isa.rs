@@ -473,3 +473,39 @@ pub(super) unsafe fn ld<S: Isa, const V: usize, const TAIL: bool>(last: S::M, p:
         S::loadu(p)
     }
 }
+
+/// The `R × V` register tile of `c` at `c` (rows `rsc` apart), the last vector masked to `last` with `TAIL`.
+#[inline(always)]
+pub(super) unsafe fn load_tile<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
+    last: S::M,
+    c: *const f32,
+    rsc: isize,
+) -> [[S::V; V]; R] {
+    let mut acc = [[S::zero(); V]; R];
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (v, a) in row.iter_mut().enumerate() {
+            *a = ld::<S, V, TAIL>(last, c.offset(r as isize * rsc).add(S::LANES * v), v);
+        }
+    }
+    acc
+}
+
+/// Stores a register tile where [`load_tile`] reads it.
+#[inline(always)]
+pub(super) unsafe fn store_tile<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
+    last: S::M,
+    c: *mut f32,
+    rsc: isize,
+    acc: &[[S::V; V]; R],
+) {
+    for (r, row) in acc.iter().enumerate() {
+        for (v, &a) in row.iter().enumerate() {
+            let p = c.offset(r as isize * rsc).add(S::LANES * v);
+            if TAIL && v + 1 == V {
+                S::store(last, p, a)
+            } else {
+                S::storeu(p, a)
+            }
+        }
+    }
+}

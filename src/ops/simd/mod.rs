@@ -3,6 +3,8 @@
 //!
 //! The kernels are split by family, each file holding its entry points and its bodies:
 //! - [`gemm`]: the register-tiled product `c (+)= a·b` ([`gemm_nn`]);
+//! - [`packed`]: the same tile with one operand packed, cache-blocked, any strides ([`gemm_packed`]), for `Linear`
+//!   layers' forward;
 //! - [`conv`]: the convolution tiles read straight from the image (forward with fused ReLU and pooling, weight
 //!   gradient, input gradient), driven by the planners in `ops::conv`;
 //! - [`layout`]: im2col, col2im and the 8×8-block transpose;
@@ -21,11 +23,13 @@ mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod isa;
 mod layout;
+mod packed;
 mod pool;
 mod rows;
 
 pub(crate) use gemm::{fma_peak, gemm_nn};
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
+pub(crate) use packed::gemm_packed;
 pub(crate) use pool::{max_pool_2x2, max_pool_2x2_backward, relu_max_pool_2x2_expand};
 pub(crate) use rows::{RowSums, Term};
 
