@@ -83,6 +83,34 @@ impl Activations {
     }
 }
 
+/// The four [`Classifier`] methods a wrapper around another classifier usually passes through: the input shape,
+/// class count and bounds of the wrapped classifier in the field `$inner`, and the wrapper's own pass counters in
+/// the field `$counters`. Used inside `impl Classifier for Wrapper { … }`:
+///
+/// ```ignore
+/// impl Classifier for Wrapper {
+///     armoury::delegate_classifier!(inner, counters);
+///     fn forward(&self, x: &Tensor) -> Result<Tensor> { … }
+/// }
+/// ```
+#[macro_export]
+macro_rules! delegate_classifier {
+    ($inner:ident, $counters:ident) => {
+        fn input_shape(&self) -> &[usize] {
+            self.$inner.input_shape()
+        }
+        fn num_classes(&self) -> usize {
+            self.$inner.num_classes()
+        }
+        fn bounds(&self) -> (f32, f32) {
+            self.$inner.bounds()
+        }
+        fn counters(&self) -> &$crate::Counters {
+            &self.$counters
+        }
+    };
+}
+
 /// An image classifier with known input bounds, input shape and class count.
 ///
 /// Implementors provide [`Classifier::forward`] (differentiable logits, evaluation mode) and the metadata; the

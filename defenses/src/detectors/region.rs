@@ -149,18 +149,7 @@ fn check_radius(r: f32) -> Result<()> {
 }
 
 impl Classifier for RegionClassifier {
-    fn input_shape(&self) -> &[usize] {
-        self.inner.input_shape()
-    }
-    fn num_classes(&self) -> usize {
-        self.inner.num_classes()
-    }
-    fn bounds(&self) -> (f32, f32) {
-        self.inner.bounds()
-    }
-    fn counters(&self) -> &Counters {
-        &self.counters
-    }
+    armoury::delegate_classifier!(inner, counters);
     fn chunk_size(&self) -> Option<usize> {
         self.inner.chunk_size()
     }

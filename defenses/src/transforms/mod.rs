@@ -231,18 +231,7 @@ pub fn bpda(x: &Tensor, tx: &Tensor) -> Result<Tensor> {
 }
 
 impl Classifier for Defended {
-    fn input_shape(&self) -> &[usize] {
-        self.inner.input_shape()
-    }
-    fn num_classes(&self) -> usize {
-        self.inner.num_classes()
-    }
-    fn bounds(&self) -> (f32, f32) {
-        self.inner.bounds()
-    }
-    fn counters(&self) -> &Counters {
-        &self.counters
-    }
+    armoury::delegate_classifier!(inner, counters);
     fn chunk_size(&self) -> Option<usize> {
         self.inner.chunk_size()
     }
