@@ -27,13 +27,10 @@ use armoury_attacks::registry::{self, AttackParams};
 use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {
+    m: load::ModelFlags,
     name: String,
     params: AttackParams,
     seed: u64,
-    model: model::ModelChoice,
-    bounds: (f32, f32),
-    weights: Option<PathBuf>,
-    data: Option<PathBuf>,
     limit: usize,
     targeted: Option<String>,
     out: PathBuf,
@@ -45,10 +42,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         name: "pgd".into(),
         params: AttackParams::default(),
         seed: 0,
-        model: model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
-        bounds: (0.0, 1.0),
-        weights: None,
-        data: None,
+        m: load::ModelFlags::default(),
         limit: 1000,
         targeted: None,
         out: PathBuf::from("out"),
@@ -56,6 +50,10 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
+            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
+                let k = k.to_string();
+                a.m.take(&k, &mut p)?
+            }
             Long("attack") => a.name = p.value()?.string()?.to_lowercase(),
             Long("eps") => a.params.eps = p.value()?.parse()?,
             Long("norm") => a.params.norm = Some(p.value()?.parse()?),
@@ -65,10 +63,6 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             Long("queries") => a.params.queries = Some(p.value()?.parse()?),
             Long("seed") => a.seed = p.value()?.parse()?,
             Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
-            Long("model") => a.model = p.value()?.parse()?,
-            Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
-            Long("weights") => a.weights = Some(p.value()?.into()),
-            Long("data") => a.data = Some(p.value()?.into()),
             Long("limit") => a.limit = p.value()?.parse()?,
             Long("targeted") => a.targeted = Some(p.value()?.string()?),
             Long("out") => a.out = p.value()?.into(),
@@ -91,9 +85,9 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
-    let set = model::load_data(args.data.as_deref())?;
+    let set = model::load_data(args.m.data.as_deref())?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = load::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.seed)?;
+    let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.seed)?;
     let attack = registry::by_name(&args.name, &args.params)?;
     let n = args.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;

@@ -40,15 +40,12 @@ use armoury_defenses::detectors::{
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 struct Args {
+    m: load::ModelFlags,
     detector: String,
     attack: String,
     eps: f32,
     adaptive: bool,
     lambda: f32,
-    model: model::ModelChoice,
-    bounds: (f32, f32),
-    weights: Option<PathBuf>,
-    data: Option<PathBuf>,
     limit: usize,
     fit: usize,
     ae_lr: f32,
@@ -72,10 +69,7 @@ fn parse() -> Res<Args> {
         eps: 0.1,
         adaptive: false,
         lambda: 1.0,
-        model: model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
-        bounds: (0.0, 1.0),
-        weights: fixture.exists().then_some(fixture),
-        data: None,
+        m: load::ModelFlags { weights: fixture.exists().then_some(fixture), ..Default::default() },
         limit: 1000,
         fit: 1000,
         ae_lr: 1e-2,
@@ -92,15 +86,15 @@ fn parse() -> Res<Args> {
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
+            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
+                let k = k.to_string();
+                a.m.take(&k, &mut p)?
+            }
             Long("detector") => a.detector = p.value()?.string()?.to_lowercase(),
             Long("attack") => a.attack = p.value()?.string()?.to_lowercase(),
             Long("eps") => a.eps = p.value()?.parse()?,
             Long("adaptive") => a.adaptive = true,
             Long("lambda") => a.lambda = p.value()?.parse()?,
-            Long("model") => a.model = p.value()?.parse()?,
-            Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
-            Long("weights") => a.weights = Some(p.value()?.into()),
-            Long("data") => a.data = Some(p.value()?.into()),
             Long("limit") => a.limit = p.value()?.parse()?,
             Long("fit") => a.fit = p.value()?.parse()?,
             Long("ae-lr") => a.ae_lr = p.value()?.parse()?,
@@ -326,9 +320,9 @@ fn roc_svg(title: &str, roc: &[(f64, f64)]) -> String {
 
 fn run() -> Res<()> {
     let args = parse()?;
-    let set = model::load_data(args.data.as_deref())?;
+    let set = model::load_data(args.m.data.as_deref())?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = load::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.seed)?;
+    let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.seed)?;
     let clf: Arc<dyn Classifier> = Arc::new(clf);
     if args.detector == "similarity" {
         return similarity(&args, &clf, &set);

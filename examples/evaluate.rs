@@ -43,10 +43,7 @@ use armoury_attacks::registry::from_spec;
 use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {
-    model: model::ModelChoice,
-    weights: Option<PathBuf>,
-    bounds: (f32, f32),
-    data: Option<PathBuf>,
+    m: load::ModelFlags,
     threat: Option<PathBuf>,
     eps: Option<f64>,
     limit: usize,
@@ -68,10 +65,7 @@ fn parse_shard(s: &str) -> Result<(usize, usize), Box<dyn std::error::Error>> {
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     use lexopt::prelude::*;
     let mut a = Args {
-        model: model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
-        weights: None,
-        bounds: (0.0, 1.0),
-        data: None,
+        m: load::ModelFlags::default(),
         threat: None,
         eps: None,
         limit: 1000,
@@ -87,17 +81,10 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
-            Long("model") => {
-                let v = p.value()?.string()?;
-                if v.ends_with(".safetensors") {
-                    a.weights = Some(v.into());
-                } else {
-                    a.model = v.parse()?;
-                }
+            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
+                let k = k.to_string();
+                a.m.take(&k, &mut p)?
             }
-            Long("weights") => a.weights = Some(p.value()?.into()),
-            Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
-            Long("data") => a.data = Some(p.value()?.into()),
             Long("threat-model") => a.threat = Some(p.value()?.into()),
             Long("eps") => a.eps = Some(p.value()?.parse()?),
             Long("limit") => a.limit = p.value()?.parse()?,
@@ -144,10 +131,10 @@ fn bar() -> Result<ProgressBar, Box<dyn std::error::Error>> {
 /// the reference recipe) when the full data set is loaded, else the shipped reference weights — three epochs
 /// on the 2,000-image sample give a much weaker model than the reference one.
 fn weights(args: &Args, set: &armoury::data::TrainTest) -> Option<PathBuf> {
-    if args.weights.is_some() {
-        return args.weights.clone();
+    if args.m.weights.is_some() {
+        return args.m.weights.clone();
     }
-    let model::ModelChoice::Reference(r) = &args.model else { return None };
+    let model::ModelChoice::Reference(r) = &args.m.model else { return None };
     let fixture = PathBuf::from(format!("tests/fixtures/{}.safetensors", r.name()));
     (set.train.len() < 60_000 && fixture.exists()).then_some(fixture)
 }
@@ -164,16 +151,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         tm.check()?;
     }
     // `--data sample`: the embedded sample even when the full data set is installed.
-    let set = match args.data.as_deref() {
+    let set = match args.m.data.as_deref() {
         Some(d) if d == std::path::Path::new("sample") => armoury::data::sample()?,
         d => model::load_data(d)?,
     };
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
     let weights = weights(&args, &set);
-    let (_, clf) = load::load_model(&args.model, weights.as_deref(), args.bounds, &set, tm.seed)?;
+    let (_, clf) = load::load_model(&args.m.model, weights.as_deref(), args.m.bounds, &set, tm.seed)?;
     let model_name = match &weights {
-        Some(w) => format!("{} ({})", args.model.name(), w.display()),
-        None => format!("{} (trained here)", args.model.name()),
+        Some(w) => format!("{} ({})", args.m.model.name(), w.display()),
+        None => format!("{} (trained here)", args.m.model.name()),
     };
     let n = args.limit.min(set.test.len());
     std::fs::create_dir_all(&args.out)?;

@@ -37,10 +37,7 @@ use armoury_attacks::registry::{self, AttackParams};
 use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {
-    model: model::ModelChoice,
-    weights: Option<PathBuf>,
-    bounds: (f32, f32),
-    data: Option<PathBuf>,
+    m: load::ModelFlags,
     seeds: usize,
     fuzz: FuzzConfig,
     config: Option<PathBuf>,
@@ -58,10 +55,7 @@ struct Args {
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     use lexopt::prelude::*;
     let mut a = Args {
-        model: model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
-        weights: None,
-        bounds: (0.0, 1.0),
-        data: None,
+        m: load::ModelFlags::default(),
         seeds: 100,
         fuzz: FuzzConfig::default(),
         config: None,
@@ -79,10 +73,10 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
-            Long("model") => a.model = p.value()?.parse()?,
-            Long("weights") => a.weights = Some(p.value()?.into()),
-            Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
-            Long("data") => a.data = Some(p.value()?.into()),
+            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
+                let k = k.to_string();
+                a.m.take(&k, &mut p)?
+            }
             Long("seeds") => a.seeds = p.value()?.parse()?,
             Long("iterations") => a.fuzz.max_iterations = Some(p.value()?.parse()?),
             Long("mutants-per-seed") => a.fuzz.mutants_per_seed = p.value()?.parse()?,
@@ -133,7 +127,7 @@ fn main() -> std::process::ExitCode {
 /// The taps: `--taps`, else the reference models' own (the cnn's six: both post-ReLU convs, both pools,
 /// post-ReLU fc1, logits), else every tap of an ONNX model.
 fn taps_for(args: &Args, clf: &dyn Classifier) -> NeuronTaps {
-    let names: Vec<String> = match (&args.taps, &args.model) {
+    let names: Vec<String> = match (&args.taps, &args.m.model) {
         (Some(t), _) => t.clone(),
         (None, model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn)) => {
             ["conv1_relu", "pool1", "conv2_relu", "pool2", "fc1_relu", "fc2"].map(String::from).to_vec()
@@ -146,11 +140,14 @@ fn taps_for(args: &Args, clf: &dyn Classifier) -> NeuronTaps {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = parse()?;
-    if args.weights.is_none() && matches!(args.model, model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn)) {
-        args.weights = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors"));
+    if args.m.weights.is_none()
+        && matches!(args.m.model, model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn))
+    {
+        args.m.weights = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors"));
     }
-    let set = model::load_data(args.data.as_deref())?;
-    let (module, clf) = load::load_model(&args.model, args.weights.as_deref(), args.bounds, &set, args.fuzz.seed)?;
+    let set = model::load_data(args.m.data.as_deref())?;
+    let (module, clf) =
+        load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.fuzz.seed)?;
     let taps = taps_for(&args, &clf);
     let n_bounds = args.bounds_images.min(set.train.len());
     let (train_x, _) = set.train.batch(0..n_bounds)?;
