@@ -6,12 +6,15 @@ use armoury::{Error, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{rand_sign, search_scored, Ctx, Queries};
+use ndarray::ArrayView1;
+
+use super::{rand_sign, search_lockstep, Ctx, Queries, Stepper};
 use crate::budget::{Epsilon, Norm};
 
 /// Square Attack, L∞ or L2, with the paper's schedule of square sizes.
 ///
-/// One query per iteration (each iteration evaluates one candidate, so there is nothing to batch). The loss is
+/// One query per iteration; the iterations of all samples run in lockstep, so that each step's candidates go to
+/// the model as one batch (results as if each sample ran alone). The loss is
 /// the margin on log-probabilities for both goals (the paper uses cross-entropy for targeted runs; the margin
 /// is what the official code uses untargeted and gives a clean success test). The schedule of the fraction
 /// `p` of pixels changed is the official one, rescaled to the query budget (halving at 10, 50, 200, 500, 1000,
@@ -61,88 +64,37 @@ impl SquareAttack {
         self.p_init / div
     }
 
-    fn attack_linf(&self, ctx: &Ctx) -> Result<Vec<f32>> {
-        let mut rng = ChaCha8Rng::seed_from_u64(ctx.seed);
+    /// The L∞ starting point: vertical stripes, one sign per channel and column, in the ε-box.
+    fn init_linf(&self, ctx: &Ctx, rng: &mut ChaCha8Rng) -> Vec<f32> {
         let (c, h, w) = ctx.chw;
-        if ctx.success(ctx.probs(ctx.x.clone())?.row(0)) || ctx.remaining() == 0 {
-            return Ok(ctx.x.clone());
-        }
-        // Vertical stripes: one sign per channel and column.
-        let mut best = ctx.x.clone();
+        let mut start = ctx.x.clone();
         for ch in 0..c {
             for col in 0..w {
-                let s = rand_sign(&mut rng) * ctx.eps;
+                let s = rand_sign(rng) * ctx.eps;
                 for row in 0..h {
                     let j = (ch * h + row) * w + col;
-                    best[j] = ctx.x[j] + s;
+                    start[j] = ctx.x[j] + s;
                 }
             }
         }
-        ctx.clamp_box(&mut best);
-        let p = ctx.probs(best.clone())?;
-        if ctx.success(p.row(0)) {
-            return Ok(best);
-        }
-        let mut loss = ctx.margin(p.row(0));
-        let n_iters = ctx.budget.saturating_sub(2);
-        let mut it = 0u64;
-        while ctx.remaining() > 0 {
-            let p = self.p_at(it, n_iters);
-            it += 1;
-            let s = ((p * (h * w) as f32).sqrt().round() as usize).clamp(1, h.min(w).saturating_sub(1).max(1));
-            let top = rng.random_range(0..=(h - s).saturating_sub(1));
-            let left = rng.random_range(0..=(w - s).saturating_sub(1));
-            let mut cand = best.clone();
-            // Resample until the window changes something (at most 10 tries; official code loops until it does).
-            for _ in 0..10 {
-                for ch in 0..c {
-                    let v = rand_sign(&mut rng) * ctx.eps;
-                    for r in top..top + s {
-                        for col in left..left + s {
-                            let j = (ch * h + r) * w + col;
-                            cand[j] = (ctx.x[j] + v).clamp(ctx.lo[j], ctx.hi[j]);
-                        }
-                    }
-                }
-                if cand != best {
-                    break;
-                }
-            }
-            if cand == best {
-                continue;
-            }
-            let pc = ctx.probs(cand.clone())?;
-            if ctx.success(pc.row(0)) {
-                return Ok(cand);
-            }
-            let l = ctx.margin(pc.row(0));
-            if l < loss {
-                loss = l;
-                best = cand;
-            }
-        }
-        Ok(best)
+        ctx.clamp_box(&mut start);
+        start
     }
 
-    fn attack_l2(&self, ctx: &Ctx) -> Result<Vec<f32>> {
-        let mut rng = ChaCha8Rng::seed_from_u64(ctx.seed);
+    /// The L2 starting point: a grid of pseudo-Gaussian squares of side h/5 with random signs per channel.
+    fn init_l2(&self, ctx: &Ctx, rng: &mut ChaCha8Rng) -> Vec<f32> {
         let (c, h, w) = ctx.chw;
-        if ctx.success(ctx.probs(ctx.x.clone())?.row(0)) || ctx.remaining() == 0 {
-            return Ok(ctx.x.clone());
-        }
-        let d = ctx.dim();
         let idx = |ch: usize, r: usize, col: usize| (ch * h + r) * w + col;
-        // Initialisation: a grid of pseudo-Gaussian squares of side h/5 with random signs per channel.
-        let mut delta = vec![0.0f32; d];
+        let mut delta = vec![0.0f32; ctx.dim()];
         let s0 = (h / 5).max(1);
         let sp = (h - s0 * (h / s0)) / 2;
         let mut ch_ = sp;
         for _ in 0..h / s0 {
             let mut cw = sp;
             for _ in 0..w / s0 {
-                let pert = meta_pseudo_gaussian(s0, &mut rng);
+                let pert = meta_pseudo_gaussian(s0, rng);
                 for ch in 0..c {
-                    let sign = rand_sign(&mut rng);
+                    let sign = rand_sign(rng);
                     for a in 0..s0 {
                         for b in 0..s0 {
                             if ch_ + a < h && cw + b < w {
@@ -155,72 +107,82 @@ impl SquareAttack {
             }
             ch_ += s0;
         }
-        let mut best = self.l2_point(ctx, &delta);
-        let p = ctx.probs(best.clone())?;
-        if ctx.success(p.row(0)) {
-            return Ok(best);
-        }
-        let mut loss = ctx.margin(p.row(0));
-        let n_iters = ctx.budget.saturating_sub(2);
-        let mut it = 0u64;
-        while ctx.remaining() > 0 {
-            let mut dc: Vec<f32> = best.iter().zip(&ctx.x).map(|(a, b)| a - b).collect();
-            let p = self.p_at(it, n_iters);
-            it += 1;
-            let mut s = ((p * (h * w) as f32).sqrt().round() as usize).max(3).min(h.min(w).saturating_sub(1)).max(1);
-            if s % 2 == 0 {
-                s = if s + 1 < h.min(w) { s + 1 } else { s - 1 };
-            }
-            let (r1, c1) = (rng.random_range(0..(h - s).max(1)), rng.random_range(0..(w - s).max(1)));
-            let (r2, c2) = (rng.random_range(0..(h - s).max(1)), rng.random_range(0..(w - s).max(1)));
-            let in1 = |r: usize, col: usize| r >= r1 && r < r1 + s && col >= c1 && col < c1 + s;
-            let in2 = |r: usize, col: usize| r >= r2 && r < r2 + s && col >= c2 && col < c2 + s;
-            let image_norm2: f64 = dc.iter().map(|v| (*v as f64).powi(2)).sum();
-            let pert = meta_pseudo_gaussian(s, &mut rng);
+        self.l2_point(ctx, &delta)
+    }
+
+    /// The L∞ candidate of iteration `it` into `cand`: `best` with one square window moved to a vertex of the
+    /// box (one random sign per channel), resampled until the window changes something (at most 10 tries; the
+    /// official code loops until it does).
+    fn next_linf(&self, ctx: &Ctx, it: u64, n_iters: u64, rng: &mut ChaCha8Rng, best: &[f32], cand: &mut [f32]) {
+        let (c, h, w) = ctx.chw;
+        let p = self.p_at(it, n_iters);
+        let s = ((p * (h * w) as f32).sqrt().round() as usize).clamp(1, h.min(w).saturating_sub(1).max(1));
+        let top = rng.random_range(0..=(h - s).saturating_sub(1));
+        let left = rng.random_range(0..=(w - s).saturating_sub(1));
+        cand.copy_from_slice(best);
+        for _ in 0..10 {
             for ch in 0..c {
-                let (mut win1, mut both) = (0.0f64, 0.0f64);
-                for r in 0..h {
-                    for col in 0..w {
-                        let v = (dc[idx(ch, r, col)] as f64).powi(2);
-                        if in1(r, col) {
-                            win1 += v;
-                        }
-                        if in1(r, col) || in2(r, col) {
-                            both += v;
-                        }
+                let v = rand_sign(rng) * ctx.eps;
+                for r in top..top + s {
+                    for col in left..left + s {
+                        let j = (ch * h + r) * w + col;
+                        cand[j] = (ctx.x[j] + v).clamp(ctx.lo[j], ctx.hi[j]);
                     }
                 }
-                let sign = rand_sign(&mut rng) as f64;
-                let mut new: Vec<f64> = (0..s * s)
-                    .map(|k| pert[k] as f64 * sign + dc[idx(ch, r1 + k / s, c1 + k % s)] as f64 / (1e-10 + win1.sqrt()))
-                    .collect();
-                let nn = new.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
-                let avail = ((ctx.eps as f64).powi(2) - image_norm2).max(0.0) / c as f64 + both;
-                new.iter_mut().for_each(|v| *v = *v / nn * avail.sqrt());
-                for r in r2..r2 + s {
-                    for col in c2..c2 + s {
-                        dc[idx(ch, r, col)] = 0.0;
-                    }
-                }
-                for (k, v) in new.iter().enumerate() {
-                    dc[idx(ch, r1 + k / s, c1 + k % s)] = *v as f32;
-                }
             }
-            let cand = self.l2_point(ctx, &dc);
-            if cand == best {
-                continue;
-            }
-            let pc = ctx.probs(cand.clone())?;
-            if ctx.success(pc.row(0)) {
-                return Ok(cand);
-            }
-            let l = ctx.margin(pc.row(0));
-            if l < loss {
-                loss = l;
-                best = cand;
+            if cand != best {
+                break;
             }
         }
-        Ok(best)
+    }
+
+    /// The L2 candidate of iteration `it`: the perturbation's mass in a second window moves into a first one,
+    /// as a new pseudo-Gaussian square scaled to keep ‖δ‖₂ = ε (the official update).
+    fn next_l2(&self, ctx: &Ctx, it: u64, n_iters: u64, rng: &mut ChaCha8Rng, best: &[f32]) -> Vec<f32> {
+        let (c, h, w) = ctx.chw;
+        let idx = |ch: usize, r: usize, col: usize| (ch * h + r) * w + col;
+        let mut dc: Vec<f32> = best.iter().zip(&ctx.x).map(|(a, b)| a - b).collect();
+        let p = self.p_at(it, n_iters);
+        let mut s = ((p * (h * w) as f32).sqrt().round() as usize).max(3).min(h.min(w).saturating_sub(1)).max(1);
+        if s % 2 == 0 {
+            s = if s + 1 < h.min(w) { s + 1 } else { s - 1 };
+        }
+        let (r1, c1) = (rng.random_range(0..(h - s).max(1)), rng.random_range(0..(w - s).max(1)));
+        let (r2, c2) = (rng.random_range(0..(h - s).max(1)), rng.random_range(0..(w - s).max(1)));
+        let in1 = |r: usize, col: usize| r >= r1 && r < r1 + s && col >= c1 && col < c1 + s;
+        let in2 = |r: usize, col: usize| r >= r2 && r < r2 + s && col >= c2 && col < c2 + s;
+        let image_norm2: f64 = dc.iter().map(|v| (*v as f64).powi(2)).sum();
+        let pert = meta_pseudo_gaussian(s, rng);
+        for ch in 0..c {
+            let (mut win1, mut both) = (0.0f64, 0.0f64);
+            for r in 0..h {
+                for col in 0..w {
+                    let v = (dc[idx(ch, r, col)] as f64).powi(2);
+                    if in1(r, col) {
+                        win1 += v;
+                    }
+                    if in1(r, col) || in2(r, col) {
+                        both += v;
+                    }
+                }
+            }
+            let sign = rand_sign(rng) as f64;
+            let mut new: Vec<f64> = (0..s * s)
+                .map(|k| pert[k] as f64 * sign + dc[idx(ch, r1 + k / s, c1 + k % s)] as f64 / (1e-10 + win1.sqrt()))
+                .collect();
+            let nn = new.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
+            let avail = ((ctx.eps as f64).powi(2) - image_norm2).max(0.0) / c as f64 + both;
+            new.iter_mut().for_each(|v| *v = *v / nn * avail.sqrt());
+            for r in r2..r2 + s {
+                for col in c2..c2 + s {
+                    dc[idx(ch, r, col)] = 0.0;
+                }
+            }
+            for (k, v) in new.iter().enumerate() {
+                dc[idx(ch, r1 + k / s, c1 + k % s)] = *v as f32;
+            }
+        }
+        self.l2_point(ctx, &dc)
     }
 
     /// x + ε·δ/‖δ‖₂ inside the bounds, feasible exactly.
@@ -231,6 +193,99 @@ impl SquareAttack {
         ctx.clamp_bounds(&mut p);
         ctx.enforce(&mut p, Norm::L2);
         p
+    }
+}
+
+/// Where one sample's run of the Square Attack is.
+#[derive(Clone, Copy, PartialEq)]
+enum Phase {
+    /// The clean input's query: an input that already fulfils the goal is returned unchanged.
+    Clean,
+    /// The starting point's query.
+    Start,
+    /// One square update per query.
+    Search,
+    Done,
+}
+
+/// One sample's Square Attack, stepped by [`search_lockstep`]: the clean query, the starting point, then one
+/// square update per query until the budget is spent. Best-so-far is kept by construction (only improvements
+/// are accepted); the run stops at the first success.
+struct Run<'s> {
+    attack: &'s SquareAttack,
+    rng: ChaCha8Rng,
+    phase: Phase,
+    best: Vec<f32>,
+    cand: Vec<f32>,
+    loss: f32,
+    it: u64,
+    n_iters: u64,
+}
+
+impl<'s> Run<'s> {
+    fn new(attack: &'s SquareAttack, ctx: &Ctx) -> Run<'s> {
+        let rng = ChaCha8Rng::seed_from_u64(ctx.seed);
+        let (best, cand) = (ctx.x.clone(), ctx.x.clone());
+        Run { attack, rng, phase: Phase::Clean, best, cand, loss: f32::INFINITY, it: 0, n_iters: 0 }
+    }
+}
+
+impl Stepper for Run<'_> {
+    fn propose(&mut self, ctx: &Ctx) -> Result<bool> {
+        if self.phase == Phase::Done || ctx.remaining() == 0 {
+            return Ok(false);
+        }
+        let sq = self.attack;
+        match self.phase {
+            Phase::Start if sq.norm == Norm::L2 => self.cand = sq.init_l2(ctx, &mut self.rng),
+            Phase::Start => self.cand = sq.init_linf(ctx, &mut self.rng),
+            Phase::Search => loop {
+                let it = self.it;
+                self.it += 1;
+                if sq.norm == Norm::L2 {
+                    self.cand = sq.next_l2(ctx, it, self.n_iters, &mut self.rng, &self.best);
+                } else {
+                    sq.next_linf(ctx, it, self.n_iters, &mut self.rng, &self.best, &mut self.cand);
+                }
+                if self.cand != self.best {
+                    break;
+                }
+            },
+            Phase::Clean | Phase::Done => {}
+        }
+        Ok(true)
+    }
+
+    fn candidate(&self) -> &[f32] {
+        &self.cand
+    }
+
+    fn observe(&mut self, ctx: &Ctx, p: ArrayView1<f32>) {
+        let success = ctx.success(p);
+        match self.phase {
+            Phase::Clean => self.phase = if success { Phase::Done } else { Phase::Start },
+            Phase::Start => {
+                std::mem::swap(&mut self.best, &mut self.cand);
+                self.loss = ctx.margin(p);
+                self.n_iters = ctx.budget.saturating_sub(2);
+                self.phase = if success { Phase::Done } else { Phase::Search };
+            }
+            Phase::Search => {
+                let l = ctx.margin(p);
+                if success || l < self.loss {
+                    self.loss = l;
+                    std::mem::swap(&mut self.best, &mut self.cand);
+                }
+                if success {
+                    self.phase = Phase::Done;
+                }
+            }
+            Phase::Done => {}
+        }
+    }
+
+    fn answer(self) -> Vec<f32> {
+        self.best
     }
 }
 
@@ -310,9 +365,6 @@ impl Algorithm for SquareAttack {
     }
 
     fn search(&self, p: &Problem<'_>) -> Result<Tensor> {
-        search_scored(p, Queries { max_queries: self.max_queries, topk: None }, |ctx| match self.norm {
-            Norm::L2 => self.attack_l2(ctx),
-            _ => self.attack_linf(ctx),
-        })
+        search_lockstep(p, Queries { max_queries: self.max_queries, topk: None }, |ctx| Run::new(self, ctx))
     }
 }
