@@ -406,57 +406,65 @@ pub fn project_hyperplane_box(norm: Norm, t: &[f32], w: &[f32], b: f64, (lo, hi)
     if c == 0.0 || !c.is_finite() {
         return delta;
     }
-    // Each coordinate moves in direction dir_i = sign(w_i c), gaining a_i = |w_i| per unit, up to room_i.
-    let dir = |i: usize| if (w[i] as f64 * c) > 0.0 { 1.0f64 } else { -1.0 };
-    let a = |i: usize| (w[i] as f64).abs();
-    let room = |i: usize| if dir(i) > 0.0 { (hi - t[i]).max(0.0) as f64 } else { (t[i] - lo).max(0.0) as f64 };
+    // Each coordinate moves in direction dir_i = sign(w_i c), gaining a_i = |w_i| per unit, up to room_i. The
+    // coordinates that can move, as (index, a_i, room_i, dir_i), computed once: the sorts below compare
+    // precomputed keys (most of FAB's time outside the model went to recomputing them inside comparisons).
     let r = c.abs();
-    let live: Vec<usize> = (0..d).filter(|&i| w[i] != 0.0 && room(i) > 0.0).collect();
-    let capacity: f64 = live.iter().map(|&i| a(i) * room(i)).sum();
-    let mut set = |i: usize, m: f64| delta[i] = (dir(i) * m.min(room(i))) as f32;
+    let live: Vec<(usize, f64, f64, f64)> = (0..d)
+        .filter_map(|i| {
+            let dir = if (w[i] as f64 * c) > 0.0 { 1.0f64 } else { -1.0 };
+            let room = if dir > 0.0 { (hi - t[i]).max(0.0) as f64 } else { (t[i] - lo).max(0.0) as f64 };
+            (w[i] != 0.0 && room > 0.0).then_some((i, (w[i] as f64).abs(), room, dir))
+        })
+        .collect();
+    let capacity: f64 = live.iter().map(|&(_, a, room, _)| a * room).sum();
+    let mut set = |(i, _, room, dir): (usize, f64, f64, f64), m: f64| delta[i] = (dir * m.min(room)) as f32;
     if capacity <= r {
-        live.iter().for_each(|&i| set(i, f64::INFINITY));
+        live.iter().for_each(|&v| set(v, f64::INFINITY));
         return delta;
     }
+    // Sorted by a key, ties to the lower index (the index is unique, so the unstable sort is deterministic).
+    let sorted = |key: &dyn Fn(&(usize, f64, f64, f64)) -> f64| {
+        let mut order: Vec<(f64, usize)> = live.iter().enumerate().map(|(q, v)| (key(v), q)).collect();
+        order.sort_unstable_by(|x, y| x.0.total_cmp(&y.0).then(live[x.1].0.cmp(&live[y.1].0)));
+        order
+    };
     match norm {
         Norm::L1 => {
             // Fill the coordinates with the largest |w_i| first: each unit of L1 there buys the most.
-            let mut order = live.clone();
-            order.sort_by(|&i, &j| a(j).total_cmp(&a(i)).then(i.cmp(&j)));
             let mut left = r;
-            for i in order {
-                let gain = a(i) * room(i);
+            for (_, q) in sorted(&|v| -v.1) {
+                let (a, room) = (live[q].1, live[q].2);
+                let gain = a * room;
                 if gain >= left {
-                    set(i, left / a(i));
+                    set(live[q], left / a);
                     break;
                 }
-                set(i, f64::INFINITY);
+                set(live[q], f64::INFINITY);
                 left -= gain;
             }
         }
         Norm::Linf | Norm::L2 => {
             // Coordinate i moves by min(s·k_i, room_i) with k_i = 1 (L∞) or |w_i| (L2); find s with
             // Σ a_i min(s k_i, room_i) = r by walking the break points s_i = room_i / k_i in increasing order.
-            let k = |i: usize| if norm == Norm::Linf { 1.0 } else { a(i) };
-            let mut order = live.clone();
-            order.sort_by(|&i, &j| (room(i) / k(i)).total_cmp(&(room(j) / k(j))).then(i.cmp(&j)));
-            let (mut done, mut slope) = (0.0f64, live.iter().map(|&i| a(i) * k(i)).sum::<f64>());
+            let k = |a: f64| if norm == Norm::Linf { 1.0 } else { a };
+            let (mut done, mut slope) = (0.0f64, live.iter().map(|&(_, a, _, _)| a * k(a)).sum::<f64>());
             let mut s = 0.0;
-            for &i in &order {
-                let si = room(i) / k(i);
+            for (si, q) in sorted(&|v| v.2 / k(v.1)) {
+                let (a, room) = (live[q].1, live[q].2);
                 // Below si every remaining coordinate is still moving: g(s) = done + slope·s.
                 if done + slope * si >= r {
                     break;
                 }
-                done += a(i) * room(i);
-                slope -= a(i) * k(i);
+                done += a * room;
+                slope -= a * k(a);
                 s = si;
             }
             if slope > 0.0 {
                 s = ((r - done) / slope).max(s);
             }
-            for &i in &live {
-                set(i, s * k(i));
+            for &v in &live {
+                set(v, s * k(v.1));
             }
         }
     }
