@@ -387,7 +387,7 @@ fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()
     let (x, y) = set.test.batch(0..n)?;
     let attack = registry::by_name(&args.attack, &attack_params(args))?;
     let t = Instant::now();
-    let (results, _) = stateful::watch(clf, d, attack.as_ref(), (&x, &y), None, args.seed)?;
+    let (results, _) = stateful::watch(clf, d, attack.as_ref(), (&x, &y), None, &|i| args.seed + i as u64)?;
     let attacked = results.iter().filter(|r| r.attacked).count();
     let firsts: Vec<usize> = results.iter().filter_map(|r| r.first_flag).collect();
     let (detected, first_sum) = (firsts.len(), firsts.iter().map(|f| f + 1).sum::<usize>());

@@ -4,8 +4,8 @@
 //!
 //! `cargo run --release --example evaluate -- [--model cnn|mlp|FILE.safetensors|FILE.onnx] [--weights FILE]
 //! [--bounds 0,1] [--data DIR] [--threat-model FILE.json] [--eps E] [--limit N] [--shard i/n | --shards n]
-//! [--merge n] [--no-audit] [--defense NAME[:PARAM]]… [--eot N] [--detector squeeze|lid|mahalanobis]… [--fit N]
-//! [--out DIR]`
+//! [--merge n] [--no-audit] [--defense NAME[:PARAM]]… [--eot N]
+//! [--detector squeeze|lid|mahalanobis|ensemble|magnet[:N,E]|region|similarity]… [--fit N] [--out DIR]`
 //!
 //! `--data sample` takes the embedded sample even when the full data set is installed. Without `--model`/`--weights` the reference cnn is trained here with the reference recipe when the full
 //! Fashion-MNIST is installed, else it starts from the shipped reference weights (tests/fixtures/cnn.safetensors).
@@ -15,11 +15,14 @@
 //! (`--eot` draws for random ones, default 8) at the headline ε; the report adds DefenseEvaluate's metrics and
 //! their radar chart. `--detector` (repeatable) fits a detector on `--fit` clean training images (default 1000)
 //! at 1% FPR and reports its detection of the cascade's adversarial examples and the protected pipeline's
-//! accuracy, non-adaptive and under AdaptivePgd. See examples/support/protect.rs.
+//! accuracy, non-adaptive and under AdaptivePgd; `region` is reported as a defense (adaptive: PGD with EOT through
+//! it), `similarity` watches the cascade's Square attack and Square with query blinding. See
+//! examples/support/protect.rs and guard.rs.
 //!
 //! With `--shard i/n` (or `--shards n` and Kubernetes' `JOB_COMPLETION_INDEX` = i) it runs samples
 //! [N·i/n, N·(i+1)/n) only and writes `DIR/ledger-i-of-n.json`; `--merge n` combines the n shard ledgers of DIR
-//! into the unsharded result (bit-identical records and figures) and reports it. A ledger is also the run's
+//! into the unsharded result (bit-identical records and figures) and reports it. Defenses and detectors shard
+//! too: each shard writes its samples' results to `DIR/protect-i-of-n.json`, which `--merge n` combines. A ledger is also the run's
 //! state file: rerunning the same command after an interruption continues where it stopped.
 
 #[path = "support/cli.rs"]

@@ -365,12 +365,16 @@ fn stateful_slice(cx: &Context<'_>) -> Res<DetectorSlice> {
     let (attack, words) = square(cx)?;
     let eps = cx.eps()? as f32;
     let mut attacks = Vec::new();
-    for blind in [None, Some(eps)] {
-        let (samples, back) = stateful::watch(cx.model, d, attack.as_ref(), (&clean, &labels), blind, seed)?;
+    // Sample k of the data set (k = the run's first sample + i) is attacked with the seed seed + k, whatever its
+    // shard; the blinding noise has its own seed, the same in every shard.
+    let first = cx.ledger.range.0;
+    let sample = |i: usize| seed + (first + i) as u64;
+    for blind in [None, Some((eps, armoury::seed::derive(seed, 0xb11d)))] {
+        let (samples, back) = stateful::watch(cx.model, d, attack.as_ref(), (&clean, &labels), blind, &|i| sample(i))?;
         d = back;
         let name = match blind {
             None => words.clone(),
-            Some(r) => format!("{words}, query blinding U[−{r}, {r}]"),
+            Some((r, _)) => format!("{words}, query blinding U[−{r}, {r}]"),
         };
         attacks.push((name, blind.is_some(), samples));
     }

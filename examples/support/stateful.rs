@@ -76,20 +76,20 @@ pub struct Watched {
 }
 
 /// `attack` run on each sample of `x` alone against `clf` watched by `d` (reset before each sample), through
-/// query blinding of radius `blind` when given (the adaptive attacker); samples the model misclassifies are not
-/// attacked. A sample's result depends on its own values only (the attacks seed per sample). Gives the detector
+/// query blinding (radius, seed) `blind` when given (the adaptive attacker); samples the model misclassifies are not
+/// attacked. Sample i's attack gets the seed `seed(i)`, and its result depends on that and its own values only. Gives the detector
 /// back, reset.
 pub fn watch(
     clf: &Arc<dyn Classifier>,
     d: StatefulDetector,
     attack: &dyn Attack,
     (x, y): (&Tensor, &[usize]),
-    blind: Option<f32>,
-    seed: u64,
+    blind: Option<(f32, u64)>,
+    seed: &dyn Fn(usize) -> u64,
 ) -> Res<(Vec<Watched>, StatefulDetector)> {
     let watched = Arc::new(Monitored::new(clf.clone(), d));
     let attacker: Arc<dyn Classifier> = match blind {
-        Some(r) => Arc::new(QueryBlinding::new(watched.clone(), r, seed)?),
+        Some((r, s)) => Arc::new(QueryBlinding::new(watched.clone(), r, s)?),
         None => watched.clone(),
     };
     let clean = clf.predict(x)?;
@@ -100,7 +100,7 @@ pub fn watch(
             continue;
         }
         watched.with_detector(|d| d.reset())?;
-        let r = attack.run(attacker.as_ref(), &x.narrow(0, i, 1)?, &y[i..i + 1], &Goal::Untargeted, seed)?;
+        let r = attack.run(attacker.as_ref(), &x.narrow(0, i, 1)?, &y[i..i + 1], &Goal::Untargeted, seed(i))?;
         let first_flag = watched.with_detector(|d| d.detections().first().copied())?;
         // Judged by the bare model on the input the attacker ends with (not on a blinded copy of it).
         let fooled = clf.predict(&r.adversarial)?[0] != label;
