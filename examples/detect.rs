@@ -15,12 +15,18 @@
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/detectors.rs"]
+mod detectors;
 #[path = "support/load.rs"]
 mod load;
+#[path = "support/magnet.rs"]
+mod magnet;
 #[path = "support/model.rs"]
 mod model;
 #[path = "support/progress.rs"]
 mod progress;
+#[path = "support/stateful.rs"]
+mod stateful;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -31,10 +37,8 @@ use armoury::data::TrainTest;
 use armoury::{Classifier, Detector, Goal, Guarded, Tensor};
 use armoury_attacks::registry::{self, AttackParams};
 use armoury_defenses::detectors::{
-    autoencoder, detection_metrics, gaussian_encodings, measure_index, protected_accuracy, train_autoencoder,
-    AdaptivePgd, Architecture, Autoencoder, AutoencoderTraining, DivergenceDetector, Ensemble, ErrorDetector,
-    FeatureSqueezing, IndexConfig, IndexMeasurement, Lid, LogisticTraining, MagNet, Mahalanobis, Monitored, Policy,
-    RegionClassifier, StatefulDetector, TapEncoder,
+    detection_metrics, gaussian_encodings, measure_index, protected_accuracy, AdaptivePgd, IndexConfig,
+    IndexMeasurement, RegionClassifier,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -63,6 +67,7 @@ struct Args {
 fn parse() -> Res<Args> {
     use lexopt::prelude::*;
     let fixture = PathBuf::from("tests/fixtures/cnn.safetensors");
+    let magnet = magnet::MagnetConfig::default();
     let mut a = Args {
         detector: "magnet".into(),
         attack: "pgd".into(),
@@ -72,10 +77,10 @@ fn parse() -> Res<Args> {
         m: load::ModelFlags { weights: fixture.exists().then_some(fixture), ..Default::default() },
         limit: 1000,
         fit: 1000,
-        ae_lr: 1e-2,
-        ae1: (20_000, 10),
-        ae2: (60_000, 20),
-        magnet_parts: ["l1-ii", "jsd10-ii", "jsd40-ii"].map(String::from).to_vec(),
+        ae_lr: magnet.lr,
+        ae1: magnet.ae1,
+        ae2: magnet.ae2,
+        magnet_parts: magnet.parts,
         sim_fpr: 0.005,
         benign: 500,
         k: 20,
@@ -98,8 +103,8 @@ fn parse() -> Res<Args> {
             Long("limit") => a.limit = p.value()?.parse()?,
             Long("fit") => a.fit = p.value()?.parse()?,
             Long("ae-lr") => a.ae_lr = p.value()?.parse()?,
-            Long("ae1") => a.ae1 = images_epochs(&p.value()?.string()?)?,
-            Long("ae2") => a.ae2 = images_epochs(&p.value()?.string()?)?,
+            Long("ae1") => a.ae1 = magnet::images_epochs(&p.value()?.string()?)?,
+            Long("ae2") => a.ae2 = magnet::images_epochs(&p.value()?.string()?)?,
             Long("magnet-parts") => a.magnet_parts = p.value()?.string()?.split(',').map(String::from).collect(),
             Long("sim-fpr") => a.sim_fpr = p.value()?.parse()?,
             Long("benign") => a.benign = p.value()?.parse()?,
@@ -111,12 +116,6 @@ fn parse() -> Res<Args> {
         }
     }
     Ok(a)
-}
-
-/// `N,E`: N training images, E epochs.
-fn images_epochs(v: &str) -> Res<(usize, usize)> {
-    let (n, e) = v.split_once(',').ok_or_else(|| format!("'{v}': IMAGES,EPOCHS"))?;
-    Ok((n.trim().parse()?, e.trim().parse()?))
 }
 
 fn main() -> std::process::ExitCode {
@@ -154,128 +153,42 @@ fn accuracy(pred: &[usize], y: &[usize]) -> f64 {
     pred.iter().zip(y).filter(|(p, l)| p == l).count() as f64 / y.len().max(1) as f64
 }
 
-/// MagNet's auto-encoder `arch` trained on the first `n` training images for `epochs` (Meng & Chen's recipe:
-/// Gaussian noise 0.1, Adam, L2 1e-9), cached in --out and reused by runs with the same settings.
-fn trained_autoencoder(
-    args: &Args,
-    clf: &Arc<dyn Classifier>,
-    set: &TrainTest,
-    arch: Architecture,
-    (n, epochs): (usize, usize),
-) -> Res<Autoencoder> {
-    let n = set.train.len().min(n);
-    let channels = set.train.image_shape()[0];
-    let k = u64::from(arch == Architecture::MnistII);
-    let ae = autoencoder(arch, channels, args.seed + 10 * k)?;
-    let cfg = AutoencoderTraining { epochs, lr: args.ae_lr, seed: args.seed, ..Default::default() };
-    let cache = args.out.join(format!("magnet-{arch:?}-n{n}-e{}-lr{}-s{}.safetensors", cfg.epochs, cfg.lr, cfg.seed));
-    if cache.exists() {
-        armoury::io::load_module(&ae, &cache)?;
-        println!("MagNet auto-encoder {arch:?} loaded from {}", cache.display());
-    } else {
-        let (x, _) = set.train.batch(0..n)?;
-        let t = Instant::now();
-        let losses = train_autoencoder(&ae, &x, clf.bounds(), &cfg)?;
-        println!(
-            "trained MagNet auto-encoder {arch:?}: {} epochs on {n} images, loss {:.5} → {:.5}, {:.1} s ({:.0} images/s)",
-            cfg.epochs,
-            losses[0],
-            losses[losses.len() - 1],
-            t.elapsed().as_secs_f64(),
-            (n * cfg.epochs) as f64 / t.elapsed().as_secs_f64()
-        );
-        std::fs::create_dir_all(&args.out)?;
-        armoury::io::save_module(&ae, &cache)?;
-    }
-    Ok(Autoencoder::new(Arc::new(ae), clf.bounds())?)
-}
-
 /// `magnet` (the pipeline of the --magnet-parts detectors with auto-encoder I as the reformer) or one part
-/// (`magnet-l2-i`, `magnet-l1-ii`, `magnet-jsd10-ii`, …), also with the reformer. A part is `l1`/`l2` (the
-/// reconstruction error) or `jsd10`/`jsd40` (the divergence at T = 10 / 40) on auto-encoder `i` or `ii`.
-fn magnet(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<MagNet> {
-    let parts: Vec<String> = match args.detector.strip_prefix("magnet-") {
+/// (`magnet-l2-i`, `magnet-l1-ii`, `magnet-jsd10-ii`, …), also with the reformer; auto-encoders cached in --out.
+fn magnet_config(args: &Args) -> magnet::MagnetConfig {
+    let parts = match args.detector.strip_prefix("magnet-") {
         Some(one) => vec![one.to_string()],
         None => args.magnet_parts.clone(),
     };
-    let (mut ae1, mut ae2) = (None, None);
-    let mut detectors: Vec<Box<dyn Detector>> = Vec::new();
-    for part in &parts {
-        let (kind, which) = part.split_once('-').ok_or_else(|| format!("MagNet part '{part}': KIND-i or KIND-ii"))?;
-        let ae = match which {
-            "i" => ae1.get_or_insert(trained_autoencoder(args, clf, set, Architecture::MnistI, args.ae1)?).clone(),
-            "ii" => ae2.get_or_insert(trained_autoencoder(args, clf, set, Architecture::MnistII, args.ae2)?).clone(),
-            other => return Err(format!("MagNet part '{part}': auto-encoder '{other}' is i or ii").into()),
-        };
-        detectors.push(match kind {
-            "l1" => Box::new(ErrorDetector::new(ae, 1)?),
-            "l2" => Box::new(ErrorDetector::new(ae, 2)?),
-            "jsd10" => Box::new(DivergenceDetector::new(ae, clf.clone(), 10.0)?),
-            "jsd40" => Box::new(DivergenceDetector::new(ae, clf.clone(), 40.0)?),
-            other => return Err(format!("MagNet part '{part}': '{other}' is l1, l2, jsd10 or jsd40").into()),
-        });
+    magnet::MagnetConfig {
+        ae1: args.ae1,
+        ae2: args.ae2,
+        lr: args.ae_lr,
+        parts,
+        seed: args.seed,
+        cache: args.out.clone(),
     }
-    let reformer = match ae1 {
-        Some(a) => a,
-        None => trained_autoencoder(args, clf, set, Architecture::MnistI, args.ae1)?,
-    };
-    Ok(MagNet::new(detectors, Some(reformer))?)
-}
-
-/// Layer detectors' logistic combiners are fitted on clean and attacked training images (Ma et al., Lee et al.).
-fn supervised(
-    args: &Args,
-    clf: &dyn Classifier,
-    set: &TrainTest,
-    fit_combiner: &mut dyn FnMut(&Tensor, &Tensor) -> Res<()>,
-) -> Res<()> {
-    let (x, y) = set.train.batch(set.train.len() - 500..set.train.len())?;
-    let adv = attack(args, clf, &x, &y, args.seed + 1)?;
-    fit_combiner(&x, &adv)
 }
 
 /// The detector, and the fitted radius when it is the region classifier.
 fn build(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<(Box<dyn Detector>, Option<f32>)> {
-    let fit = args.fit.min(set.train.len() / 2);
-    let (reference, ref_y) = set.train.batch(fit..2 * fit)?;
+    if args.detector == "region" {
+        let r = detectors::region(clf, set, args.seed)?;
+        let radius = r.radius();
+        return Ok((Box::new(r), Some(radius)));
+    }
     let layers: Vec<&str> = args.layers.iter().map(String::as_str).collect();
-    Ok((
-        match args.detector.as_str() {
-            m if m.starts_with("magnet") => Box::new(magnet(args, clf, set)?),
-            "squeeze" => Box::new(FeatureSqueezing::with_defaults(clf.clone(), 4)?),
-            "region" => {
-                let mut r = RegionClassifier::new(clf.clone(), 0.0, 100, args.seed)?;
-                let (x, y) = set.train.batch(0..500.min(set.train.len()))?;
-                let radius = r.fit_radius(&x, &y, &[0.02, 0.05, 0.1, 0.15, 0.2, 0.3], 0.01)?;
-                println!("region radius fitted: {radius}");
-                return Ok((Box::new(r), Some(radius)));
-            }
-            "lid" => {
-                let mut d = Lid::new(clf.clone(), &layers, 20, &reference)?;
-                supervised(args, clf.as_ref(), set, &mut |c, a| {
-                    Ok(d.fit_combiner(c, a, &LogisticTraining::default())?)
-                })?;
-                Box::new(d)
-            }
-            "mahalanobis" => {
-                let mut d = Mahalanobis::new(clf.clone(), &layers, &reference, &ref_y, 1e-3)?;
-                supervised(args, clf.as_ref(), set, &mut |c, a| {
-                    Ok(d.fit_combiner(c, a, &LogisticTraining::default())?)
-                })?;
-                Box::new(d)
-            }
-            "ensemble" => {
-                let members: Vec<Box<dyn Detector>> = vec![
-                    Box::new(FeatureSqueezing::with_defaults(clf.clone(), 4)?),
-                    Box::new(Mahalanobis::new(clf.clone(), &layers, &reference, &ref_y, 1e-3)?),
-                    Box::new(Lid::new(clf.clone(), &layers, 20, &reference)?),
-                ];
-                Box::new(Ensemble::new(members, Policy::Vote)?)
-            }
-            other => return Err(format!("unknown detector '{other}'").into()),
-        },
-        None,
-    ))
+    // Supervised combiners are trained on the attack being evaluated.
+    let attack = |x: &Tensor, y: &[usize]| attack(args, clf.as_ref(), x, y, args.seed + 1);
+    let b = detectors::Build {
+        model: clf,
+        set,
+        fit: args.fit,
+        layers: &layers,
+        attack: &attack,
+        magnet: magnet_config(args),
+    };
+    Ok((detectors::build(&b, &args.detector)?, None))
 }
 
 /// An SVG ROC curve with the chance diagonal.
@@ -454,78 +367,42 @@ fn report(
     Ok(())
 }
 
-/// Streams of `len` images in the order `order`.
-fn streams(images: &Tensor, order: &[usize], len: usize) -> Res<Vec<Tensor>> {
-    Ok(order.chunks_exact(len).map(|c| images.index_select(0, c)).collect::<Result<_, _>>()?)
-}
-
 fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> {
     let start = Instant::now();
-    let encoder = Arc::new(TapEncoder::new(clf.clone(), "fc1_relu")?);
-    let mut d = StatefulDetector::new(encoder, args.k, IndexConfig::default())?;
-    let train = set.train.images();
-    let calib = streams(train, &armoury::seed::shuffled(set.train.len(), args.seed, 1), 100)?;
     let t = Instant::now();
-    let tau = d.calibrate(&calib, args.sim_fpr)?;
-    let fit_rate = (calib.len() * 100) as f64 / t.elapsed().as_secs_f64();
+    let (mut d, tau, calib) = stateful::calibrated(clf, &set.train, "fc1_relu", args.k, args.sim_fpr, args.seed)?;
+    let fit_rate = (calib * stateful::STREAM) as f64 / t.elapsed().as_secs_f64();
     println!(
-        "similarity: threshold {tau} (mean {}-NN distance {:.3}) at {} of {} benign streams of 100 training images",
+        "similarity: threshold {tau} (mean {}-NN distance {:.3}) at {} of {calib} benign streams of {} training images",
         args.k,
         -tau,
         args.sim_fpr,
-        calib.len()
+        stateful::STREAM
     );
-    // Benign streams of shuffled test images (a fresh shuffle for each pass over the test set), each from an
-    // empty history.
-    let mut benign = Vec::new();
-    for pass in 0.. {
-        if benign.len() >= args.benign {
-            break;
-        }
-        let order = armoury::seed::shuffled(set.test.len(), args.seed, 2 + pass);
-        benign.extend(streams(set.test.images(), &order, 100)?);
-        if benign.is_empty() {
-            return Err("fewer than 100 test images: no benign stream".into());
-        }
-    }
-    benign.truncate(args.benign.max(1));
-    let mut flagged = 0;
-    for s in &benign {
-        d.reset();
-        flagged += usize::from(d.observe(s)?.iter().any(|&f| f));
-    }
-    let benign_rate = flagged as f64 / benign.len() as f64;
-    d.reset();
-    // Query attacks, one image at a time, against the watched model.
+    let (flagged, benign) = stateful::benign_flagged(&mut d, &set.test, args.benign, args.seed)?;
+    let benign_rate = flagged as f64 / benign as f64;
+    // Query attacks, one image at a time, against the watched model; only the images the model classifies
+    // correctly are attacked (an attack stops at once on the others).
     let n = args.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;
     let attack = registry::by_name(&args.attack, &attack_params(args))?;
-    let watched = Monitored::new(clf.clone(), d);
-    let (mut within, mut first_sum, mut detected) = (0usize, 0usize, 0usize);
-    // Only the images the model classifies correctly are attacked (an attack stops at once on the others).
-    let clean_pred = clf.predict(&x)?;
-    let attacked: Vec<usize> = (0..n).filter(|&i| clean_pred[i] == y[i]).collect();
     let t = Instant::now();
-    for &i in &attacked {
-        watched.with_detector(|d| d.reset())?;
-        attack.run(&watched, &x.narrow(0, i, 1)?, &y[i..i + 1], &Goal::Untargeted, args.seed + i as u64)?;
-        if let Some(&first) = watched.with_detector(|d| d.detections().first().copied())?.as_ref() {
-            detected += 1;
-            first_sum += first + 1;
-            within += usize::from(first < 100);
-        }
-    }
+    let (results, _) = stateful::watch(clf, d, attack.as_ref(), (&x, &y), None, &|i| args.seed + i as u64)?;
+    let attacked = results.iter().filter(|r| r.attacked).count();
+    let firsts: Vec<usize> = results.iter().filter_map(|r| r.first_flag).collect();
+    let (detected, first_sum) = (firsts.len(), firsts.iter().map(|f| f + 1).sum::<usize>());
+    let within = firsts.iter().filter(|&&f| f < 100).count();
     let attack_seconds = t.elapsed().as_secs_f64();
     let costs = query_costs(args.seed)?;
-    let within_rate = within as f64 / attacked.len().max(1) as f64;
+    let within_rate = within as f64 / attacked.max(1) as f64;
     let mean_q = if detected > 0 { first_sum as f64 / detected as f64 } else { f64::NAN };
     let seconds = start.elapsed().as_secs_f64();
-    println!("\n{:<44} {:>10}", format!("similarity vs {} ({} attacked images)", args.attack, attacked.len()), "value");
+    println!("\n{:<44} {:>10}", format!("similarity vs {} ({attacked} attacked images)", args.attack), "value");
     let rows = [
         ("detected within the first 100 queries", format!("{within_rate:.4}")),
-        ("detected at all (200 queries)", format!("{:.4}", detected as f64 / attacked.len().max(1) as f64)),
+        ("detected at all (200 queries)", format!("{:.4}", detected as f64 / attacked.max(1) as f64)),
         ("mean queries to detection", format!("{mean_q:.1}")),
-        ("benign streams flagged", format!("{benign_rate:.4} of {}", benign.len())),
+        ("benign streams flagged", format!("{benign_rate:.4} of {benign}")),
         ("calibration queries/s", format!("{fit_rate:.0}")),
         ("attack seconds", format!("{attack_seconds:.1}")),
         (

@@ -4,8 +4,8 @@
 //!
 //! `cargo run --release --example evaluate -- [--model cnn|mlp|FILE.safetensors|FILE.onnx] [--weights FILE]
 //! [--bounds 0,1] [--data DIR] [--threat-model FILE.json] [--eps E] [--limit N] [--shard i/n | --shards n]
-//! [--merge n] [--no-audit] [--defense NAME[:PARAM]]… [--eot N] [--detector squeeze|lid|mahalanobis]… [--fit N]
-//! [--out DIR]`
+//! [--merge n] [--no-audit] [--defense NAME[:PARAM]]… [--eot N]
+//! [--detector squeeze|lid|mahalanobis|ensemble|magnet[:N,E]|region|similarity]… [--fit N] [--out DIR]`
 //!
 //! `--data sample` takes the embedded sample even when the full data set is installed. Without `--model`/`--weights` the reference cnn is trained here with the reference recipe when the full
 //! Fashion-MNIST is installed, else it starts from the shipped reference weights (tests/fixtures/cnn.safetensors).
@@ -15,23 +15,34 @@
 //! (`--eot` draws for random ones, default 8) at the headline ε; the report adds DefenseEvaluate's metrics and
 //! their radar chart. `--detector` (repeatable) fits a detector on `--fit` clean training images (default 1000)
 //! at 1% FPR and reports its detection of the cascade's adversarial examples and the protected pipeline's
-//! accuracy, non-adaptive and under AdaptivePgd. See examples/support/protect.rs.
+//! accuracy, non-adaptive and under AdaptivePgd; `region` is reported as a defense (adaptive: PGD with EOT through
+//! it), `similarity` watches the cascade's Square attack and Square with query blinding. See
+//! examples/support/protect.rs and guard.rs.
 //!
 //! With `--shard i/n` (or `--shards n` and Kubernetes' `JOB_COMPLETION_INDEX` = i) it runs samples
 //! [N·i/n, N·(i+1)/n) only and writes `DIR/ledger-i-of-n.json`; `--merge n` combines the n shard ledgers of DIR
-//! into the unsharded result (bit-identical records and figures) and reports it. A ledger is also the run's
+//! into the unsharded result (bit-identical records and figures) and reports it. Defenses and detectors shard
+//! too: each shard writes its samples' results to `DIR/protect-i-of-n.json`, which `--merge n` combines. A ledger is also the run's
 //! state file: rerunning the same command after an interruption continues where it stopped.
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/detectors.rs"]
+mod detectors;
+#[path = "support/guard.rs"]
+mod guard;
 #[path = "support/load.rs"]
 mod load;
+#[path = "support/magnet.rs"]
+mod magnet;
 #[path = "support/model.rs"]
 mod model;
 #[path = "support/progress.rs"]
 mod progress;
 #[path = "support/protect.rs"]
 mod protect;
+#[path = "support/stateful.rs"]
+mod stateful;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -165,24 +176,37 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let n = args.limit.min(set.test.len());
     std::fs::create_dir_all(&args.out)?;
     println!("threat model {} ({}), {} samples", tm.name, &tm.hash()[..12], n);
-    let Some(ledger) = cascade(&args, &tm, &clf, &set, model_name, n)? else { return Ok(()) };
+    let ledger = cascade(&args, &tm, &clf, &set, model_name, n)?;
+    let clf: Arc<dyn Classifier> = Arc::new(clf);
+    if args.shard.is_some() {
+        // A shard writes its ledger and its defenses' and detectors' per-sample results; --merge reports.
+        println!("shard {:?}: ledger {}", ledger.range, ledger_path(&args.out, args.shard).display());
+        if !(args.defenses.is_empty() && args.detectors.is_empty()) {
+            protect::run_slice(&context(&args, &tm, &clf, &set, &ledger, &|_, _| {}), &args.defenses, &args.detectors)?;
+            println!(
+                "shard {:?}: defenses and detectors {}",
+                ledger.range,
+                protect::side_file(&args.out, "protect", args.shard).display()
+            );
+        }
+        return Ok(());
+    }
     let summary = eval::summarise(&tm, &ledger, clf.num_classes());
     let verdicts = if args.audit {
         let (x, y) = set.test.batch(0..n.min(200))?;
         let norm = tm.norm()?;
-        eval::audit(&clf, &x, &y, &from_spec, &AuditConfig::new(norm, *tm.eps.last().unwrap_or(&0.1) as f32))?
+        eval::audit(clf.as_ref(), &x, &y, &from_spec, &AuditConfig::new(norm, *tm.eps.last().unwrap_or(&0.1) as f32))?
     } else {
         Vec::new()
     };
-    let mut report = eval::to_report(&clf, &set.test, &tm, &ledger, &summary, verdicts)?;
-    let clf: Arc<dyn Classifier> = Arc::new(clf);
+    let mut report = eval::to_report(clf.as_ref(), &set.test, &tm, &ledger, &summary, verdicts)?;
     protect(&args, &tm, &clf, &set, &ledger, &mut report)?;
     let files = armoury::report::write(&report, &args.out)?;
     armoury::io::write_atomic(&args.out.join("threat-model.json"), serde_json::to_string_pretty(&tm)?.as_bytes())?;
     print_and_save(&tm, &summary, &report, &files.html, start.elapsed().as_secs_f64())
 }
 
-/// The undefended cascade (or the merge of its shards); `None` after a shard, which only writes its ledger.
+/// The undefended cascade of the run's samples (a shard's, or all), or the merge of the shards' ledgers.
 fn cascade(
     args: &Args,
     tm: &ThreatModel,
@@ -190,12 +214,12 @@ fn cascade(
     set: &armoury::data::TrainTest,
     model_name: String,
     n: usize,
-) -> Result<Option<Ledger>, Box<dyn std::error::Error>> {
+) -> Result<Ledger, Box<dyn std::error::Error>> {
     if let Some(k) = args.merge {
         let shards = (0..k).map(|i| Ledger::load(&ledger_path(&args.out, Some((i, k))))).collect::<Result<_, _>>()?;
         let merged = eval::merge(tm, shards)?;
         merged.save(&ledger_path(&args.out, None))?;
-        return Ok(Some(merged));
+        return Ok(merged);
     }
     let range = match args.shard {
         Some((i, k)) => eval::shard_range(n, i, k)?,
@@ -219,14 +243,33 @@ fn cascade(
     };
     let l = eval::run_cascade(clf, &set.test, &run)?;
     bar.finish_and_clear();
-    if args.shard.is_some() {
-        println!("shard {:?}: ledger {}", range, ledger_path(&args.out, args.shard).display());
-        return Ok(None);
-    }
-    Ok(Some(l))
+    Ok(l)
 }
 
-/// The defenses and detectors of the command line, added to the report.
+/// What the defenses and detectors of the command line are evaluated with.
+fn context<'a>(
+    args: &'a Args,
+    tm: &'a ThreatModel,
+    clf: &'a Arc<dyn Classifier>,
+    set: &'a armoury::data::TrainTest,
+    ledger: &'a Ledger,
+    progress: &'a (dyn Fn(usize, usize) + Sync),
+) -> protect::Context<'a> {
+    protect::Context {
+        model: clf,
+        set,
+        threat: tm,
+        ledger,
+        out: &args.out,
+        shard: args.shard,
+        eot: args.eot,
+        fit: args.fit,
+        progress,
+    }
+}
+
+/// The defenses and detectors of the command line — run here on every sample, or merged from the shards' side
+/// files with `--merge` — added to the report.
 fn protect(
     args: &Args,
     tm: &ThreatModel,
@@ -235,43 +278,33 @@ fn protect(
     ledger: &Ledger,
     report: &mut armoury::report::Report,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if args.defenses.is_empty() && args.detectors.is_empty() {
+        return Ok(());
+    }
     let bar = bar()?;
     let progress = |done: usize, total: usize| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let cx = protect::Context {
-        model: clf,
-        set,
-        threat: tm,
-        ledger,
-        out: &args.out,
-        eot: args.eot,
-        fit: args.fit,
-        progress: &progress,
+    let cx = context(args, tm, clf, set, ledger, &progress);
+    let slices = match args.merge {
+        Some(k) => (0..k)
+            .map(|i| protect::load_slice(&protect::side_file(&args.out, "protect", Some((i, k)))))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![protect::run_slice(&cx, &args.defenses, &args.detectors)?],
     };
-    for (k, spec) in args.defenses.iter().enumerate() {
-        let t = Instant::now();
-        bar.set_message(format!("defense {spec}"));
-        let d = protect::evaluate_defense(&cx, k, spec)?;
-        bar.finish_and_clear();
+    bar.finish_and_clear();
+    let (defenses, detectors, stateful) = protect::finalise(&cx, &protect::merge_slices(tm, slices)?)?;
+    for d in &defenses {
         println!(
-            "defense {}: clean {:.4}, robust {:.4} (adaptive cascade at ε = {}), transfer {:.4}; {:.1} s",
-            d.name,
-            d.clean_accuracy.value,
-            d.robust_accuracy.value,
-            d.eps,
-            d.transfer_accuracy.value,
-            t.elapsed().as_secs_f64()
+            "defense {}: clean {:.4}, robust {:.4} (adaptive at ε = {}), transfer {:.4}",
+            d.name, d.clean_accuracy.value, d.robust_accuracy.value, d.eps, d.transfer_accuracy.value
         );
-        report.defenses.push(d);
     }
-    for name in &args.detectors {
-        let t = Instant::now();
-        let d = protect::evaluate_detector(&cx, name)?;
+    for d in &detectors {
         println!(
             "detector {}: AUC {:.4}, TPR@1% {:.4}, TPR@5% {:.4}; protected clean {:.4}, robust {:.4} (non-adaptive), \
-             {} (adaptive); {:.1} s",
+             {} (adaptive)",
             d.name,
             d.auc,
             d.tpr_at_1fpr,
@@ -279,10 +312,27 @@ fn protect(
             d.protected_clean_accuracy,
             d.protected_robust_non_adaptive,
             d.protected_robust_adaptive.map_or("not run".into(), |v| format!("{v:.4}")),
-            t.elapsed().as_secs_f64()
         );
-        report.detectors.push(d);
     }
+    for d in &stateful {
+        for a in &d.attacks {
+            println!(
+                "{} vs {}: {} of {} attacked samples flagged, mean queries to the first flag {}, {} fooled unflagged; \
+                 benign streams flagged {} of {}",
+                d.name,
+                a.attack,
+                a.flagged,
+                a.attacked,
+                a.mean_queries_to_flag.map_or("—".into(), |q| format!("{q:.1}")),
+                a.evaded,
+                d.benign_flagged,
+                d.benign_streams
+            );
+        }
+    }
+    report.defenses.extend(defenses);
+    report.detectors.extend(detectors);
+    report.stateful.extend(stateful);
     Ok(())
 }
 
@@ -355,6 +405,24 @@ fn print_and_save(
     }
     if !detectors.is_empty() {
         line["detectors"] = detectors.into();
+    }
+    let stateful: serde_json::Map<String, serde_json::Value> = r
+        .stateful
+        .iter()
+        .map(|d| {
+            let share = |a: &armoury::report::StatefulAttack| round(a.flagged as f64 / a.attacked.max(1) as f64);
+            let attack = |adaptive: bool| d.attacks.iter().find(|a| a.adaptive == adaptive);
+            let v = serde_json::json!({
+                "flagged": attack(false).map(share),
+                "mean_queries_to_flag": attack(false).and_then(|a| a.mean_queries_to_flag).map(|q| (q * 10.0).round() / 10.0),
+                "flagged_adaptive": attack(true).map(share),
+                "benign_flag_rate": round(d.benign_flagged as f64 / d.benign_streams.max(1) as f64),
+            });
+            ("similarity".to_string(), v)
+        })
+        .collect();
+    if !stateful.is_empty() {
+        line["stateful"] = stateful.into();
     }
     println!("{line}");
     Ok(())

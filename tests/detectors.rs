@@ -12,10 +12,10 @@ use armoury::nn::{Conv2d, Flatten, Linear, Module, Param, ReLU, Sequential, Sigm
 use armoury::{Classifier, Conv2dParams, Detector, Guarded, ModuleClassifier, Tensor};
 use armoury_defenses::detectors::{
     autoencoder, gaussian_encodings, jensen_shannon, local_intrinsic_dimensionality, measure_index, protected_accuracy,
-    spd_inverse, train_autoencoder, train_similarity_encoder, AdaptivePgd, Architecture, Autoencoder,
-    AutoencoderTraining, DivergenceDetector, Ensemble, ErrorDetector, FeatureSqueezing, IndexConfig, Lid, Logistic,
-    LogisticTraining, Mahalanobis, ModuleEncoder, Policy, RegionClassifier, SimilarityTraining, StatefulDetector,
-    Upsample2x,
+    protected_correct, spd_inverse, train_autoencoder, train_similarity_encoder, AdaptivePgd, Architecture,
+    Autoencoder, AutoencoderTraining, DetectionMetrics, DivergenceDetector, Ensemble, ErrorDetector, FeatureSqueezing,
+    IndexConfig, Lid, Logistic, LogisticTraining, Mahalanobis, ModuleEncoder, Policy, QueryBlinding, RegionClassifier,
+    SimilarityTraining, StatefulDetector, Upsample2x,
 };
 use ndarray::Array2;
 
@@ -383,4 +383,66 @@ fn detectors_similarity_encoder_training_pulls_noisy_copies_together() {
 fn e_rows(e: &ModuleEncoder, x: &Tensor) -> Array2<f32> {
     use armoury_defenses::detectors::Encoder;
     e.encode(x).expect("encodes")
+}
+
+/// A classifier whose logits are its input's first two pixels, so a blinded query can be read back from them.
+struct FirstPixels {
+    shape: [usize; 3],
+    counters: armoury::Counters,
+}
+
+impl Classifier for FirstPixels {
+    fn input_shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn num_classes(&self) -> usize {
+        2
+    }
+    fn bounds(&self) -> (f32, f32) {
+        (0.0, 1.0)
+    }
+    fn counters(&self) -> &armoury::Counters {
+        &self.counters
+    }
+    fn forward(&self, x: &Tensor) -> armoury::Result<Tensor> {
+        let n = x.shape()[0];
+        x.reshape(&[n, 4])?.narrow(1, 0, 2)
+    }
+}
+
+#[test]
+fn detectors_query_blinding_adds_bounded_per_query_noise_and_metrics_from_scores() {
+    let inner: Arc<dyn Classifier> = Arc::new(FirstPixels { shape: [1, 2, 2], counters: Default::default() });
+    let q = Tensor::from_vec(vec![0.0, 1.0, 0.5, 0.5, 0.3, 0.3, 0.3, 0.3], &[2, 1, 2, 2]).expect("queries");
+    let blind = QueryBlinding::new(inner.clone(), 0.2, 7).expect("blinding");
+    let sent = blind.blind(&q).expect("blinded").to_vec();
+    let orig = q.to_vec();
+    for (s, o) in sent.iter().zip(&orig) {
+        assert!((s - o).abs() <= 0.2 + 1e-6 && (0.0..=1.0).contains(s), "{s} from {o}");
+    }
+    assert!(sent.iter().zip(&orig).filter(|(s, o)| s != o).count() >= 5, "noise on most pixels: {sent:?}");
+    // Pixel 0 of query 0 is 0: its noise is clipped from below, so it can only go up; pixel 1 (1.0) only down.
+    assert!(sent[0] >= 0.0 && sent[1] <= 1.0);
+    // The model answers the blinded query: its logits are the blinded first two pixels.
+    let z = blind.logits(&q).expect("logits");
+    assert_eq!(z.iter().copied().collect::<Vec<f32>>(), vec![sent[0], sent[1], sent[4], sent[5]]);
+    // Per query from its own values: the second query alone is blinded as in the batch; another seed differs.
+    let alone = blind.blind(&q.narrow(0, 1, 1).expect("one")).expect("blinded").to_vec();
+    assert_eq!(alone, sent[4..].to_vec());
+    let other = QueryBlinding::new(inner.clone(), 0.2, 8).expect("blinding").blind(&q).expect("b").to_vec();
+    assert_ne!(other, sent);
+    assert_eq!(QueryBlinding::new(inner.clone(), 0.0, 7).expect("r = 0").blind(&q).expect("b").to_vec(), orig);
+    assert!(QueryBlinding::new(inner, f32::NAN, 0).is_err());
+
+    // DetectionMetrics of scores: the hand-computed AUC of detectors_roc_hand_computed, TPR at 1% FPR.
+    let m = DetectionMetrics::from_scores(&[0.1, 0.4], &[0.35, 0.8]).expect("metrics");
+    assert!(close(m.auc, 0.75, 1e-12) && close(m.tpr_at_1fpr, 0.5, 1e-12), "{m:?}");
+    // protected_correct: right, or rejected when rejection defends; its share is protected_accuracy.
+    let clf = cnn();
+    let (x, y) = test_images(0..20);
+    let pred = clf.predict(&x).expect("pred");
+    let ok = protected_correct(clf.as_ref(), &x, &y, true).expect("ok");
+    assert_eq!(ok, pred.iter().zip(&y).map(|(p, l)| p == l).collect::<Vec<_>>());
+    let share = ok.iter().filter(|&&c| c).count() as f64 / 20.0;
+    assert_eq!(protected_accuracy(clf.as_ref(), &x, &y, true).expect("acc"), share);
 }

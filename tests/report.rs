@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use armoury::metrics::{attack_metrics, wilson, Z95};
 use armoury::report::{
     read, write, AttackSummary, ClassFlips, DefenseReport, DetectorReport, EpsCurve, ExampleImage, Interval,
-    NormDistribution, Radar, RadarSeries, Report, Verdict,
+    NormDistribution, Radar, RadarSeries, Report, StatefulAttack, StatefulReport, Verdict,
 };
 use armoury::Tensor;
 use ndarray::Array2;
@@ -93,6 +93,23 @@ fn synthetic_report() -> Report {
         protected_robust_non_adaptive: 0.6,
         adaptive_attack: "AdaptivePgd(eps=0.1, steps=40, step=0.01, λ=1)".into(),
         protected_robust_adaptive: Some(0.05),
+    }];
+    let attack = |adaptive: bool, flagged: usize, mean: Option<f64>, evaded: usize| StatefulAttack {
+        attack: if adaptive { "square, query blinding".into() } else { "square(queries=5000)".into() },
+        adaptive,
+        attacked: 160,
+        flagged,
+        mean_queries_to_flag: mean,
+        evaded,
+    };
+    r.stateful = vec![StatefulReport {
+        name: "similarity (fc1_relu, k = 20)".into(),
+        threshold: -1.25,
+        calibration: "0.005 of 600 benign streams".into(),
+        benign_streams: 500,
+        benign_stream_len: 100,
+        benign_flagged: 3,
+        attacks: vec![attack(false, 120, Some(21.5), 30), attack(true, 8, None, 140)],
     }];
     r
 }
@@ -201,6 +218,9 @@ fn write_produces_json_markdown_and_a_self_contained_page() {
         "| MedianFilter(size=3) | 0.1 | 0.8500 [",
         "| -0.3333 | 0.0000 | 0.3333 | 0.1000 | 0.0451 |",
         "| 0.4321 (1% on 1000) | 200 / 156 | 0.8125 | 0.2500 | 0.5000 | 0.8700 | 0.6000 | 0.0500 |",
+        // 120 of 160 flagged = 0.75; 3 of 500 benign streams = 0.006.
+        "| similarity (fc1_relu, k = 20) | square(queries=5000) | 160 | 120 | 0.7500 | 21.5 | 30 | 0.0060 (3 of 500 streams of 100) | -1.2500 (0.005 of 600 benign streams) |",
+        "| square, query blinding (adaptive) | 160 | 8 | 0.0500 | — | 140 |",
     ] {
         assert!(md.contains(needle), "report.md lacks {needle:?}:\n{md}");
     }
@@ -240,6 +260,11 @@ fn write_produces_json_markdown_and_a_self_contained_page() {
     );
     assert!(radar.contains("BitDepth(bits=3)") && radar.matches("<polygon").count() >= 2, "both defenses drawn");
     assert!(html.contains("<table id=\"defenses\">") && html.contains("<table id=\"detectors\">"));
+    let stateful = &html[html.find("<table id=\"stateful\">").expect("the stateful table")..];
+    let stateful = &stateful[..stateful.find("</table>").unwrap()];
+    assert_eq!(stateful.matches("<tr>").count(), 3, "header and one row per attack");
+    assert!(stateful.contains("<td>0.7500</td><td>21.5</td><td>30</td><td>0.0060 (3 of 500 streams of 100)</td>"));
+    assert!(stateful.contains("<td>0.0500</td><td>—</td><td>140</td>"), "{stateful}");
 }
 
 #[test]
@@ -276,6 +301,15 @@ fn write_rejects_inconsistent_reports_naming_the_field() {
     let mut r = synthetic_report();
     r.detectors[0].auc = f64::NAN;
     assert!(err(&r).contains("detectors[0]"));
+    let mut r = synthetic_report();
+    r.stateful[0].attacks[1].flagged = 161;
+    assert!(err(&r).contains("stateful[0]"), "{}", err(&r));
+    let mut r = synthetic_report();
+    r.stateful[0].attacks[0].mean_queries_to_flag = Some(0.5);
+    assert!(err(&r).contains("stateful[0]"));
+    let mut r = synthetic_report();
+    r.stateful[0].benign_flagged = 501;
+    assert!(err(&r).contains("stateful[0]"));
     // Nothing was written by the failed calls.
     assert!(!dir.join("report.json").exists());
     // A minimal report (headline figures only) is fine: no plots, no grid.

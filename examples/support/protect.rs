@@ -1,34 +1,36 @@
 //! `evaluate`'s defenses and detectors (armoury-defenses), wired here so that the core's evaluator and report
 //! stay free of the defenses crate: the report only takes their figures.
 //!
+//! Each is evaluated in two phases, so that shards and the unsharded run share one code path: [`run_slice`]
+//! computes the per-sample results of the run's samples (a shard's, or all) into a [`Slice`] — the side file
+//! `protect[-i-of-n].json` next to the ledger —, [`merge_slices`] concatenates the shards' slices in sample
+//! order, and [`finalise`] turns the whole evaluation's slice into the report's figures. Fitting on training
+//! images is deterministic and repeated in every shard; every attack seeds each sample from its own values.
+//!
 //! - `--defense NAME[:PARAM]`: an input transformation in front of the model, used as a classifier with its
 //!   BPDA/EOT gradients; the threat model's cascade attacks the defended model adaptively at the headline ε,
 //!   and DefenseEvaluate's metrics compare the undefended and defended models on the undefended cascade's
 //!   worst-case inputs.
-//! - `--detector NAME`: fitted on clean training images at 1% FPR, scored against the cascade's adversarial
-//!   examples (ROC AUC, TPR at 1% / 5% FPR), and the protected pipeline (model + rejection) measured on clean
-//!   images, on the cascade's inputs (non-adaptive) and under `AdaptivePgd` (adaptive, L∞ threat models).
+//! - `--detector NAME`: see `guard.rs` (per-input detectors, the region classifier) and `stateful.rs` (the
+//!   query detector).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use armoury::data::TrainTest;
 use armoury::eval::{self, CascadeRun, Ledger, ThreatModel};
 use armoury::metrics::{defense_metrics, wilson, Z95};
-use armoury::report::{DefenseReport, DetectorReport};
-use armoury::{Classifier, Detector, Guarded, Tensor};
-use armoury_attacks::registry::{self, from_spec, AttackParams};
-use armoury_defenses::detectors::{
-    detection_metrics, protected_accuracy, AdaptivePgd, FeatureSqueezing, Lid, LogisticTraining, Mahalanobis,
-};
+use armoury::report::{DefenseReport, DetectorReport, StatefulReport};
+use armoury::Classifier;
+use armoury_attacks::registry::from_spec;
+use serde::{Deserialize, Serialize};
+
+use super::guard;
 use armoury_defenses::transforms::{
     BitDepth, Defended, GaussianFilter, GaussianNoise, Jpeg, MeanFilter, MedianFilter, TotalVariation, Transform,
 };
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// The false-positive rate detectors are fitted at.
-pub const TARGET_FPR: f64 = 0.01;
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The defenses `--defense` knows, with their parameter: `bit-depth[:BITS]`, `median[:SIZE]`, `mean[:SIZE]`,
 /// `gaussian[:SIGMA]`, `jpeg[:QUALITY]`, `tv[:WEIGHT]` (random pixel dropout: EOT), `noise[:SIGMA]` (EOT).
@@ -62,13 +64,15 @@ pub fn transform(spec: &str) -> Res<Arc<dyn Transform>> {
 }
 
 /// What a defense or detector is evaluated with: the model, the data, the threat model and the undefended
-/// cascade's ledger.
+/// cascade's ledger of the run's samples (a shard's, or all).
 pub struct Context<'a> {
     pub model: &'a Arc<dyn Classifier>,
     pub set: &'a TrainTest,
     pub threat: &'a ThreatModel,
     pub ledger: &'a Ledger,
     pub out: &'a Path,
+    /// The run's shard (`None`: unsharded), for the names of its state files.
+    pub shard: Option<(usize, usize)>,
     /// EOT draws of random transforms.
     pub eot: usize,
     /// Clean training images detectors are fitted on.
@@ -76,132 +80,213 @@ pub struct Context<'a> {
     pub progress: &'a (dyn Fn(usize, usize) + Sync),
 }
 
-/// The defended model attacked by the cascade at the headline ε (resumable: `defense-K.json` in the output
-/// directory), and DefenseEvaluate's metrics on the undefended cascade's worst-case inputs.
-pub fn evaluate_defense(cx: &Context<'_>, k: usize, spec: &str) -> Res<DefenseReport> {
-    let t = transform(spec)?;
-    let name = t.name();
-    let defended = Defended::shared(cx.model.clone(), t)?.with_eot(cx.eot, cx.threat.seed)?;
-    let eps = *cx.threat.eps.last().ok_or("the threat model has no ε")?;
-    let tm = ThreatModel {
-        name: format!("{} + {name}", cx.threat.name),
-        eps: vec![eps],
-        minimal: Vec::new(),
-        ..cx.threat.clone()
+impl Context<'_> {
+    /// The headline ε.
+    pub fn eps(&self) -> Res<f64> {
+        Ok(*self.threat.eps.last().ok_or("the threat model has no ε")?)
+    }
+
+    /// `stem.json`, or `stem-i-of-n.json` in a shard.
+    pub fn file(&self, stem: &str) -> PathBuf {
+        side_file(self.out, stem, self.shard)
+    }
+}
+
+/// `DIR/stem.json`, or `DIR/stem-i-of-n.json` for shard i of n.
+pub fn side_file(out: &Path, stem: &str, shard: Option<(usize, usize)>) -> PathBuf {
+    match shard {
+        Some((i, n)) => out.join(format!("{stem}-{i}-of-{n}.json")),
+        None => out.join(format!("{stem}.json")),
+    }
+}
+
+/// The per-sample results of one run's defenses and detectors (the side file next to its ledger).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Slice {
+    pub threat_model_hash: String,
+    /// The samples covered.
+    pub range: (usize, usize),
+    pub total_samples: usize,
+    pub defenses: Vec<DefenseSlice>,
+    pub detectors: Vec<guard::DetectorSlice>,
+}
+
+/// A defense's per-sample results.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DefenseSlice {
+    pub spec: String,
+    pub name: String,
+    /// The adaptive cascade's ledger on the defended model.
+    pub ledger: Ledger,
+    /// Whether the defended model classifies the undefended cascade's worst-case input correctly.
+    pub transfer_ok: Vec<bool>,
+    /// Undefended and defended probabilities on those inputs, row-major `[samples, classes]`.
+    pub raw: Vec<f32>,
+    pub defended: Vec<f32>,
+}
+
+/// `a` and `b` agree on a shard-invariant field, else an error naming it.
+pub fn same<T: PartialEq + std::fmt::Debug>(what: &str, a: &T, b: &T) -> Res<()> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(format!("shards disagree on {what}: {a:?} and {b:?}").into())
+    }
+}
+
+/// Runs every defense and detector of the command line on the run's samples and saves the side file.
+pub fn run_slice(cx: &Context<'_>, defenses: &[String], detectors: &[String]) -> Res<Slice> {
+    let mut slice = Slice {
+        threat_model_hash: cx.threat.hash(),
+        range: cx.ledger.range,
+        total_samples: cx.ledger.total_samples,
+        defenses: Vec::new(),
+        detectors: Vec::new(),
     };
-    let n = cx.ledger.records.len();
+    for (k, spec) in defenses.iter().enumerate() {
+        let t = std::time::Instant::now();
+        slice.defenses.push(defense_slice(cx, k, spec)?);
+        println!("defense {spec}: {} samples, {:.1} s", cx.ledger.records.len(), t.elapsed().as_secs_f64());
+    }
+    for spec in detectors {
+        let t = std::time::Instant::now();
+        slice.detectors.push(guard::detector_slice(cx, spec)?);
+        println!("detector {spec}: {} samples, {:.1} s", cx.ledger.records.len(), t.elapsed().as_secs_f64());
+    }
+    armoury::io::write_atomic(&cx.file("protect"), &serde_json::to_vec(&slice)?)?;
+    Ok(slice)
+}
+
+/// Reads a side file.
+pub fn load_slice(path: &Path) -> Res<Slice> {
+    Ok(serde_json::from_slice(&std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?)?)
+}
+
+/// The shards' slices as one, in sample order: they must share the threat model and the defenses and detectors,
+/// and cover every sample exactly once.
+pub fn merge_slices(tm: &ThreatModel, mut slices: Vec<Slice>) -> Res<Slice> {
+    slices.sort_by_key(|s| s.range.0);
+    let mut it = slices.into_iter();
+    let mut all = it.next().ok_or("no side files to merge")?;
+    same("the threat model", &all.threat_model_hash, &tm.hash())?;
+    let mut ledgers: Vec<Vec<Ledger>> = all.defenses.iter().map(|d| vec![d.ledger.clone()]).collect();
+    for s in it {
+        same("the threat model", &all.threat_model_hash, &s.threat_model_hash)?;
+        same("the sample count", &all.total_samples, &s.total_samples)?;
+        same("the next shard's first sample", &all.range.1, &s.range.0)?;
+        same("the defenses", &all.defenses.len(), &s.defenses.len())?;
+        same("the detectors", &all.detectors.len(), &s.detectors.len())?;
+        for ((a, b), l) in all.defenses.iter_mut().zip(s.defenses).zip(&mut ledgers) {
+            same("a defense", &a.spec, &b.spec)?;
+            l.push(b.ledger);
+            a.transfer_ok.extend(b.transfer_ok);
+            a.raw.extend(b.raw);
+            a.defended.extend(b.defended);
+        }
+        for (a, b) in all.detectors.iter_mut().zip(s.detectors) {
+            a.append(b)?;
+        }
+        all.range.1 = s.range.1;
+    }
+    same("the samples covered", &all.range, &(0, all.total_samples))?;
+    for (d, l) in all.defenses.iter_mut().zip(ledgers) {
+        d.ledger = eval::merge(&defense_threat(tm, &d.name)?, l)?;
+    }
+    Ok(all)
+}
+
+/// The report's figures of the whole evaluation's slice (`cx.ledger`: the undefended cascade of every sample).
+pub fn finalise(
+    cx: &Context<'_>,
+    slice: &Slice,
+) -> Res<(Vec<DefenseReport>, Vec<DetectorReport>, Vec<StatefulReport>)> {
+    let mut defenses = Vec::new();
+    for d in &slice.defenses {
+        defenses.push(defense_report(cx, d)?);
+    }
+    let (mut detectors, mut stateful) = (Vec::new(), Vec::new());
+    for d in &slice.detectors {
+        guard::report(cx, d, &mut defenses, &mut detectors, &mut stateful)?;
+    }
+    Ok((defenses, detectors, stateful))
+}
+
+/// The threat model of a defense's adaptive cascade: the headline ε, no minimum-norm attacks.
+fn defense_threat(tm: &ThreatModel, name: &str) -> Res<ThreatModel> {
+    Ok(ThreatModel {
+        name: format!("{} + {name}", tm.name),
+        eps: vec![*tm.eps.last().ok_or("the threat model has no ε")?],
+        minimal: Vec::new(),
+        ..tm.clone()
+    })
+}
+
+fn defended(cx: &Context<'_>, spec: &str) -> Res<Defended> {
+    Ok(Defended::shared(cx.model.clone(), transform(spec)?)?.with_eot(cx.eot, cx.threat.seed)?)
+}
+
+/// The defended model attacked by the cascade at the headline ε on the run's samples (resumable:
+/// `defense-K[-i-of-n].json` in the output directory), and both models on the undefended cascade's worst-case
+/// inputs.
+fn defense_slice(cx: &Context<'_>, k: usize, spec: &str) -> Res<DefenseSlice> {
+    let defended = defended(cx, spec)?;
+    let name = transform(spec)?.name();
+    let tm = defense_threat(cx.threat, &name)?;
     let run = CascadeRun {
         threat: &tm,
         build: &from_spec,
         model_name: format!("{} behind {name}", cx.ledger.model),
-        range: (0, n),
-        total_samples: n,
+        range: cx.ledger.range,
+        total_samples: cx.ledger.total_samples,
         chunk: tm.batch_size,
-        state: Some(cx.out.join(format!("defense-{k}.json"))),
+        state: Some(cx.file(&format!("defense-{k}"))),
         max_steps: None,
         progress: Some(cx.progress),
     };
     let ledger = eval::run_cascade(&defended, &cx.set.test, &run)?;
-    let summary = eval::summarise(&tm, &ledger, defended.num_classes());
     let (x, y, _) = eval::worst_case_inputs(cx.ledger, &cx.set.test)?;
     let (raw, def) = (cx.model.probabilities(&x)?, defended.probabilities(&x)?);
-    let correct = armoury::classifier::argmax_rows(&def).iter().zip(&y).filter(|(p, l)| p == l).count();
-    Ok(DefenseReport {
+    let pred = armoury::classifier::argmax_rows(&def);
+    Ok(DefenseSlice {
+        spec: spec.to_string(),
         name,
+        ledger,
+        transfer_ok: pred.iter().zip(&y).map(|(p, l)| p == l).collect(),
+        raw: raw.iter().copied().collect(),
+        defended: def.iter().copied().collect(),
+    })
+}
+
+/// `[rows, classes]` probabilities of a slice.
+pub fn probabilities(values: &[f32], classes: usize) -> Res<ndarray::Array2<f32>> {
+    Ok(ndarray::Array2::from_shape_vec((values.len() / classes.max(1), classes), values.to_vec())?)
+}
+
+/// A defense's figures: clean and robust accuracy of its adaptive cascade, transfer accuracy and
+/// DefenseEvaluate's metrics on the undefended cascade's worst-case inputs.
+fn defense_report(cx: &Context<'_>, d: &DefenseSlice) -> Res<DefenseReport> {
+    let tm = defense_threat(cx.threat, &d.name)?;
+    let k = cx.model.num_classes();
+    let summary = eval::summarise(&tm, &d.ledger, k);
+    let y: Vec<usize> = cx.ledger.records.iter().map(|r| r.label).collect();
+    let correct = d.transfer_ok.iter().filter(|&&c| c).count();
+    let eps = cx.eps()?;
+    Ok(DefenseReport {
+        name: d.name.clone(),
         clean_accuracy: summary.clean_accuracy,
         robust_accuracy: summary.headline(),
         eps,
         per_attack: eval::attack_summaries(&summary, 0),
         transfer_accuracy: wilson(correct, y.len(), Z95)?,
-        metrics: defense_metrics(&raw, &def, &y)?,
-        metrics_inputs: format!(
-            "the undefended cascade's worst-case inputs at ε ≤ {eps} ({} samples: the adversarial example where \
-             the cascade broke the undefended model, the clean image elsewhere)",
-            y.len()
-        ),
+        metrics: defense_metrics(&probabilities(&d.raw, k)?, &probabilities(&d.defended, k)?, &y)?,
+        metrics_inputs: worst_case_words(eps, y.len()),
     })
 }
 
-/// The detector named `name`, before fitting. Layer detectors (`lid`, `mahalanobis`) read the reference cnn's
-/// layers and fit their logistic combiner on 500 training images attacked with PGD-40 at the headline ε.
-fn detector(cx: &Context<'_>, name: &str) -> Res<Box<dyn Detector>> {
-    let layers = ["conv1_relu", "conv2_relu", "fc1_relu", "fc2"];
-    let fit = cx.fit.min(cx.set.train.len() / 2);
-    let (reference, ref_y) = cx.set.train.batch(fit..2 * fit)?;
-    let combiner_data = || -> Res<(Tensor, Tensor)> {
-        let len = cx.set.train.len();
-        let (x, y) = cx.set.train.batch(len - 500.min(len)..len)?;
-        let eps = *cx.threat.eps.last().unwrap_or(&0.1) as f32;
-        let pgd = registry::by_name("pgd", &AttackParams { eps, steps: Some(40), ..AttackParams::default() })?;
-        let adv = pgd.run(cx.model.as_ref(), &x, &y, &armoury::Goal::Untargeted, cx.threat.seed)?.adversarial;
-        Ok((x, adv))
-    };
-    Ok(match name {
-        "squeeze" => Box::new(FeatureSqueezing::with_defaults(cx.model.clone(), 4)?),
-        "lid" => {
-            let mut d = Lid::new(cx.model.clone(), &layers, 20, &reference)?;
-            let (c, a) = combiner_data()?;
-            d.fit_combiner(&c, &a, &LogisticTraining::default())?;
-            Box::new(d)
-        }
-        "mahalanobis" => {
-            let mut d = Mahalanobis::new(cx.model.clone(), &layers, &reference, &ref_y, 1e-3)?;
-            let (c, a) = combiner_data()?;
-            d.fit_combiner(&c, &a, &LogisticTraining::default())?;
-            Box::new(d)
-        }
-        other => return Err(format!("unknown detector '{other}' (known: squeeze, lid, mahalanobis)").into()),
-    })
-}
-
-/// The detector fitted on clean training images, its detection of the cascade's adversarial examples against
-/// the clean test images, and the protected pipeline's accuracies (clean; the cascade's inputs; AdaptivePgd).
-pub fn evaluate_detector(cx: &Context<'_>, name: &str) -> Res<DetectorReport> {
-    let mut d = detector(cx, name)?;
-    let (fit_x, _) = cx.set.train.batch(0..cx.fit.min(cx.set.train.len() / 2))?;
-    let tau = d.fit(&fit_x, TARGET_FPR as f32)?;
-    // The rejection logit's scale: one logit per (τ − median clean score), so that the adaptive attack's loss
-    // sees the detector's margin on the classifier's scale.
-    let mut clean_scores = d.score(&fit_x)?;
-    let mid = clean_scores.len() / 2;
-    let median = *clean_scores.select_nth_unstable_by(mid, f32::total_cmp).1;
-    let scale = if tau - median > 0.0 && (tau - median).is_finite() { 1.0 / (tau - median) } else { 1.0 };
-
-    // The ledger's records are its range's samples, in order.
-    let (clean, labels) = cx.set.test.batch(cx.ledger.range.0..cx.ledger.range.1)?;
-    let (worst, _, broken) = eval::worst_case_inputs(cx.ledger, &cx.set.test)?;
-    let fooled: Vec<usize> = (0..broken.len()).filter(|&i| broken[i]).collect();
-    let metrics = detection_metrics(d.as_ref(), &clean, &worst.index_select(0, &fooled)?)?;
-
-    let d: Arc<dyn Detector> = Arc::from(d);
-    let guarded = Guarded::new(cx.model.clone(), d.clone())?.with_scale(scale)?;
-    let eps = *cx.threat.eps.last().unwrap_or(&0.1) as f32;
-    let pgd = AdaptivePgd { eps, steps: 40, step_size: eps / 10.0, lambda: 1.0, random_start: true };
-    let adaptive = if cx.threat.norm == "linf" {
-        let adv = pgd.run(&guarded, &clean, &labels, cx.threat.seed)?;
-        Some(protected_accuracy(&guarded, &adv, &labels, true)?)
-    } else {
-        None
-    };
-    Ok(DetectorReport {
-        name: d.name().to_string(),
-        target_fpr: TARGET_FPR,
-        threshold: f64::from(tau),
-        fit_samples: fit_x.shape()[0],
-        clean_scored: labels.len(),
-        adversarial_scored: fooled.len(),
-        auc: metrics.auc,
-        tpr_at_1fpr: metrics.tpr_at_1fpr,
-        tpr_at_5fpr: metrics.tpr_at_5fpr,
-        protected_clean_accuracy: protected_accuracy(&guarded, &clean, &labels, false)?,
-        protected_robust_non_adaptive: protected_accuracy(&guarded, &worst, &labels, true)?,
-        adaptive_attack: format!(
-            "AdaptivePgd(ε = {eps}, {} steps of {}, λ = {}, random start){}",
-            pgd.steps,
-            pgd.step_size,
-            pgd.lambda,
-            if adaptive.is_none() { ": not run (L∞ only)" } else { "" }
-        ),
-        protected_robust_adaptive: adaptive,
-    })
+/// The inputs DefenseEvaluate's metrics compare on, in words.
+pub fn worst_case_words(eps: f64, n: usize) -> String {
+    format!(
+        "the undefended cascade's worst-case inputs at ε ≤ {eps} ({n} samples: the adversarial example where the \
+         cascade broke the undefended model, the clean image elsewhere)"
+    )
 }

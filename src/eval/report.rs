@@ -82,6 +82,7 @@ pub fn to_report(
         defenses: Vec::new(),
         defense_radar: None,
         detectors: Vec::new(),
+        stateful: Vec::new(),
     })
 }
 

@@ -72,6 +72,7 @@ pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
     }
     defenses(&mut h, r)?;
     detectors(&mut h, r);
+    stateful(&mut h, r);
     if !r.audit.is_empty() {
         h.push_str("<h2>Gradient-masking audit</h2>\n<table id=\"audit\"><tr><th class=\"name\">check</th><th>verdict</th><th class=\"name\">explanation</th></tr>\n");
         for v in &r.audit {
@@ -187,6 +188,28 @@ fn detectors(h: &mut String, r: &Report) {
             cells.concat(),
             html_escape(&d.adaptive_attack)
         );
+    }
+    h.push_str("</table>\n");
+}
+
+/// The stateful detectors' table: one row per attack on the watched model.
+fn stateful(h: &mut String, r: &Report) {
+    if r.stateful.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Stateful detectors</h2>\n<table id=\"stateful\"><tr>");
+    for (k, c) in super::STATEFUL_COLUMNS.iter().enumerate() {
+        let class = if k < 2 { " class=\"name\"" } else { "" };
+        let _ = write!(h, "<th{class}>{}</th>", html_escape(c));
+    }
+    h.push_str("</tr>\n");
+    for row in super::stateful_rows(r) {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(k, c)| format!("<td{}>{}</td>", if k < 2 { " class=\"name\"" } else { "" }, html_escape(c)))
+            .collect();
+        let _ = writeln!(h, "<tr>{}</tr>", cells.concat());
     }
     h.push_str("</table>\n");
 }

@@ -132,4 +132,16 @@ fn defenses(m: &mut String, r: &Report) {
             );
         }
     }
+    if !r.stateful.is_empty() {
+        m.push_str("\n## Stateful detectors (query attacks, one sample at a time from an empty history)\n\n");
+        let _ = writeln!(
+            m,
+            "| {} |\n|{}",
+            super::STATEFUL_COLUMNS.join(" | "),
+            "---|".repeat(super::STATEFUL_COLUMNS.len())
+        );
+        for row in super::stateful_rows(r) {
+            let _ = writeln!(m, "| {} |", row.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
+        }
+    }
 }

@@ -198,6 +198,44 @@ pub struct DetectorReport {
     pub protected_robust_adaptive: Option<f64>,
 }
 
+/// A stateful detector watching the model's query stream (Chen, Carlini & Wagner 2020): how soon it flags a
+/// score-based attack, how many attacks it flags at all, and how often it flags benign streams.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StatefulReport {
+    /// The detector's name with its settings (encoder, k).
+    pub name: String,
+    /// The fitted threshold on its score.
+    pub threshold: f64,
+    /// How the threshold was calibrated, in words.
+    pub calibration: String,
+    /// Benign streams of clean test images run from an empty history.
+    pub benign_streams: usize,
+    /// Queries per benign stream.
+    pub benign_stream_len: usize,
+    /// Benign streams with at least one flagged query (the false-positive rate is this over `benign_streams`).
+    pub benign_flagged: usize,
+    /// The attacks on the watched model: the non-adaptive one first, then the adaptive one.
+    pub attacks: Vec<StatefulAttack>,
+}
+
+/// One query attack run sample by sample against the watched model, each from an empty history.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StatefulAttack {
+    /// The attack with its settings.
+    pub attack: String,
+    /// Whether it is the adaptive attack (it knows the detector is there).
+    pub adaptive: bool,
+    /// Samples attacked (the correctly classified ones).
+    pub attacked: usize,
+    /// Attacked samples with at least one flagged query.
+    pub flagged: usize,
+    /// Mean number of queries up to and including the first flagged one, over the flagged samples (`None`: none
+    /// flagged).
+    pub mean_queries_to_flag: Option<f64>,
+    /// Attacked samples the attack fooled the model on without any query being flagged: the attacker's wins.
+    pub evaded: usize,
+}
+
 /// Everything an evaluation found, as plain data: what [`write()`] renders.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Report {
@@ -241,6 +279,9 @@ pub struct Report {
     /// Detectors evaluated against the cascade's adversarial examples (may be empty).
     #[serde(default)]
     pub detectors: Vec<DetectorReport>,
+    /// Stateful detectors of query attacks (may be empty).
+    #[serde(default)]
+    pub stateful: Vec<StatefulReport>,
 }
 
 impl Report {
@@ -266,6 +307,7 @@ impl Report {
             defenses: Vec::new(),
             defense_radar: None,
             detectors: Vec::new(),
+            stateful: Vec::new(),
         }
     }
 }
@@ -432,6 +474,41 @@ fn detector_cells(d: &DetectorReport) -> [String; 8] {
     ]
 }
 
+/// The columns of the stateful detectors' table.
+const STATEFUL_COLUMNS: [&str; 9] = [
+    "detector",
+    "attack",
+    "attacked",
+    "flagged",
+    "share flagged",
+    "mean queries to the first flag",
+    "fooled unflagged",
+    "benign streams flagged",
+    "threshold",
+];
+
+/// The stateful detectors' table rows: one per attack, every cell of [`STATEFUL_COLUMNS`].
+fn stateful_rows(r: &Report) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    for d in &r.stateful {
+        let fpr = d.benign_flagged as f64 / d.benign_streams.max(1) as f64;
+        for a in &d.attacks {
+            rows.push(vec![
+                d.name.clone(),
+                format!("{}{}", a.attack, if a.adaptive { " (adaptive)" } else { "" }),
+                a.attacked.to_string(),
+                a.flagged.to_string(),
+                format!("{:.4}", a.flagged as f64 / a.attacked.max(1) as f64),
+                a.mean_queries_to_flag.map_or("—".to_string(), |q| format!("{q:.1}")),
+                a.evaded.to_string(),
+                format!("{fpr:.4} ({} of {} streams of {})", d.benign_flagged, d.benign_streams, d.benign_stream_len),
+                format!("{:.4} ({})", d.threshold, d.calibration),
+            ]);
+        }
+    }
+    rows
+}
+
 /// `value [lo, hi]` with 4 decimals.
 fn fmt_interval(i: &Interval) -> String {
     if i.lo == i.hi {
@@ -506,6 +583,19 @@ fn validate_defenses(r: &Report) -> Result<()> {
             return Err(Error::invalid(
                 "report",
                 format!("detectors[{k}]: a rate outside [0, 1] or a non-finite threshold"),
+            ));
+        }
+    }
+    for (k, d) in r.stateful.iter().enumerate() {
+        let bad_attack = d.attacks.iter().any(|a| {
+            a.flagged > a.attacked
+                || a.evaded > a.attacked
+                || a.mean_queries_to_flag.is_some_and(|q| q.is_nan() || q < 1.0)
+        });
+        if !d.threshold.is_finite() || d.benign_flagged > d.benign_streams || bad_attack {
+            return Err(Error::invalid(
+                "report",
+                format!("stateful[{k}]: more flagged than run, a mean below one query or a non-finite threshold"),
             ));
         }
     }

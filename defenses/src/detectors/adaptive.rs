@@ -27,13 +27,20 @@ pub struct DetectionMetrics {
 /// thresholds at 1% and 5% are fitted on these clean scores, as a deployed detector's would be on held-out
 /// clean data; the detector's own threshold is not used.
 pub fn detection_metrics(detector: &dyn Detector, clean: &Tensor, adversarial: &Tensor) -> Result<DetectionMetrics> {
-    let (neg, pos) = (detector.score(clean)?, detector.score(adversarial)?);
-    Ok(DetectionMetrics {
-        auc: roc_auc(&neg, &pos)?,
-        tpr_at_1fpr: tpr_at_fpr(&neg, &pos, 0.01)?.0,
-        tpr_at_5fpr: tpr_at_fpr(&neg, &pos, 0.05)?.0,
-        roc: roc_curve(&neg, &pos)?,
-    })
+    DetectionMetrics::from_scores(&detector.score(clean)?, &detector.score(adversarial)?)
+}
+
+impl DetectionMetrics {
+    /// The metrics of scores already computed: `negatives` of clean inputs, `positives` of adversarial ones (what
+    /// a sharded evaluation merges: each shard scores its samples, the merge concatenates them in order).
+    pub fn from_scores(negatives: &[f32], positives: &[f32]) -> Result<DetectionMetrics> {
+        Ok(DetectionMetrics {
+            auc: roc_auc(negatives, positives)?,
+            tpr_at_1fpr: tpr_at_fpr(negatives, positives, 0.01)?.0,
+            tpr_at_5fpr: tpr_at_fpr(negatives, positives, 0.05)?.0,
+            roc: roc_curve(negatives, positives)?,
+        })
+    }
 }
 
 /// The accuracy of a protected pipeline (a classifier, possibly with a rejection class such as
@@ -46,13 +53,24 @@ pub fn protected_accuracy(
     labels: &[usize],
     rejection_defends: bool,
 ) -> Result<f64> {
+    let ok = protected_correct(pipeline, x, labels, rejection_defends)?;
+    Ok(ok.iter().filter(|&&c| c).count() as f64 / labels.len().max(1) as f64)
+}
+
+/// Per sample, whether [`protected_accuracy`] counts it: correctly classified, or rejected when
+/// `rejection_defends`.
+pub fn protected_correct(
+    pipeline: &dyn Classifier,
+    x: &Tensor,
+    labels: &[usize],
+    rejection_defends: bool,
+) -> Result<Vec<bool>> {
     let pred = pipeline.predict(x)?;
     if pred.len() != labels.len() {
         return Err(Error::invalid("protected_accuracy", "one label per sample"));
     }
     let reject = pipeline.rejection_class();
-    let ok = pred.iter().zip(labels).filter(|(p, l)| p == l || (rejection_defends && Some(**p) == reject)).count();
-    Ok(ok as f64 / labels.len().max(1) as f64)
+    Ok(pred.iter().zip(labels).map(|(p, l)| p == l || (rejection_defends && Some(*p) == reject)).collect())
 }
 
 /// L∞ PGD against a protected pipeline (Carlini & Wagner 2017; Tramèr et al. 2020): for a pipeline with a

@@ -19,6 +19,7 @@
 //! non-differentiable squeezers and EOT through the region classifier's noise).
 
 mod adaptive;
+mod blinding;
 mod ensemble;
 mod features;
 mod logistic;
@@ -30,7 +31,8 @@ mod squeeze;
 use armoury::{Error, Result, Tensor};
 use rayon::prelude::*;
 
-pub use adaptive::{detection_metrics, protected_accuracy, AdaptivePgd, DetectionMetrics};
+pub use adaptive::{detection_metrics, protected_accuracy, protected_correct, AdaptivePgd, DetectionMetrics};
+pub use blinding::QueryBlinding;
 pub use ensemble::{Ensemble, Policy};
 pub use features::{
     local_intrinsic_dimensionality, spd_inverse, LayerDetector, LayerStatistic, Lid, LidStatistic, Mahalanobis,
