@@ -397,6 +397,9 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&u, &v)| u as f64 * v as f64).sum()
 }
 
+/// A coordinate that can move: (index, a_i = |w_i|, room_i, dir_i).
+type Coord = (usize, f64, f64, f64);
+
 /// The smallest step δ in `norm` with wᵀ(t + δ) = b and lo ≤ t + δ ≤ hi (t inside the box); when the hyperplane
 /// does not meet the box, the step to the box corner nearest it. Coordinates with w_i = 0 never move.
 pub fn project_hyperplane_box(norm: Norm, t: &[f32], w: &[f32], b: f64, (lo, hi): (f32, f32)) -> Vec<f32> {
@@ -410,7 +413,7 @@ pub fn project_hyperplane_box(norm: Norm, t: &[f32], w: &[f32], b: f64, (lo, hi)
     // coordinates that can move, as (index, a_i, room_i, dir_i), computed once: the sorts below compare
     // precomputed keys (most of FAB's time outside the model went to recomputing them inside comparisons).
     let r = c.abs();
-    let live: Vec<(usize, f64, f64, f64)> = (0..d)
+    let live: Vec<Coord> = (0..d)
         .filter_map(|i| {
             let dir = if (w[i] as f64 * c) > 0.0 { 1.0f64 } else { -1.0 };
             let room = if dir > 0.0 { (hi - t[i]).max(0.0) as f64 } else { (t[i] - lo).max(0.0) as f64 };
@@ -418,13 +421,13 @@ pub fn project_hyperplane_box(norm: Norm, t: &[f32], w: &[f32], b: f64, (lo, hi)
         })
         .collect();
     let capacity: f64 = live.iter().map(|&(_, a, room, _)| a * room).sum();
-    let mut set = |(i, _, room, dir): (usize, f64, f64, f64), m: f64| delta[i] = (dir * m.min(room)) as f32;
+    let mut set = |(i, _, room, dir): Coord, m: f64| delta[i] = (dir * m.min(room)) as f32;
     if capacity <= r {
         live.iter().for_each(|&v| set(v, f64::INFINITY));
         return delta;
     }
     // Sorted by a key, ties to the lower index (the index is unique, so the unstable sort is deterministic).
-    let sorted = |key: &dyn Fn(&(usize, f64, f64, f64)) -> f64| {
+    let sorted = |key: &dyn Fn(&Coord) -> f64| {
         let mut order: Vec<(f64, usize)> = live.iter().enumerate().map(|(q, v)| (key(v), q)).collect();
         order.sort_unstable_by(|x, y| x.0.total_cmp(&y.0).then(live[x.1].0.cmp(&live[y.1].0)));
         order
