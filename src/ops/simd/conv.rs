@@ -118,7 +118,9 @@ unsafe fn direct_body<S: Isa, const R: usize, const V: usize, const MASKED: bool
         }
     }
     if t.pool {
-        pool_store::<S, R, V>(t, &acc);
+        // Through `black_box`: the pooled store indexes its copy of the tile at run time, and without the copy
+        // the accumulators would live in memory for the whole multiply-add loop (a store after every FMA).
+        pool_store::<S, R, V>(t, &std::hint::black_box(acc));
         return;
     }
     for (r, row) in acc.iter().enumerate() {
