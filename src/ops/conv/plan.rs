@@ -27,6 +27,19 @@ fn direct_fits(u: &Unfold) -> bool {
     u.ph == 0 && u.pw == 0 && u.ho > 0 && u.wo > 0 && fits && 4 * u.wo >= 3 * u.wo.div_ceil(lanes) * lanes
 }
 
+/// Whether [`DirectConv`] takes this geometry with split vectors: unpadded, a column stride of 1, output rows of
+/// exactly half a vector (8 on 16 lanes, as after a 5×5 convolution of a 12×12 map) and at least two of them, so
+/// that each vector holds two output rows and every lane is used.
+fn split_fits(u: &Unfold) -> bool {
+    let lanes = match level() {
+        Level::Portable => return false,
+        Level::Avx2 => 8,
+        Level::Avx512 => 16,
+    };
+    let fits = u.ho >= 2 && u.h > (u.ho - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo - 1 + (u.kw - 1) * u.dw;
+    u.ph == 0 && u.pw == 0 && 2 * u.wo == lanes && fits
+}
+
 /// A convolution of one image group computed straight from the image (implicit GEMM), without unfolding it:
 /// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` plus the bias, then the ReLU when `relu`, where `col` is never
 /// written — each register tile loads its input runs from the image at the kernel taps' offsets. Built once per
@@ -40,17 +53,24 @@ pub(super) struct DirectConv {
     max_vecs: usize,
     /// Image offset of each row of the virtual im2col matrix (channel, kernel row, kernel column).
     koff: Vec<isize>,
-    /// (input offset, output offset, lanes) of every vector of output positions, row by row.
+    /// (input offset, output offset, lanes) of every vector of output positions, row by row; the first `split.0`
+    /// of them split ([`split_fits`]: two output rows each, the second `split.1` further on in the image).
     vecs: Vec<(usize, usize, usize)>,
+    split: (usize, usize),
     /// For [`DirectConv::run_pooled`]: the vectors of each pair of output rows `2i, 2i + 1` (input offsets of both,
-    /// lanes, the pooled output's offset in a channel, the window's flat offset in a channel's `Ho × Wo` plane).
+    /// lanes, the pooled output's offset in a channel, the window's flat offset in a channel's `Ho × Wo` plane);
+    /// the first `pair_split.0` of them split, pairing rows `4q, 4q + 2` with `4q + 1, 4q + 3`, the second row of
+    /// each vector `pair_split.1` further on in the image.
     pairs: Vec<(usize, usize, usize, usize, usize)>,
+    pair_split: (usize, usize),
 }
 
 impl DirectConv {
-    /// The plan for `u`; `None` without the vector kernels or for a geometry they do not take ([`direct_fits`]).
+    /// The plan for `u`; `None` without the vector kernels or for a geometry they do not take ([`direct_fits`],
+    /// [`split_fits`]).
     pub(super) fn plan(u: &Unfold) -> Option<DirectConv> {
-        if !direct_fits(u) {
+        let split = split_fits(u);
+        if !split && !direct_fits(u) {
             return None;
         }
         let level = level();
@@ -63,21 +83,38 @@ impl DirectConv {
                 }
             }
         }
-        let mut vecs = Vec::with_capacity(u.ho * u.wo.div_ceil(lanes));
-        for oh in 0..u.ho {
+        let row = u.sh * u.w;
+        // Split vectors hold output rows `oh, oh + 1`, whose outputs are contiguous; an odd last row is plain.
+        let split_rows = if split { u.ho / 2 * 2 } else { 0 };
+        let mut vecs: Vec<_> = (0..split_rows).step_by(2).map(|oh| (oh * row, oh * u.wo, lanes)).collect();
+        let split_vecs = (vecs.len(), if split { row } else { 0 });
+        for oh in split_rows..u.ho {
             for ow in (0..u.wo).step_by(lanes) {
-                vecs.push((oh * u.sh * u.w + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
+                vecs.push((oh * row + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
             }
         }
-        let mut pairs = Vec::new();
-        for oh in (0..u.ho / 2 * 2).step_by(2) {
+        // Pooled, split: vector A holds rows `4q, 4q + 2`, B rows `4q + 1, 4q + 3`; their pooled rows `2q, 2q + 1`
+        // are contiguous (`Wo / 2` each), and the windows of the second sit `2·Wo` further on in the flat plane
+        // than the lanes' evens reach (`Wo`, half a vector), hence a jump of `Wo`.
+        let split_quads = if split { u.ho / 4 } else { 0 };
+        let mut pairs: Vec<_> =
+            (0..split_quads).map(|q| (4 * q * row, (4 * q + 1) * row, lanes, q * u.wo, 4 * q * u.wo)).collect();
+        let pair_split = (pairs.len(), if split { 2 * row } else { 0 });
+        for oh in (4 * split_quads..u.ho / 2 * 2).step_by(2) {
             for ow in (0..u.wo / 2 * 2).step_by(lanes) {
                 let n = (u.wo - ow).min(lanes);
-                let (top, pooled) = (oh * u.sh * u.w + ow, oh / 2 * (u.wo / 2) + ow / 2);
-                pairs.push((top, top + u.sh * u.w, n, pooled, oh * u.wo + ow));
+                let (top, pooled) = (oh * row + ow, oh / 2 * (u.wo / 2) + ow / 2);
+                pairs.push((top, top + row, n, pooled, oh * u.wo + ow));
             }
         }
-        Some(DirectConv { u: *u, level, max_vecs, koff, vecs, pairs })
+        Some(DirectConv { u: *u, level, max_vecs, koff, vecs, split: split_vecs, pairs, pair_split })
+    }
+
+    /// Tiles' worth of `list` (at most `per` entries each) with their gap: the first `split.0` entries split, with
+    /// `split.1`, the rest plain.
+    fn groups<T>(list: &[T], split: (usize, usize), per: usize) -> impl Iterator<Item = (&[T], usize)> {
+        let (head, tail) = list.split_at(split.0);
+        head.chunks(per).map(move |g| (g, split.1)).chain(tail.chunks(per).map(|g| (g, 0)))
     }
 
     /// `max_pool2d(relu(conv), 2×2, stride 2)` of one image group straight from the registers: `pooled[Og, Ho/2,
@@ -124,7 +161,7 @@ impl DirectConv {
         let run = |(i, mr, rows, irows): (usize, usize, &mut [f32], &mut [u32])| {
             let bias_rows = tile_bias(bias, i, mr);
             let (dst, idst) = (rows.as_mut_ptr(), irows.as_mut_ptr());
-            for group in self.pairs.chunks(self.max_vecs / 2) {
+            for (group, gap) in Self::groups(&self.pairs, self.pair_split, self.max_vecs / 2) {
                 let mut t = Direct {
                     k,
                     a: wt[i * k..].as_ptr(),
@@ -134,6 +171,7 @@ impl DirectConv {
                     dst: [std::ptr::null_mut(); 4],
                     lanes: [0; 4],
                     rsc: 0,
+                    gap,
                     bias: bias_rows,
                     relu: true,
                     pool: true,
@@ -143,6 +181,7 @@ impl DirectConv {
                     rsp: pp,
                     rsi,
                     w: u.wo as u32,
+                    jump: if gap != 0 { u.wo as u32 } else { 0 },
                 };
                 for (p, &(top, bottom, n, at, flat)) in group.iter().enumerate() {
                     // Every tap of every lane stays inside the image (`direct_fits`); each pair's windows
@@ -202,7 +241,7 @@ impl DirectConv {
         let run = |(i, mr, rows): (usize, usize, &mut [MaybeUninit<f32>])| {
             let bias_rows = tile_bias(bias, i, mr);
             let dst = rows.as_mut_ptr().cast::<f32>();
-            for group in self.vecs.chunks(self.max_vecs) {
+            for (group, gap) in Self::groups(&self.vecs, self.split, self.max_vecs) {
                 let mut t = Direct {
                     k,
                     a: wt[i * k..].as_ptr(),
@@ -212,6 +251,7 @@ impl DirectConv {
                     dst: [dst; 4],
                     lanes: [0; 4],
                     rsc: hw,
+                    gap,
                     bias: bias_rows,
                     relu,
                     pool: false,
@@ -221,6 +261,7 @@ impl DirectConv {
                     rsp: 0,
                     rsi: 0,
                     w: 0,
+                    jump: 0,
                 };
                 for (v, &(src, out_at, n)) in group.iter().enumerate() {
                     // Every tap of every lane stays inside the image (`direct_fits`), every store inside

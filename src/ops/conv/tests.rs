@@ -79,6 +79,10 @@ fn direct_forward_equals_unfolded_product() {
         (2, 3, 13, 30, 7, 3, 3, Conv2dParams { padding: (1, 1), ..Default::default() }),
         (1, 4, 11, 21, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
         (1, 2, 6, 45, 13, 2, 4, Conv2dParams::default()),
+        // Output rows of half a vector (8 on AVX-512, 4 on AVX2), run as split vectors: an odd last row, stride 2.
+        (2, 3, 13, 12, 5, 5, 5, Conv2dParams::default()),
+        (1, 2, 20, 12, 6, 5, 5, Conv2dParams { stride: (2, 1), ..Default::default() }),
+        (2, 3, 9, 8, 7, 5, 5, Conv2dParams::default()),
     ];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         let seed = seed as u64;
@@ -275,6 +279,11 @@ fn fused_pool_equals_conv_relu_then_pool() {
         (2, 4, 10, 14, 6, 3, Conv2dParams { padding: (1, 1), groups: 2, ..Default::default() }),
         (1, 16, 30, 30, 32, 5, Conv2dParams::default()),
         (2, 3, 11, 17, 5, 3, Conv2dParams::default()),
+        // Split vectors (output rows of half a vector): a leftover pair of rows, two tiles of quads, stride 2, AVX2.
+        (2, 3, 11, 12, 5, 5, Conv2dParams::default()),
+        (2, 3, 20, 12, 4, 5, Conv2dParams::default()),
+        (1, 2, 20, 12, 3, 5, Conv2dParams { stride: (2, 1), ..Default::default() }),
+        (2, 3, 12, 8, 7, 5, Conv2dParams::default()),
         // Sparse only: padded (runs of 24 values), and runs of 200 (more than one block of vectors).
         (2, 8, 10, 11, 6, 3, Conv2dParams { padding: (1, 2), ..Default::default() }),
         (9, 40, 8, 8, 3, 5, Conv2dParams::default()),
@@ -309,7 +318,11 @@ fn fused_pool_equals_conv_relu_then_pool() {
                 assert!(close || q.is_nan() && i == 1 && f.is_finite(), "case {seed}: gradient {i}[{j}] {f} vs {q}");
             }
         }
-        assert_eq!(sparse, seed >= 8 || [4, 6, 7].contains(&seed), "case {seed}: the backward it means to test");
+        assert_eq!(
+            sparse,
+            seed != 10 && (seed >= 8 || [4, 6, 7].contains(&seed)),
+            "case {seed}: the backward it means to test"
+        );
     }
     // No whole window: the pooling's error, as from the separate ops.
     let x = Tensor::zeros(&[1, 1, 5, 5]);

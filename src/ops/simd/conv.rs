@@ -16,7 +16,9 @@ use super::{Level, BLOCK_M};
 
 /// One register tile of a direct convolution: `R ≤ 6` output channels (rows of `a`, `rsa` apart, and of the
 /// output, `rsc` apart) by `V` vectors of output positions, vector `v` reading the image at `src[v] + koff[k]` for
-/// the `k`-th kernel tap and writing `lanes[v]` outputs at `dst[v]`.
+/// the `k`-th kernel tap and writing `lanes[v]` outputs at `dst[v]`. With a nonzero `gap` every vector is split
+/// (for output rows of half a vector): its lower half reads at `src[v] + koff[k]`, its upper half `gap` further
+/// on — two output rows in one vector, all lanes used.
 pub(crate) struct Direct {
     pub(crate) k: usize,
     pub(crate) a: *const f32,
@@ -26,12 +28,14 @@ pub(crate) struct Direct {
     pub(crate) dst: [*mut f32; 4],
     pub(crate) lanes: [usize; 4],
     pub(crate) rsc: usize,
+    pub(crate) gap: usize,
     pub(crate) bias: [f32; BLOCK_M],
     pub(crate) relu: bool,
     /// With 2×2 max pooling in the store (after the ReLU): vectors `2p` and `2p + 1` are two adjacent output rows
     /// of one column run, and instead of `dst` their windows' maxima go to `pooled[p]` (row `r` at `r·rsp`), their
     /// flat arg-max (`idx_base[p] + r·rsi` plus the window entry's offset: 0, 1, `w`, `w + 1`) to `idx[p]` unless
-    /// it is null.
+    /// it is null. With split vectors (`gap`), a pair's lower halves are one pair of rows and its upper halves
+    /// the next, and the arg-max of the upper half's windows is `jump` further on.
     pub(crate) pool: bool,
     pub(crate) pooled: [*mut f32; 2],
     pub(crate) idx: [*mut u32; 2],
@@ -39,6 +43,7 @@ pub(crate) struct Direct {
     pub(crate) rsp: usize,
     pub(crate) rsi: u32,
     pub(crate) w: u32,
+    pub(crate) jump: u32,
 }
 
 /// One register tile of a convolution's weight gradient read straight from the image: `R ≤ 6` kernel taps (rows
@@ -103,19 +108,10 @@ unsafe fn direct_body<S: Isa, const R: usize, const V: usize, const MASKED: bool
     for (r, row) in acc.iter_mut().enumerate() {
         *row = [S::splat(t.bias[r]); V];
     }
-    for kk in 0..t.k {
-        let o = *t.koff.add(kk);
-        let mut bv = [S::zero(); V];
-        for (v, b) in bv.iter_mut().enumerate() {
-            let p = t.src[v].offset(o);
-            *b = if MASKED { S::load(masks[v], p) } else { S::loadu(p) };
-        }
-        for (r, row) in acc.iter_mut().enumerate() {
-            let av = S::splat(*t.a.add(r * t.rsa + kk));
-            for (a, &b) in row.iter_mut().zip(&bv) {
-                *a = S::fmadd(av, b, *a);
-            }
-        }
+    if !MASKED && t.gap != 0 {
+        accumulate::<S, R, V, false, true>(t, &masks, &mut acc);
+    } else {
+        accumulate::<S, R, V, MASKED, false>(t, &masks, &mut acc);
     }
     if t.pool {
         // Through `black_box`: the pooled store indexes its copy of the tile at run time, and without the copy
@@ -136,6 +132,36 @@ unsafe fn direct_body<S: Isa, const R: usize, const V: usize, const MASKED: bool
     }
 }
 
+/// [`direct_body`]'s multiply-adds over the kernel taps, with plain, masked or split vectors (`SPLIT`: each
+/// vector's halves loaded from two places, [`Direct::gap`] apart).
+#[inline(always)]
+unsafe fn accumulate<S: Isa, const R: usize, const V: usize, const MASKED: bool, const SPLIT: bool>(
+    t: &Direct,
+    masks: &[S::M; V],
+    acc: &mut [[S::V; V]; R],
+) {
+    for kk in 0..t.k {
+        let o = *t.koff.add(kk);
+        let mut bv = [S::zero(); V];
+        for (v, b) in bv.iter_mut().enumerate() {
+            let p = t.src[v].offset(o);
+            *b = if SPLIT {
+                S::load_halves(p, p.add(t.gap))
+            } else if MASKED {
+                S::load(masks[v], p)
+            } else {
+                S::loadu(p)
+            };
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = S::splat(*t.a.add(r * t.rsa + kk));
+            for (a, &b) in row.iter_mut().zip(&bv) {
+                *a = S::fmadd(av, b, *a);
+            }
+        }
+    }
+}
+
 /// The pooled store of [`direct_body`]: for each pair of row vectors, the ReLU, then each 2×2 window's maximum
 /// and its first arg-max in row-major order (the smallest window offset among the entries equal to the
 /// maximum) — what the 2×2 pooling kernel (`simd::pool`) computes from the stored rows.
@@ -147,6 +173,8 @@ unsafe fn pool_store<S: Isa, const R: usize, const V: usize>(t: &Direct, acc: &[
     let offs_even = S::select_i(upper, S::splat_i(t.w as i32), S::splat_i(0));
     let offs_odd = S::add_i(offs_even, S::splat_i(1));
     let none = S::splat_i(i32::MAX);
+    // Split vectors: the upper quarter of the result lanes holds the next pooled row, `jump` further on.
+    let jump = S::select_i(S::lanes(half as isize / 2, half as isize), S::splat_i(t.jump as i32), S::splat_i(0));
     for p in 0..V / 2 {
         let n = t.lanes[2 * p] / 2;
         if n == 0 {
@@ -168,7 +196,7 @@ unsafe fn pool_store<S: Isa, const R: usize, const V: usize>(t: &Direct, acc: &[
             if !t.idx[p].is_null() {
                 let at =
                     S::min_i(S::select_i(S::eq(even, m), offs_even, none), S::select_i(S::eq(odd, m), offs_odd, none));
-                let at = S::add_i(S::min_i(at, S::swap_halves_i(at)), base);
+                let at = S::add_i(S::add_i(S::min_i(at, S::swap_halves_i(at)), base), jump);
                 let at = S::add_i(at, S::splat_i((r as u32 * t.rsi) as i32));
                 let q = t.idx[p].add(r * t.rsp);
                 if n == half {

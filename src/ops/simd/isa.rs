@@ -69,6 +69,8 @@ pub(super) trait Isa {
     /// Stores the lower half of `a` (`LANES / 2` elements, unmasked).
     unsafe fn store_half(p: *mut f32, a: Self::V);
     unsafe fn store_half_i(p: *mut u32, a: Self::I);
+    /// The lower half of the lanes loaded from `lo`, the upper half from `hi` (`LANES / 2` elements each).
+    unsafe fn load_halves(lo: *const f32, hi: *const f32) -> Self::V;
 }
 
 /// AVX-512F: 16 lanes, lane masks in a `u16`.
@@ -231,6 +233,12 @@ impl Isa for Avx512 {
     #[inline(always)]
     unsafe fn store_half_i(p: *mut u32, a: __m512i) {
         _mm256_storeu_si256(p.cast(), _mm512_castsi512_si256(a))
+    }
+    #[inline(always)]
+    unsafe fn load_halves(lo: *const f32, hi: *const f32) -> __m512 {
+        // `insertf64x4` rather than `insertf32x8`, which needs AVX-512DQ: the same bits moved.
+        let lower = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(lo)));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(lower, _mm256_castps_pd(_mm256_loadu_ps(hi))))
     }
 }
 
@@ -403,6 +411,10 @@ impl Isa for Avx2 {
     #[inline(always)]
     unsafe fn store_half_i(p: *mut u32, a: __m256i) {
         _mm_storeu_si128(p.cast(), _mm256_castsi256_si128(a))
+    }
+    #[inline(always)]
+    unsafe fn load_halves(lo: *const f32, hi: *const f32) -> __m256 {
+        _mm256_loadu2_m128(hi, lo)
     }
 }
 
