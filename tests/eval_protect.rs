@@ -114,6 +114,7 @@ fn eval_protect_shards_merge_to_the_unsharded_figures() {
     }
     assert_eq!(defs[1].per_attack.len(), 2, "non-adaptive, then the adaptive EOT attack");
     assert!(defs[1].per_attack[1].robust_accuracy_after.value <= defs[1].per_attack[0].robust_accuracy_after.value);
+    assert_eq!(defs[1].per_attack[1].mean_gradients, 320.0, "40 steps, each differentiating 8 noisy copies");
     assert_eq!(dets.len(), 1);
     assert_eq!(dets[0].clean_scored, N);
     let broken = full.records.iter().filter(|r| r.broken.is_some()).count();

@@ -71,7 +71,8 @@ pub struct RegionSlice {
     pub non_adaptive_ok: Vec<bool>,
     pub adaptive_ok: Option<Vec<bool>>,
     pub adaptive_attack: String,
-    /// The adaptive attack's gradient evaluations per sample.
+    /// The adaptive attack's model gradients per sample: each of its steps differentiates [`REGION_EOT`] noisy
+    /// copies.
     pub adaptive_gradients: usize,
     /// Undefended probabilities and the region classifier's vote fractions on the worst-case inputs.
     pub raw: Vec<f32>,
@@ -281,6 +282,9 @@ fn guard_report(g: &GuardSlice) -> Res<DetectorReport> {
     })
 }
 
+/// Noisy copies the adaptive attacker on the region classifier differentiates per step (EOT).
+const REGION_EOT: usize = 8;
+
 fn region_slice(cx: &Context<'_>) -> Res<DetectorSlice> {
     let seed = cx.threat.seed;
     let r = detectors::region(cx.model, cx.set, seed)?;
@@ -290,7 +294,8 @@ fn region_slice(cx: &Context<'_>) -> Res<DetectorSlice> {
     let adaptive_ok = match pgd {
         Some(p) => {
             // The attacker votes over 10 copies and differentiates 8 (EOT); the defense answers with its 100.
-            let attacker = RegionClassifier::new(cx.model.clone(), r.radius(), 10, seed + 1)?.with_eot_samples(8)?;
+            let attacker =
+                RegionClassifier::new(cx.model.clone(), r.radius(), 10, seed + 1)?.with_eot_samples(REGION_EOT)?;
             Some(protected_correct(&r, &p.run(&attacker, &clean, &labels, seed)?, &labels, false)?)
         }
         None => None,
@@ -300,8 +305,8 @@ fn region_slice(cx: &Context<'_>) -> Res<DetectorSlice> {
         clean_ok: protected_correct(&r, &clean, &labels, false)?,
         non_adaptive_ok: protected_correct(&r, &worst, &labels, false)?,
         adaptive_ok,
-        adaptive_attack: pgd_words(cx, pgd, " through 10 copies, EOT over 8")?,
-        adaptive_gradients: pgd.map_or(0, |p| p.steps),
+        adaptive_attack: pgd_words(cx, pgd, &format!(" through 10 copies, EOT over {REGION_EOT}"))?,
+        adaptive_gradients: pgd.map_or(0, |p| p.steps * REGION_EOT),
         raw: cx.model.probabilities(&worst)?.iter().copied().collect(),
         region: r.logits(&worst)?.iter().copied().collect(),
         seconds: t.elapsed().as_secs_f64(),
