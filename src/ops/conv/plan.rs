@@ -50,6 +50,7 @@ fn split_fits(u: &Unfold) -> bool {
 pub(super) struct DirectConv {
     u: Unfold,
     level: Level,
+    lanes: usize,
     max_vecs: usize,
     /// Image offset of each row of the virtual im2col matrix (channel, kernel row, kernel column).
     koff: Vec<isize>,
@@ -75,6 +76,8 @@ impl DirectConv {
         }
         let level = level();
         let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
+        // Pooled, rows of a whole number of vectors and a half (8 or 24 on 16 lanes): the halves are split vectors.
+        let pool_split = u.wo % lanes == lanes / 2;
         let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
         for c in 0..u.cg {
             for ki in 0..u.kh {
@@ -93,21 +96,29 @@ impl DirectConv {
                 vecs.push((oh * row + ow, oh * u.wo + ow, (u.wo - ow).min(lanes)));
             }
         }
-        // Pooled, split: vector A holds rows `4q, 4q + 2`, B rows `4q + 1, 4q + 3`; their pooled rows `2q, 2q + 1`
-        // are contiguous (`Wo / 2` each), and the windows of the second sit `2·Wo` further on in the flat plane
-        // than the lanes' evens reach (`Wo`, half a vector), hence a jump of `Wo`.
-        let split_quads = if split { u.ho / 4 } else { 0 };
-        let mut pairs: Vec<_> =
-            (0..split_quads).map(|q| (4 * q * row, (4 * q + 1) * row, lanes, q * u.wo, 4 * q * u.wo)).collect();
-        let pair_split = (pairs.len(), if split { 2 * row } else { 0 });
-        for oh in (4 * split_quads..u.ho / 2 * 2).step_by(2) {
+        // Pooled, split: for the last half vector of output rows `4q … 4q + 3` (from column `tail`), vector A holds
+        // rows `4q, 4q + 2`, B rows `4q + 1, 4q + 3`; the windows of the second pair sit `2·Wo` further on in the
+        // flat plane than the lanes' evens reach (half a vector). The rest of those rows are plain pairs.
+        let quads = if pool_split { u.ho / 4 } else { 0 };
+        let tail = u.wo / lanes * lanes;
+        let mut pairs: Vec<_> = (0..quads)
+            .map(|q| (4 * q * row + tail, (4 * q + 1) * row + tail, lanes, q * u.wo + tail / 2, 4 * q * u.wo + tail))
+            .collect();
+        let pair_split = (pairs.len(), if pool_split { 2 * row } else { 0 });
+        for oh in (0..4 * quads).step_by(2) {
+            for ow in (0..tail).step_by(lanes) {
+                let (top, pooled) = (oh * row + ow, oh / 2 * (u.wo / 2) + ow / 2);
+                pairs.push((top, top + row, lanes, pooled, oh * u.wo + ow));
+            }
+        }
+        for oh in (4 * quads..u.ho / 2 * 2).step_by(2) {
             for ow in (0..u.wo / 2 * 2).step_by(lanes) {
                 let n = (u.wo - ow).min(lanes);
                 let (top, pooled) = (oh * row + ow, oh / 2 * (u.wo / 2) + ow / 2);
                 pairs.push((top, top + row, n, pooled, oh * u.wo + ow));
             }
         }
-        Some(DirectConv { u: *u, level, max_vecs, koff, vecs, split: split_vecs, pairs, pair_split })
+        Some(DirectConv { u: *u, level, lanes, max_vecs, koff, vecs, split: split_vecs, pairs, pair_split })
     }
 
     /// Tiles' worth of `list` (at most `per` entries each) with their gap: the first `split.0` entries split, with
@@ -181,7 +192,9 @@ impl DirectConv {
                     rsp: pp,
                     rsi,
                     w: u.wo as u32,
-                    jump: if gap != 0 { u.wo as u32 } else { 0 },
+                    jump: if gap != 0 { (2 * u.wo - self.lanes / 2) as u32 } else { 0 },
+                    // The second pooled row's half straight after the first's when that is a quarter vector.
+                    pgap: if gap != 0 && 4 * (u.wo / 2) != self.lanes { u.wo / 2 } else { 0 },
                 };
                 for (p, &(top, bottom, n, at, flat)) in group.iter().enumerate() {
                     // Every tap of every lane stays inside the image (`direct_fits`); each pair's windows
@@ -262,6 +275,7 @@ impl DirectConv {
                     rsi: 0,
                     w: 0,
                     jump: 0,
+                    pgap: 0,
                 };
                 for (v, &(src, out_at, n)) in group.iter().enumerate() {
                     // Every tap of every lane stays inside the image (`direct_fits`), every store inside

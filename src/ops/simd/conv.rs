@@ -35,7 +35,8 @@ pub(crate) struct Direct {
     /// of one column run, and instead of `dst` their windows' maxima go to `pooled[p]` (row `r` at `r·rsp`), their
     /// flat arg-max (`idx_base[p] + r·rsi` plus the window entry's offset: 0, 1, `w`, `w + 1`) to `idx[p]` unless
     /// it is null. With split vectors (`gap`), a pair's lower halves are one pair of rows and its upper halves
-    /// the next, and the arg-max of the upper half's windows is `jump` further on.
+    /// the next, and the arg-max of the upper half's windows is `jump` further on; their pooled outputs (and
+    /// indices) go `pgap` after the lower half's, or right after them when `pgap` is 0.
     pub(crate) pool: bool,
     pub(crate) pooled: [*mut f32; 2],
     pub(crate) idx: [*mut u32; 2],
@@ -44,6 +45,7 @@ pub(crate) struct Direct {
     pub(crate) rsi: u32,
     pub(crate) w: u32,
     pub(crate) jump: u32,
+    pub(crate) pgap: usize,
 }
 
 /// One register tile of a convolution's weight gradient read straight from the image: `R ≤ 6` kernel taps (rows
@@ -174,7 +176,8 @@ unsafe fn pool_store<S: Isa, const R: usize, const V: usize>(t: &Direct, acc: &[
     let offs_odd = S::add_i(offs_even, S::splat_i(1));
     let none = S::splat_i(i32::MAX);
     // Split vectors: the upper quarter of the result lanes holds the next pooled row, `jump` further on.
-    let jump = S::select_i(S::lanes(half as isize / 2, half as isize), S::splat_i(t.jump as i32), S::splat_i(0));
+    let quarter = half as isize / 2;
+    let jump = S::select_i(S::lanes(quarter, half as isize), S::splat_i(t.jump as i32), S::splat_i(0));
     for p in 0..V / 2 {
         let n = t.lanes[2 * p] / 2;
         if n == 0 {
@@ -188,7 +191,10 @@ unsafe fn pool_store<S: Isa, const R: usize, const V: usize>(t: &Direct, acc: &[
             let m = S::max(even, odd);
             let m = S::max(m, S::swap_halves(m));
             let q = t.pooled[p].add(r * t.rsp);
-            if n == half {
+            if t.pgap != 0 {
+                S::store(S::lanes(0, quarter), q, m);
+                S::store(S::lanes(quarter, half as isize), q.add(t.pgap - quarter as usize), m);
+            } else if n == half {
                 S::store_half(q, m)
             } else {
                 S::store(m_out, q, m)
@@ -199,7 +205,10 @@ unsafe fn pool_store<S: Isa, const R: usize, const V: usize>(t: &Direct, acc: &[
                 let at = S::add_i(S::add_i(S::min_i(at, S::swap_halves_i(at)), base), jump);
                 let at = S::add_i(at, S::splat_i((r as u32 * t.rsi) as i32));
                 let q = t.idx[p].add(r * t.rsp);
-                if n == half {
+                if t.pgap != 0 {
+                    S::store_i(S::lanes(0, quarter), q, at);
+                    S::store_i(S::lanes(quarter, half as isize), q.add(t.pgap - quarter as usize), at);
+                } else if n == half {
                     S::store_half_i(q, at)
                 } else {
                     S::store_i(m_out, q, at)
