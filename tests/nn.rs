@@ -125,6 +125,9 @@ fn batch_norm_folds_into_the_conv_before_in_eval_mode() {
         let layered = net.forward_collect(&x, false).unwrap().pop().unwrap().1;
         let (a, b) = (fused.to_vec(), layered.to_vec());
         assert!(a.iter().zip(&b).all(|(u, v)| (u - v).abs() <= 1e-5 * (1.0 + v.abs())), "bias {bias}");
+        // And it did fold: the folded weights round differently somewhere (the children are boxed, so the box must
+        // pass the fold through; it once did not, and this test passed on the unfolded path).
+        assert!(a.iter().zip(&b).any(|(u, v)| u.to_bits() != v.to_bits()), "bias {bias}: not folded");
         assert!(a.contains(&0.0) && a.iter().any(|&v| v > 0.0), "the ReLU is active and not");
         let params = net.named_params();
         let w = params.iter().find(|(n, _)| n == "conv.weight").unwrap().1.tensor();

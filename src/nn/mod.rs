@@ -256,6 +256,12 @@ impl<M: Module + ?Sized> Module for Arc<M> {
     fn forward_taps(&self, x: &Tensor, train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
         (**self).forward_taps(x, train, names)
     }
+    fn eval_affine(&self) -> Option<Result<(Tensor, Tensor)>> {
+        (**self).eval_affine()
+    }
+    fn forward_folded(&self, x: &Tensor, scale: &Tensor, shift: &Tensor, relu: bool) -> Option<Result<Tensor>> {
+        (**self).forward_folded(x, scale, shift, relu)
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {
@@ -297,6 +303,12 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn forward_taps(&self, x: &Tensor, train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
         (**self).forward_taps(x, train, names)
+    }
+    fn eval_affine(&self) -> Option<Result<(Tensor, Tensor)>> {
+        (**self).eval_affine()
+    }
+    fn forward_folded(&self, x: &Tensor, scale: &Tensor, shift: &Tensor, relu: bool) -> Option<Result<Tensor>> {
+        (**self).forward_folded(x, scale, shift, relu)
     }
 }
 
@@ -357,8 +369,9 @@ impl Sequential {
             let next_is_relu = through(i) && self.children.get(i + 1).is_some_and(|(_, r)| r.is_relu());
             let then_pool = self.children.get(i + 2).and_then(|(_, p)| p.max_pool()).filter(|_| through(i + 1));
             let mut step = 1;
-            if !train && through(i) && deep(i + 1).is_none() {
-                step = self.run_folded(i, &mut h, through(i + 1) && deep(i + 2).is_none())?;
+            // A folded BatchNorm's output is asked for neither (it would differ from its own by rounding).
+            if !train && through(i) && through(i + 1) {
+                step = self.run_folded(i, &mut h, deep(i + 2).is_none())?;
             }
             if step == 1
                 && next_is_relu
