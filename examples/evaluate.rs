@@ -168,15 +168,35 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
     let weights = weights(&args, &set);
-    let (_, clf) = load::load_model(&args.m.model, weights.as_deref(), args.m.bounds, &set, tm.seed)?;
-    let model_name = match &weights {
-        Some(w) => format!("{} ({})", args.m.model.name(), w.display()),
-        None => format!("{} (trained here)", args.m.model.name()),
+    let (module, clf) = load::load_model(&args.m.model, weights.as_deref(), args.m.bounds, &set, tm.seed)?;
+    let model_name = match (&args.m.model, &weights) {
+        (_, Some(w)) => format!("{} ({})", args.m.model.name(), w.display()),
+        (model::ModelChoice::Onnx(_), None) => args.m.model.name(),
+        (_, None) => format!("{} (trained here)", args.m.model.name()),
     };
+    if args.limit == 0 {
+        return Err("--limit 0 evaluates no sample: nothing would be measured".into());
+    }
     let n = args.limit.min(set.test.len());
+    // What the figures measure: the model's content (its parameters, and an ONNX file's graph), the samples,
+    // the kernel path and the version — a ledger or shard of anything else is refused.
+    let graph = match &args.m.model {
+        model::ModelChoice::Onnx(path) => std::fs::read(path)?,
+        model::ModelChoice::Reference(_) => Vec::new(),
+    };
+    let identity = eval::Identity::new(eval::identity::model_hash(module.as_ref(), &graph), &set.test, n, &set.name)?;
     std::fs::create_dir_all(&args.out)?;
     println!("threat model {} ({}), {} samples", tm.name, &tm.hash()[..12], n);
-    let ledger = cascade(&args, &tm, &clf, &set, model_name, n)?;
+    println!(
+        "model {} (sha256 {}), data {} (sha256 {}), kernels {}, armoury {}",
+        model_name,
+        &identity.model_hash[..12],
+        identity.data,
+        &identity.data_hash[..12],
+        identity.kernel,
+        identity.version
+    );
+    let ledger = cascade(&args, &tm, &clf, &set, model_name, &identity, n)?;
     let clf: Arc<dyn Classifier> = Arc::new(clf);
     if args.shard.is_some() {
         // A shard writes its ledger and its defenses' and detectors' per-sample results; --merge reports.
@@ -213,11 +233,12 @@ fn cascade(
     clf: &dyn Classifier,
     set: &armoury::data::TrainTest,
     model_name: String,
+    identity: &eval::Identity,
     n: usize,
 ) -> Result<Ledger, Box<dyn std::error::Error>> {
     if let Some(k) = args.merge {
         let shards = (0..k).map(|i| Ledger::load(&ledger_path(&args.out, Some((i, k))))).collect::<Result<_, _>>()?;
-        let merged = eval::merge(tm, shards)?;
+        let merged = eval::merge(tm, identity, shards)?;
         merged.save(&ledger_path(&args.out, None))?;
         return Ok(merged);
     }
@@ -226,7 +247,11 @@ fn cascade(
         None => (0, n),
     };
     let bar = bar()?;
+    let started = std::sync::atomic::AtomicBool::new(false);
     let progress = |done: usize, total: usize| {
+        if !started.swap(true, std::sync::atomic::Ordering::Relaxed) && done > 0 {
+            bar.println(format!("resuming: {done} of {total} steps done"));
+        }
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
@@ -234,6 +259,7 @@ fn cascade(
         threat: tm,
         build: &from_spec,
         model_name,
+        identity: identity.clone(),
         range,
         total_samples: n,
         chunk: tm.batch_size,
@@ -397,6 +423,7 @@ fn print_and_save(
         "robust_accuracy_ci": [round(head.lo), round(head.hi)],
         "per_attack": per_attack,
         "audit": audit,
+        "identity": r.identity,
         "seconds": (seconds * 100.0).round() / 100.0,
         "report": report.display().to_string(),
     });

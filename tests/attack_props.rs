@@ -59,7 +59,7 @@ pub fn check_honest(name: &str, model: &dyn Classifier, labels: &[usize], r: &At
     let preds = model.predict(&r.adversarial).unwrap();
     assert_eq!(preds, r.predictions, "{name}: predictions");
     for (i, (&p, &s)) in preds.iter().zip(&r.success).enumerate() {
-        assert_eq!(r.goal.is_success(i, labels[i], p), s, "{name}: success flag of sample {i}");
+        assert_eq!(r.goal.fulfilled_by(model, i, labels[i], p), s, "{name}: success flag of sample {i}");
     }
     assert!(r.norms.len() == labels.len() && r.gradients.len() == labels.len(), "{name}: per-sample fields");
 }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use armoury::data;
 use armoury::eval::{
-    audit, merge, run_cascade, shard_range, summarise, to_report, AuditConfig, CascadeRun, Ledger, ThreatModel,
+    audit, merge, run_cascade, shard_range, summarise, to_report, AuditConfig, CascadeRun, Identity, Ledger,
+    ThreatModel,
 };
 use armoury::{Classifier, Counters, ModuleClassifier, Result, Tensor};
 use armoury_attacks::registry::from_spec;
@@ -29,12 +30,24 @@ fn cascade<'a>(tm: &'a ThreatModel, range: (usize, usize), total: usize) -> Casc
         threat: tm,
         build: &from_spec,
         model_name: "fixture cnn".into(),
+        identity: identity("fixture cnn", "sample"),
         range,
         total_samples: total,
         chunk: 16,
         state: None,
         max_steps: None,
         progress: None,
+    }
+}
+
+/// A stand-in identity of this process (kernel path and version) for a model and data named by `model`, `data`.
+pub fn identity(model: &str, data: &str) -> Identity {
+    Identity {
+        model_hash: model.into(),
+        data: data.into(),
+        data_hash: data.into(),
+        kernel: armoury::eval::kernel_path().into(),
+        version: env!("CARGO_PKG_VERSION").into(),
     }
 }
 
@@ -151,8 +164,11 @@ fn cascade_ledger_resume_and_shards() {
     // Three shards (chunks not aligned with the unsharded run's) merge to the same ledger and summary.
     let shards: Vec<Ledger> =
         (0..3).map(|i| run_cascade(&model, &set, &cascade(&t, shard_range(48, i, 3).unwrap(), 48)).unwrap()).collect();
-    assert!(merge(&t, shards[..2].to_vec()).is_err(), "a missing shard is an error");
-    let merged = timeless(merge(&t, shards).unwrap());
+    assert!(
+        merge(&t, &identity("fixture cnn", "sample"), shards[..2].to_vec()).is_err(),
+        "a missing shard is an error"
+    );
+    let merged = timeless(merge(&t, &identity("fixture cnn", "sample"), shards).unwrap());
     assert_eq!(merged, timeless(full.clone()));
     assert_eq!(
         serde_json::to_string(&summarise(&t, &merged, 10)).unwrap(),

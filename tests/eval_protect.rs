@@ -36,6 +36,7 @@ fn ledger(model: &dyn Classifier, set: &armoury::data::TrainTest, tm: &ThreatMod
         threat: tm,
         build: &from_spec,
         model_name: "fixture cnn".into(),
+        identity: crate::eval::identity("fixture cnn", "sample"),
         range,
         total_samples: N,
         chunk: tm.batch_size,
@@ -100,7 +101,8 @@ fn eval_protect_shards_merge_to_the_unsharded_figures() {
         .map(|&i| protect::load_slice(&protect::side_file(&out, "protect", Some((i, 3)))).unwrap())
         .collect();
     assert!(protect::merge_slices(&tm, slices[..2].to_vec()).is_err(), "a missing shard is an error");
-    let merged_ledger: &'static Ledger = Box::leak(Box::new(merge(&tm, ledgers).unwrap()));
+    let merged_ledger: &'static Ledger =
+        Box::leak(Box::new(merge(&tm, &crate::eval::identity("fixture cnn", "sample"), ledgers).unwrap()));
     let sharded = protect::finalise(&cx(merged_ledger, None), &protect::merge_slices(&tm, slices).unwrap()).unwrap();
     assert_eq!(timeless(&sharded), timeless(&unsharded));
 

@@ -432,7 +432,7 @@ fn public_api_misuse_is_an_error() {
     assert!(per_sample_norms(&x, &Tensor::zeros(&[3, 1, 1, 2])).is_err());
     // Resolved: a goal built for another batch.
     let goal = Resolved::Targeted(vec![1]);
-    assert!(!goal.is_success(5, 0, 1));
+    assert!(!goal.is_success(None, 5, 0, 1));
     assert!(goal.class(5, &[0, 0]).is_err() && Resolved::Untargeted.class(2, &[0, 0]).is_err());
     assert!(goal.check(2, 2).is_err() && Resolved::Targeted(vec![1, 7]).check(2, 2).is_err());
     // AttackResult::evaluate with too few labels, counts or targets.

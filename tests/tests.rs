@@ -27,3 +27,4 @@ mod reliability;
 mod report;
 mod taps;
 mod train;
+mod trust;

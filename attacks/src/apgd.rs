@@ -171,7 +171,7 @@ impl Ctx<'_, '_> {
         let success = argmax_rows(&z)
             .iter()
             .enumerate()
-            .map(|(i, &c)| Some(c) != reject && success_goal.is_success(i, labels[i], c))
+            .map(|(i, &c)| success_goal.is_success(reject, i, labels[i], c))
             .collect();
         Ok(Eval { objective, grad, success })
     }

@@ -249,9 +249,7 @@ impl Fab {
                 preds
             };
             let reject = p.model.rejection_class();
-            let adv: Vec<usize> = (0..n)
-                .filter(|&r| Some(preds[r]) != reject && success(run.bounds[r], run.labels[r], preds[r]))
-                .collect();
+            let adv: Vec<usize> = (0..n).filter(|&r| success(reject, run.bounds[r], run.labels[r], preds[r])).collect();
             for &r in &adv {
                 let delta: Vec<f32> = x1.row(r).iter().zip(run.x0.row(r)).map(|(a, b)| a - b).collect();
                 let nrm = self.norm.of(&delta);
@@ -311,7 +309,7 @@ impl Fab {
         // Already fulfilled on the clean input: returned unchanged.
         let mut norms: Vec<f64> = (0..n)
             .map(|i| {
-                let ok = Some(preds[i]) != reject && p.goal.is_success(i, p.labels[i], preds[i]);
+                let ok = p.goal.is_success(reject, i, p.labels[i], preds[i]);
                 if ok {
                     0.0
                 } else {
@@ -377,11 +375,13 @@ fn unrows_like(p: &Problem<'_>, a: &Array2<f32>) -> Tensor {
     crate::budget::unrows(a.clone(), &shape)
 }
 
-fn success(b: Boundary, label: usize, pred: usize) -> bool {
-    match b {
-        Boundary::AllClasses | Boundary::Pair(_) => pred != label,
-        Boundary::Reach(t) => pred == t,
-    }
+/// The core's success rule ([`armoury::attack::is_success`]) for a run's boundary.
+fn success(reject: Option<usize>, b: Boundary, label: usize, pred: usize) -> bool {
+    let target = match b {
+        Boundary::AllClasses | Boundary::Pair(_) => None,
+        Boundary::Reach(t) => Some(t),
+    };
+    armoury::attack::is_success(reject, label, target, pred)
 }
 
 /// The dual norm: distances to a hyperplane with normal w are |f| / ‖w‖_q.

@@ -82,7 +82,7 @@ pub fn best_other(z: &Array2<f32>, class: &[usize]) -> Result<Vec<(usize, f32)>>
 
 /// Whether prediction `class` of sample `i` fulfils the problem's goal (never the classifier's rejection class).
 pub(crate) fn succeeded(p: &Problem<'_>, i: usize, class: usize) -> bool {
-    Some(class) != p.model.rejection_class() && p.goal.is_success(i, p.labels[i], class)
+    p.goal.fulfilled_by(p.model, i, p.labels[i], class)
 }
 
 /// Sets the non-finite entries of gradient rows to zero: a NaN or infinite gradient (already noted as a fault by

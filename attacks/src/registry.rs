@@ -99,17 +99,43 @@ pub fn names() -> Vec<&'static str> {
 }
 
 /// The attack called `name` (case-insensitive) with the settings of `params`; an unknown name is an error that
-/// lists every valid one.
+/// lists every valid one. With `params.norm` given, an attack whose budget is in another norm is an error that
+/// lists the attacks that have that norm (FGSM is L∞ only: asked for L2 it would quietly answer another
+/// question).
 pub fn by_name(name: &str, params: &AttackParams) -> Result<Box<dyn Attack>> {
     let name = name.to_ascii_lowercase();
-    let p = params;
-    let attack =
-        gradient(&name, p).or_else(|| minimal(&name, p)).or_else(|| score(&name, p)).or_else(|| decision(&name, p));
-    attack
-        .ok_or_else(|| Error::invalid("attack name", format!("unknown attack '{name}'; known: {}", names().join(", "))))
+    let attack = build(&name, params).ok_or_else(|| {
+        Error::invalid("attack name", format!("unknown attack '{name}'; known: {}", names().join(", ")))
+    })?;
+    match (params.norm, attack.budget_kind().and_then(|b| b.norm())) {
+        (Some(asked), Some(has)) if asked != has => Err(wrong_norm(&name, asked)),
+        _ => Ok(attack),
+    }
 }
 
-/// The attack of a threat model's entry at budget `eps` in `norm` (the evaluator's [`armoury::eval::Builder`]).
+fn build(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
+    gradient(name, p).or_else(|| minimal(name, p)).or_else(|| score(name, p)).or_else(|| decision(name, p))
+}
+
+fn wrong_norm(name: &str, norm: Norm) -> Error {
+    Error::invalid(
+        "attack norm",
+        format!("attack '{name}' cannot run in {norm:?}; the attacks that can: {}", names_for(norm).join(", ")),
+    )
+}
+
+/// The names whose attack works to a budget in `norm` — a fixed budget or a minimum-norm search (what a threat
+/// model in that norm may list).
+pub fn names_for(norm: Norm) -> Vec<&'static str> {
+    let p = AttackParams { norm: Some(norm), ..AttackParams::default() };
+    names()
+        .into_iter()
+        .filter(|n| build(n, &p).and_then(|a| a.budget_kind()).and_then(|b| b.norm()) == Some(norm))
+        .collect()
+}
+
+/// The attack of a threat model's entry at budget `eps` in `norm` (the evaluator's [`armoury::eval::Builder`]):
+/// an attack without a budget in `norm` is an error listing those that have one.
 pub fn from_spec(spec: &armoury::eval::AttackSpec, norm: Norm, eps: f32) -> Result<Box<dyn Attack>> {
     let params = AttackParams {
         eps,
@@ -120,7 +146,11 @@ pub fn from_spec(spec: &armoury::eval::AttackSpec, norm: Norm, eps: f32) -> Resu
         queries: spec.queries,
         targets: spec.targets,
     };
-    by_name(&spec.name, &params)
+    let attack = by_name(&spec.name, &params)?;
+    match attack.budget_kind().and_then(|b| b.norm()) {
+        Some(n) if n == norm => Ok(attack),
+        _ => Err(wrong_norm(&spec.name.to_ascii_lowercase(), norm)),
+    }
 }
 
 /// The PGD family with the caller's steps, step size and restarts.
@@ -283,8 +313,19 @@ mod tests {
     fn params_reach_the_attack() {
         let p = AttackParams { queries: Some(77), norm: Some(Norm::L2), ..AttackParams::default() };
         for (name, want) in [("square", "Square-L2"), ("hsj", "HopSkipJump-L2(queries=77"), ("simba", "queries=77")] {
+            // SimBA's budget is L∞ (a step of ε on one coordinate at a time): asked for L2 it is refused.
+            let p = if name == "simba" { AttackParams { norm: None, ..p.clone() } } else { p.clone() };
             let got = by_name(name, &p).map(|a| a.name()).unwrap_or_default();
             assert!(got.contains(want), "{name}: {got}");
         }
+    }
+
+    #[test]
+    fn an_attack_asked_for_a_norm_it_lacks_is_refused_with_the_attacks_that_have_it() {
+        let l2 = AttackParams { norm: Some(Norm::L2), ..AttackParams::default() };
+        let Err(e) = by_name("simba", &l2) else { panic!("SimBA has no L2 budget") };
+        let msg = e.to_string();
+        assert!(msg.contains("cannot run in L2") && msg.contains("pgd") && msg.contains("cw"), "{msg}");
+        assert!(!names_for(Norm::L2).contains(&"simba") && names_for(Norm::Linf).contains(&"simba"));
     }
 }

@@ -190,7 +190,10 @@ pub fn merge_slices(tm: &ThreatModel, mut slices: Vec<Slice>) -> Res<Slice> {
     }
     same("the samples covered", &all.range, &(0, all.total_samples))?;
     for (d, l) in all.defenses.iter_mut().zip(ledgers) {
-        d.ledger = eval::merge(&defense_threat(tm, &d.name)?, l)?;
+        // Every shard of a defense must be of the same evaluation as the first (the undefended ledgers' merge
+        // has already held them to this command's model and data).
+        let identity = l.first().map(|l| l.identity.clone()).unwrap_or_default();
+        d.ledger = eval::merge(&defense_threat(tm, &d.name)?, &identity, l)?;
     }
     Ok(all)
 }
@@ -236,6 +239,7 @@ fn defense_slice(cx: &Context<'_>, k: usize, spec: &str) -> Res<DefenseSlice> {
         threat: &tm,
         build: &from_spec,
         model_name: format!("{} behind {name}", cx.ledger.model),
+        identity: cx.ledger.identity.clone(),
         range: cx.ledger.range,
         total_samples: cx.ledger.total_samples,
         chunk: tm.batch_size,

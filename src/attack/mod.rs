@@ -54,14 +54,32 @@ pub enum Resolved {
     Targeted(Vec<usize>),
 }
 
-impl Resolved {
-    /// Whether `prediction` fulfils the goal for sample `i` with true label `label`; false for a sample beyond
-    /// the targets (a goal built for another batch: [`Resolved::check`] refuses it).
-    pub fn is_success(&self, i: usize, label: usize, prediction: usize) -> bool {
-        match self {
-            Resolved::Untargeted => prediction != label,
-            Resolved::Targeted(t) => t.get(i) == Some(&prediction),
+/// The one success rule of every attack, evaluator and report (Foolbox's `Misclassification` and
+/// `TargetedMisclassification`, with a rejection class): `prediction` is a success for a sample of true label
+/// `label` when it is `target` (targeted) or any class other than `label` (untargeted) — and never the
+/// classifier's `rejection` class, since a detector that flags the input has not been fooled.
+pub fn is_success(rejection: Option<usize>, label: usize, target: Option<usize>, prediction: usize) -> bool {
+    Some(prediction) != rejection
+        && match target {
+            Some(t) => prediction == t,
+            None => prediction != label,
         }
+}
+
+impl Resolved {
+    /// [`is_success`] for sample `i` of true label `label`, under a classifier whose rejection class is
+    /// `rejection`; false for a sample beyond the targets (a goal built for another batch: [`Resolved::check`]
+    /// refuses it).
+    pub fn is_success(&self, rejection: Option<usize>, i: usize, label: usize, prediction: usize) -> bool {
+        match self {
+            Resolved::Untargeted => is_success(rejection, label, None, prediction),
+            Resolved::Targeted(t) => t.get(i).is_some_and(|&t| is_success(rejection, label, Some(t), prediction)),
+        }
+    }
+
+    /// [`Resolved::is_success`] with `model`'s rejection class.
+    pub fn fulfilled_by(&self, model: &dyn Classifier, i: usize, label: usize, prediction: usize) -> bool {
+        self.is_success(model.rejection_class(), i, label, prediction)
     }
 
     /// Checks that the goal fits a batch of `n` samples of a `num_classes`-class model: one target per sample,
@@ -101,6 +119,7 @@ pub fn resolve_goal_for(
     access: Access,
 ) -> Result<Resolved> {
     let n = model.check_input(x)?;
+    check_in_bounds(model, x)?;
     let k = model.num_classes();
     check_labels("attack labels", labels, n, k)?;
     let reject = model.rejection_class();
@@ -158,6 +177,24 @@ pub fn sample(x: &Tensor, i: usize) -> Result<Vec<f32>> {
         Some(&n) if i < n => Ok(x.value().index_axis(Axis(0), i).iter().copied().collect()),
         _ => Err(Error::invalid("sample", format!("index {i} out of range for a batch of shape {:?}", x.shape()))),
     }
+}
+
+/// Refuses inputs outside the classifier's bounds: an attack clipped to a box its inputs are not in measures
+/// nothing (0–255 images on a [0, 1] model).
+fn check_in_bounds(model: &dyn Classifier, x: &Tensor) -> Result<()> {
+    let (lo, hi) = model.bounds();
+    let v = x.value();
+    if v.iter().all(|e| (lo..=hi).contains(e)) {
+        return Ok(());
+    }
+    let (min, max) = v.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &e| (a.min(e), b.max(e)));
+    Err(Error::invalid(
+        "attack inputs",
+        format!(
+            "values span [{min}, {max}], outside the classifier's bounds [{lo}, {hi}]; pixels in 0–255? scale them \
+             to [0, 1], or declare the model's bounds to match the data"
+        ),
+    ))
 }
 
 fn argmin(it: impl Iterator<Item = f32>) -> usize {
@@ -269,8 +306,7 @@ impl AttackResult {
         }
         let predictions = argmax_rows(&model.logits(&adversarial)?);
         let reject = model.rejection_class();
-        let success =
-            predictions.iter().enumerate().map(|(i, &p)| template::fulfils(&goal, reject, i, labels[i], p)).collect();
+        let success = predictions.iter().enumerate().map(|(i, &p)| goal.is_success(reject, i, labels[i], p)).collect();
         let norms = per_sample_norms(x, &adversarial)?;
         let gradient_faults = vec![GradientFaults::default(); labels.len()];
         Ok(AttackResult { adversarial, success, predictions, norms, gradients, queries, goal, gradient_faults })
@@ -320,6 +356,12 @@ pub fn per_sample_norms(x: &Tensor, adv: &Tensor) -> Result<Vec<Norms>> {
 pub trait Attack: Send + Sync {
     /// A short name with the main settings, e.g. `PGD-Linf(eps=0.1, steps=40)`.
     fn name(&self) -> String;
+
+    /// The budget the attack works to, if it declares one (every [`Algorithm`] does; an ensemble implemented
+    /// directly may not): the evaluator refuses an attack whose norm is not the threat model's.
+    fn budget_kind(&self) -> Option<Budget> {
+        None
+    }
 
     /// Attacks `x` (true labels `labels`) toward `goal`, every random choice drawn from `seed`: the same seed
     /// gives bit-identical results whatever the thread count, the batch size or the order of the samples.

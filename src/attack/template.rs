@@ -56,6 +56,16 @@ pub enum Budget {
     Unbounded,
 }
 
+impl Budget {
+    /// The norm the budget is measured in (`None`: unbounded).
+    pub fn norm(&self) -> Option<Norm> {
+        match self {
+            Budget::Fixed { norm, .. } | Budget::Minimal { norm } => Some(*norm),
+            Budget::Unbounded => None,
+        }
+    }
+}
+
 /// A validated attack problem: what the template hands to [`Algorithm::search`].
 pub struct Problem<'a> {
     /// The classifier.
@@ -242,15 +252,13 @@ pub trait Algorithm: Send + Sync {
     }
 }
 
-/// Whether an untargeted `prediction` of sample `i` fulfils `goal`, given the classifier's rejection class
-/// (a detector in front of the classifier that flags the input has not been fooled).
-pub(crate) fn fulfils(goal: &Resolved, rejection: Option<usize>, i: usize, label: usize, prediction: usize) -> bool {
-    Some(prediction) != rejection && goal.is_success(i, label, prediction)
-}
-
 impl<A: Algorithm> Attack for A {
     fn name(&self) -> String {
         Algorithm::name(self)
+    }
+
+    fn budget_kind(&self) -> Option<Budget> {
+        Some(Algorithm::budget(self))
     }
 
     fn run(

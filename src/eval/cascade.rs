@@ -13,9 +13,10 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::identity::Identity;
 use super::threat::{AttackSpec, ThreatModel};
-use crate::attack::budget::{rows, unrows};
-use crate::attack::{Attack, Goal, Norm};
+use crate::attack::budget::{exact_norm, rows, unrows};
+use crate::attack::{Attack, Budget, Goal, Norm, Resolved};
 use crate::classifier::{argmax_rows, Classifier};
 use crate::data::Dataset;
 use crate::{Error, Result};
@@ -95,8 +96,12 @@ pub struct AttackWork {
 pub struct Ledger {
     /// The threat model's hash.
     pub threat_model_hash: String,
-    /// The model's description.
+    /// The model's description (for people; [`Ledger::identity`] is what is compared).
     pub model: String,
+    /// What the ledger measured: model and data hashes, kernel path, version (empty in ledgers written before
+    /// Armoury recorded it: those are never resumed or merged).
+    #[serde(default)]
+    pub identity: Identity,
     /// Samples in the whole evaluation (all shards).
     pub total_samples: usize,
     /// The slice of sample indices this ledger covers.
@@ -144,8 +149,11 @@ pub struct CascadeRun<'a> {
     pub threat: &'a ThreatModel,
     /// Builds its attacks.
     pub build: &'a Builder<'a>,
-    /// A description of the model (recorded in the ledger; a resumed run must match it).
+    /// A description of the model (recorded in the ledger, for people).
     pub model_name: String,
+    /// The evaluation's identity ([`Identity::new`]): a state file or shard of another model, other data, another
+    /// kernel path or another version is refused.
+    pub identity: Identity,
     /// Samples `range.0..range.1` of the data (a shard, or everything).
     pub range: (usize, usize),
     /// Samples in the whole evaluation.
@@ -156,7 +164,8 @@ pub struct CascadeRun<'a> {
     pub state: Option<PathBuf>,
     /// Stop after this many steps of this call (tests of interruption); `None` runs to the end.
     pub max_steps: Option<usize>,
-    /// Called after every step with (steps done, steps in all).
+    /// Called once before the first step and after every step with (steps done, steps in all): a first call
+    /// with steps done > 0 means a resumed run.
     pub progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
 }
 
@@ -167,15 +176,22 @@ pub fn run_cascade(model: &dyn Classifier, data: &Dataset, run: &CascadeRun<'_>)
     tm.check()?;
     tm.check_bounds(model.bounds())?;
     let (s, e) = run.range;
+    if run.total_samples == 0 {
+        return Err(Error::invalid("cascade", "no samples to evaluate (a limit of 0?): nothing would be measured"));
+    }
     if s > e || e > data.len() || e > run.total_samples || run.chunk == 0 {
         return Err(Error::invalid(
             "cascade",
             format!("samples {s}..{e} of {} (data {}), chunk {}", run.total_samples, data.len(), run.chunk),
         ));
     }
+    check_data_in_bounds(model, data, (s, e))?;
+    check_eps_in_box(tm, model)?;
+    check_attacks(tm, run.build)?;
     let fresh = Ledger {
         threat_model_hash: tm.hash(),
         model: run.model_name.clone(),
+        identity: run.identity.clone(),
         total_samples: run.total_samples,
         range: run.range,
         chunk: run.chunk,
@@ -190,6 +206,9 @@ pub fn run_cascade(model: &dyn Classifier, data: &Dataset, run: &CascadeRun<'_>)
     let per = steps_per_chunk(tm);
     let total = per * chunks(run.range, run.chunk);
     let mut this_call = 0;
+    if let Some(f) = run.progress {
+        f(ledger.steps_done, total);
+    }
     while ledger.steps_done < total {
         if run.max_steps.is_some_and(|m| this_call >= m) {
             break;
@@ -212,8 +231,16 @@ pub fn run_cascade(model: &dyn Classifier, data: &Dataset, run: &CascadeRun<'_>)
 
 /// A saved ledger continues only the run that wrote it.
 fn resume(saved: Ledger, fresh: &Ledger) -> Result<Ledger> {
+    if let Some(why) = fresh.identity.difference(&saved.identity) {
+        return Err(Error::invalid(
+            "cascade state",
+            format!(
+                "the saved ledger (state file) is of another evaluation: {why}; remove it or use another output \
+                 directory to evaluate afresh"
+            ),
+        ));
+    }
     let same = saved.threat_model_hash == fresh.threat_model_hash
-        && saved.model == fresh.model
         && saved.range == fresh.range
         && saved.total_samples == fresh.total_samples
         && saved.chunk == fresh.chunk
@@ -221,8 +248,8 @@ fn resume(saved: Ledger, fresh: &Ledger) -> Result<Ledger> {
     if !same {
         return Err(Error::invalid(
             "cascade state",
-            "the state file belongs to another run (threat model, model, samples or chunk differ); remove it or \
-             use another output directory",
+            "the state file belongs to another run (threat model, samples or chunk differ); remove it or use \
+             another output directory",
         ));
     }
     Ok(saved)
@@ -245,6 +272,8 @@ struct Chunk {
     rows: ndarray::Array2<f32>,
     y: Vec<usize>,
     first: usize,
+    /// The data set index of the chunk's first sample.
+    first_index: usize,
 }
 
 impl Chunk {
@@ -286,7 +315,13 @@ fn run_step(
         }
         return Ok(());
     }
-    let chunk = Chunk { shape: x.shape().to_vec(), rows: rows(&x), y, first: ledger.records.len() - (hi - lo) };
+    let chunk = Chunk {
+        shape: x.shape().to_vec(),
+        rows: rows(&x),
+        y,
+        first: ledger.records.len() - (hi - lo),
+        first_index: lo,
+    };
     let cascade_steps = tm.eps.len() * tm.attacks.len();
     if step <= cascade_steps {
         let (k, j) = ((step - 1) / tm.attacks.len(), (step - 1) % tm.attacks.len());
@@ -322,10 +357,18 @@ fn attack_step(
     let w = &mut ledger.work[j];
     w.seconds += start.elapsed().as_secs_f64();
     w.attacked += who.len() as u64;
+    let norm = tm.norm()?;
+    let label = tm.attacks[j].label();
     for (part, ys, r) in results {
-        let m = margins(&model.logits(&r.adversarial)?, &ys)?;
+        let z = model.logits(&r.adversarial)?;
+        let m = margins(&z, &ys)?;
+        let preds = argmax_rows(&z);
         let advs = rows(&r.adversarial);
         for (t, &i) in part.iter().enumerate() {
+            if r.success[t] {
+                let b = BreakCheck { model, norm, eps, attack: &label, index: c.first_index + i };
+                b.verify(c.rows.row(i).as_slice().expect("standard rows"), advs.row(t), c.y[i], preds[t])?;
+            }
             let rec = &mut ledger.records[c.first + i];
             rec.gradients += r.gradients[t];
             rec.queries += r.queries[t];
@@ -375,8 +418,9 @@ fn minimal_step(
 }
 
 /// Combines complete shard ledgers into the ledger of the whole run: the same records, in index order, and the
-/// same work totals as one unsharded run (seconds add up). The shards must cover the samples exactly once.
-pub fn merge(tm: &ThreatModel, mut shards: Vec<Ledger>) -> Result<Ledger> {
+/// same work totals as one unsharded run (seconds add up). The shards must cover the samples exactly once, and
+/// every one must be of the evaluation `identity` (this command's model, data, kernel path and version).
+pub fn merge(tm: &ThreatModel, identity: &Identity, mut shards: Vec<Ledger>) -> Result<Ledger> {
     if shards.is_empty() {
         return Err(Error::invalid("merge", "no shard ledgers"));
     }
@@ -385,10 +429,16 @@ pub fn merge(tm: &ThreatModel, mut shards: Vec<Ledger>) -> Result<Ledger> {
     let first = &shards[0];
     let mut next = 0;
     for l in &shards {
-        if l.threat_model_hash != hash || l.model != first.model || l.total_samples != first.total_samples {
+        if let Some(why) = identity.difference(&l.identity) {
             return Err(Error::invalid(
                 "merge",
-                format!("shard {:?} was run with another threat model, model or sample count", l.range),
+                format!("shard {:?} is of another evaluation than this command's: {why}", l.range),
+            ));
+        }
+        if l.threat_model_hash != hash || l.total_samples != first.total_samples {
+            return Err(Error::invalid(
+                "merge",
+                format!("shard {:?} was run with another threat model or sample count", l.range),
             ));
         }
         if l.range.0 != next {
@@ -416,6 +466,7 @@ pub fn merge(tm: &ThreatModel, mut shards: Vec<Ledger>) -> Result<Ledger> {
     Ok(Ledger {
         threat_model_hash: hash,
         model: first.model.clone(),
+        identity: identity.clone(),
         total_samples: first.total_samples,
         range: (0, first.total_samples),
         chunk: first.chunk,
@@ -431,4 +482,146 @@ pub fn shard_range(total: usize, i: usize, n: usize) -> Result<(usize, usize)> {
         return Err(Error::invalid("shard", format!("shard {i}/{n}: need 0 ≤ i < n")));
     }
     Ok((total * i / n, total * (i + 1) / n))
+}
+
+/// Refuses samples outside the classifier's input bounds: an attack clipped to a box the data are not in
+/// measures nothing (0–255 images on a [0, 1] model leave PGD almost powerless and the "adversarial" images at
+/// 254.9).
+fn check_data_in_bounds(model: &dyn Classifier, data: &Dataset, (s, e): (usize, usize)) -> Result<()> {
+    let (lo, hi) = model.bounds();
+    let (mut min, mut max, mut first_out) = (f32::INFINITY, f32::NEG_INFINITY, None);
+    let mut at = s;
+    while at < e {
+        let end = (at + 256).min(e);
+        let (x, _) = data.batch(at..end)?;
+        for (k, row) in rows(&x).rows().into_iter().enumerate() {
+            for &v in row {
+                if v.is_nan() {
+                    return Err(Error::invalid("data", format!("sample {} has a NaN value", at + k)));
+                }
+                min = min.min(v);
+                max = max.max(v);
+                if first_out.is_none() && !(lo..=hi).contains(&v) {
+                    first_out = Some(at + k);
+                }
+            }
+        }
+        at = end;
+    }
+    match first_out {
+        None => Ok(()),
+        Some(i) => Err(Error::invalid(
+            "data",
+            format!(
+                "the samples' values span [{min}, {max}] (first outside: sample {i}), but the model's input bounds \
+                 are [{lo}, {hi}]; pixels in 0–255? scale them to [0, 1], or declare the model's bounds (--bounds) \
+                 to match the data"
+            ),
+        )),
+    }
+}
+
+/// The largest perturbation the input box allows in `norm` for inputs of `d` values in `[lo, hi]`.
+fn box_diameter(norm: Norm, (lo, hi): (f32, f32), d: usize) -> f64 {
+    let w = hi as f64 - lo as f64;
+    match norm {
+        Norm::Linf => w,
+        Norm::L2 => w * (d as f64).sqrt(),
+        Norm::L1 => w * d as f64,
+    }
+}
+
+/// Refuses an ε beyond the box: every input of the box is then within ε, and the figure says nothing of ε.
+fn check_eps_in_box(tm: &ThreatModel, model: &dyn Classifier) -> Result<()> {
+    let norm = tm.norm()?;
+    let d: usize = model.input_shape().iter().product();
+    let most = box_diameter(norm, model.bounds(), d);
+    match tm.eps.iter().position(|&e| e > most) {
+        None => Ok(()),
+        Some(k) => Err(Error::invalid(
+            "threat model",
+            format!(
+                "field `eps[{k}]`: ε = {} is larger than the whole input box in {} ({most} for {d} values in [{}, {}]): \
+                 every input would be within reach",
+                tm.eps[k],
+                tm.norm,
+                model.bounds().0,
+                model.bounds().1
+            ),
+        )),
+    }
+}
+
+/// Refuses attacks that cannot answer the threat model: a cascade attack must work to a budget in the threat
+/// model's norm (fixed, or minimum-norm clipped to ε); a `minimal` attack must be a minimum-norm attack in it.
+fn check_attacks(tm: &ThreatModel, build: &Builder<'_>) -> Result<()> {
+    let norm = tm.norm()?;
+    let eps = tm.eps[0] as f32;
+    for (list, specs, minimal) in [("attacks", &tm.attacks, false), ("minimal", &tm.minimal, true)] {
+        for (i, spec) in specs.iter().enumerate() {
+            let a = build(spec, norm, eps)
+                .map_err(|e| Error::invalid("threat model", format!("field `{list}[{i}]` ({}): {e}", spec.name)))?;
+            let ok = match a.budget_kind() {
+                Some(Budget::Fixed { norm: n, .. }) => !minimal && n == norm,
+                Some(Budget::Minimal { norm: n }) => n == norm,
+                Some(Budget::Unbounded) | None => false,
+            };
+            if !ok {
+                let what = match a.budget_kind() {
+                    Some(Budget::Fixed { norm: n, .. }) => format!("a fixed-budget attack in {n:?}"),
+                    Some(Budget::Minimal { norm: n }) => format!("a minimum-norm attack in {n:?}"),
+                    Some(Budget::Unbounded) => "an attack with no norm budget".to_string(),
+                    None => "an attack that does not declare its budget".to_string(),
+                };
+                let need = if minimal { "a minimum-norm attack in" } else { "an attack with a budget in" };
+                return Err(Error::invalid(
+                    "threat model",
+                    format!("field `{list}[{i}]`: {} is {what}; this list needs {need} {}", a.name(), tm.norm),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Relative slack on ε when a recorded break is checked (the template enforces ε exactly, measured in f64).
+pub const BREAK_NORM_TOLERANCE: f64 = 1e-5;
+
+/// What a recorded break is checked against.
+struct BreakCheck<'a> {
+    model: &'a dyn Classifier,
+    norm: Norm,
+    eps: f32,
+    attack: &'a str,
+    index: usize,
+}
+
+impl BreakCheck<'_> {
+    /// A break is recorded only if the perturbation is within ε in the threat norm (relative slack
+    /// [`BREAK_NORM_TOLERANCE`]), the input inside the bounds, and the model's own prediction on it a success by
+    /// the core's rule; anything else is an error naming the attack — a bug to fix, never a figure.
+    fn verify(&self, x: &[f32], adv: ndarray::ArrayView1<f32>, label: usize, prediction: usize) -> Result<()> {
+        let adv = adv.to_vec();
+        let n = exact_norm(self.norm, x, &adv);
+        let fail = |what: String| {
+            Err(Error::invalid(
+                "cascade",
+                format!("{} reported sample {} broken at ε = {}, but {what}", self.attack, self.index, self.eps),
+            ))
+        };
+        if n > self.eps as f64 * (1.0 + BREAK_NORM_TOLERANCE) {
+            return fail(format!(
+                "its perturbation's {:?} norm is {n} (an attack outside the threat model)",
+                self.norm
+            ));
+        }
+        let (lo, hi) = self.model.bounds();
+        if let Some(v) = adv.iter().find(|v| !(lo..=hi).contains(*v)) {
+            return fail(format!("its input holds {v}, outside the model's bounds [{lo}, {hi}]"));
+        }
+        if !Resolved::Untargeted.fulfilled_by(self.model, 0, label, prediction) {
+            return fail(format!("the model predicts {prediction} on it (label {label}): not a success"));
+        }
+        Ok(())
+    }
 }

@@ -67,6 +67,7 @@ pub fn to_report(
         title: format!("Robustness of {} under {}", s.model, tm.name),
         model: s.model.clone(),
         threat_model_hash: s.threat_model_hash.clone(),
+        identity: Some(ledger.identity.clone()),
         seed: tm.seed,
         samples: s.samples,
         clean_accuracy: s.clean_accuracy,

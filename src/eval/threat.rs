@@ -110,6 +110,16 @@ impl ThreatModel {
         ThreatModel::autoattack("l2", eps)
     }
 
+    /// AutoAttack's L1 list at `eps` (Croce & Hein 2021, "Mind the box"): L1-APGD-CE (5 restarts, as the
+    /// authors' L1 standard version), L1-APGD-T (9 targets), FAB-T in L1 and Square in L1; FAB in L1 for the
+    /// minimal perturbations (DeepFool has no L1 version).
+    pub fn autoattack_l1(eps: f64) -> ThreatModel {
+        let mut tm = ThreatModel::autoattack("l1", eps);
+        tm.attacks[0].restarts = Some(5);
+        tm.minimal = vec![AttackSpec::named("fab")];
+        tm
+    }
+
     fn autoattack(norm: &str, eps: f64) -> ThreatModel {
         let with = |name: &str, f: &dyn Fn(&mut AttackSpec)| {
             let mut s = AttackSpec::named(name);
@@ -184,6 +194,15 @@ impl ThreatModel {
                 }
                 if s.step_size.is_some_and(|v| !v.is_finite() || v <= 0.0) {
                     return Err(field(&format!("{list}[{i}].step_size"), "must be finite and > 0"));
+                }
+                if s.steps == Some(0) {
+                    return Err(field(&format!("{list}[{i}].steps"), "must be at least 1 (0 steps attack nothing)"));
+                }
+                if s.queries == Some(0) {
+                    return Err(field(
+                        &format!("{list}[{i}].queries"),
+                        "must be at least 1 (0 queries attack nothing)",
+                    ));
                 }
                 if s.restarts == Some(0) {
                     return Err(field(&format!("{list}[{i}].restarts"), "must be at least 1"));

@@ -37,6 +37,15 @@ pub use loss::Reduction;
 pub use matmul::measured_peak_gflops;
 pub use pool::Pool2dParams;
 
+/// The kernel path of this process: `avx512`, `avx2` or `portable` (the CPU's best, capped by `ARMOURY_SIMD`).
+pub fn simd_level_name() -> &'static str {
+    match simd::level() {
+        simd::Level::Avx512 => "avx512",
+        simd::Level::Avx2 => "avx2",
+        simd::Level::Portable => "portable",
+    }
+}
+
 /// How a tracked tensor was computed: the op, its inputs and whatever its backward needs.
 pub(crate) enum Op {
     Binary(elementwise::BinaryKind, Tensor, Tensor),

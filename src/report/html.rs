@@ -113,7 +113,15 @@ fn summary(h: &mut String, r: &Report) {
         ("robust accuracy", fmt_interval(&r.robust_accuracy)),
     ];
     h.push_str("<table id=\"summary\">\n");
-    for (k, v) in rows {
+    let identity = r.identity.iter().flat_map(|i| {
+        [
+            ("model sha256", format!("<code>{}</code>", html_escape(&i.model_hash))),
+            ("data", format!("{} (sha256 <code>{}</code>)", html_escape(&i.data), html_escape(&i.data_hash))),
+            ("kernel path", html_escape(&i.kernel)),
+            ("Armoury", html_escape(&i.version)),
+        ]
+    });
+    for (k, v) in rows.into_iter().chain(identity) {
         let _ = writeln!(h, "<tr><th class=\"name\">{k}</th><td class=\"name\">{v}</td></tr>");
     }
     h.push_str("</table>\n");

@@ -17,6 +17,11 @@ pub(super) fn summary(r: &Report) -> String {
     let _ = writeln!(m, "| model | {} |", cell(&r.model));
     let _ = writeln!(m, "| threat model | `{}` |", cell(&r.threat_model_hash));
     let _ = writeln!(m, "| seed | {} |\n| samples | {} |", r.seed, r.samples);
+    if let Some(i) = &r.identity {
+        let _ = writeln!(m, "| model sha256 | `{}` |", cell(&i.model_hash));
+        let _ = writeln!(m, "| data | {} (sha256 `{}`) |", cell(&i.data), cell(&i.data_hash));
+        let _ = writeln!(m, "| kernel path | {} |\n| Armoury | {} |", cell(&i.kernel), cell(&i.version));
+    }
     let _ = writeln!(m, "| clean accuracy | {} |", fmt_interval(&r.clean_accuracy));
     let _ = writeln!(m, "| robust accuracy | {} |", fmt_interval(&r.robust_accuracy));
     if !r.per_attack.is_empty() {

@@ -245,6 +245,10 @@ pub struct Report {
     pub model: String,
     /// Hash of the threat model the figures were computed under.
     pub threat_model_hash: String,
+    /// What the figures measured: model and data hashes, kernel path, Armoury's version (`None`: not an
+    /// evaluation's report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::eval::Identity>,
     /// The evaluation's seed.
     pub seed: u64,
     /// Samples evaluated.
@@ -292,6 +296,7 @@ impl Report {
             title: title.into(),
             model: model.into(),
             threat_model_hash: String::new(),
+            identity: None,
             seed: 0,
             samples,
             clean_accuracy,

@@ -39,28 +39,22 @@ use rayon::prelude::*;
 
 use crate::budget::{exact_norm, rows, unrows, Norm};
 
-/// What a sample's attack counts as adversarial, from its label-only view.
+/// What a sample's attack counts as adversarial, from its label-only view: the core's one success rule
+/// ([`armoury::attack::is_success`]) for this sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Criterion {
-    /// Any label other than the true one.
-    Untargeted {
-        /// The true label.
-        label: usize,
-    },
-    /// Exactly the target label.
-    Targeted {
-        /// The target class.
-        target: usize,
-    },
+pub struct Criterion {
+    /// The true label.
+    pub label: usize,
+    /// The target class of a targeted goal (`None`: any label other than the true one).
+    pub target: Option<usize>,
+    /// The classifier's rejection class, never a success (a detector that flags the input was not fooled).
+    pub rejection: Option<usize>,
 }
 
 impl Criterion {
     /// Whether a predicted label fulfils the criterion.
     pub fn is_adversarial(self, prediction: usize) -> bool {
-        match self {
-            Criterion::Untargeted { label } => prediction != label,
-            Criterion::Targeted { target } => prediction == target,
-        }
+        armoury::attack::is_success(self.rejection, self.label, self.target, prediction)
     }
 }
 
@@ -215,10 +209,11 @@ pub(crate) fn search_samples(
         .into_par_iter()
         .map(|i| {
             let oracle = LabelOracle::new(p.model);
-            let criterion = match p.goal {
-                Resolved::Untargeted => Criterion::Untargeted { label: p.labels[i] },
-                Resolved::Targeted(t) => Criterion::Targeted { target: t[i] },
+            let target = match p.goal {
+                Resolved::Untargeted => None,
+                Resolved::Targeted(t) => Some(t[i]),
             };
+            let criterion = Criterion { label: p.labels[i], target, rejection: p.model.rejection_class() };
             let view = Budgeted::new(&oracle, criterion, budget as u64);
             let xi = x2.row(i).to_vec();
             let adv = if budget == 0 { xi.clone() } else { one(i, &view, &xi, sample_seed(p.seed, 0, &xi))? };

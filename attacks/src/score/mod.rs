@@ -55,6 +55,8 @@ pub(crate) struct Ctx<'a> {
     pub label: usize,
     /// Target class of a targeted goal.
     pub target: Option<usize>,
+    /// The classifier's rejection class (never a success).
+    pub rejection: Option<usize>,
     /// Budget ε of this sample.
     pub eps: f32,
     /// Query budget of this sample.
@@ -118,10 +120,7 @@ impl Ctx<'_> {
 
     /// Whether a predicted class fulfils the goal.
     pub fn goal_met(&self, class: usize) -> bool {
-        match self.target {
-            Some(t) => class == t,
-            None => class != self.label,
-        }
+        armoury::attack::is_success(self.rejection, self.label, self.target, class)
     }
 
     /// Whether the probabilities fulfil the goal (first maximum, as the model's prediction).
@@ -396,6 +395,7 @@ fn context<'a>(p: &Problem<'a>, q: &Queries, i: usize, xi: Vec<f32>, chw: (usize
             Resolved::Targeted(t) => Some(t[i]),
             Resolved::Untargeted => None,
         },
+        rejection: p.model.rejection_class(),
         eps,
         budget: q.max_queries - charged,
         bounds,

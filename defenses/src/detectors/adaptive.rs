@@ -70,7 +70,9 @@ pub fn protected_correct(
         return Err(Error::invalid("protected_accuracy", "one label per sample"));
     }
     let reject = pipeline.rejection_class();
-    Ok(pred.iter().zip(labels).map(|(p, l)| p == l || (rejection_defends && Some(*p) == reject)).collect())
+    // Protected: not broken by the core's rule, with a rejection counting as protection only if it defends.
+    let reject_as = if rejection_defends { reject } else { None };
+    Ok(pred.iter().zip(labels).map(|(&p, &l)| !armoury::attack::is_success(reject_as, l, None, p)).collect())
 }
 
 /// L∞ PGD against a protected pipeline (Carlini & Wagner 2017; Tramèr et al. 2020): for a pipeline with a
@@ -140,7 +142,7 @@ impl AdaptivePgd {
             }
         }
         let reject = pipeline.rejection_class();
-        let broken = |p: usize, y: usize| p != y && Some(p) != reject;
+        let broken = |p: usize, y: usize| armoury::attack::is_success(reject, y, None, p);
         let mut best: Vec<Option<Vec<f32>>> = vec![None; n];
         let f = |z: &Tensor, r: Range<usize>| self.objective(z, r, labels, reject);
         for _ in 0..self.steps {
