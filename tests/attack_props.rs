@@ -144,6 +144,8 @@ fn white_box(y: &[usize], k: usize) -> Vec<(Box<dyn Attack>, Goal)> {
         Box::new(Llc { eps: 0.1, random: true }),
         Box::new(Apgd { steps: 3, ..Apgd::linf(0.1) }),
         Box::new(Apgd { steps: 3, ..Apgd::l2(0.5) }),
+        Box::new(Apgd { steps: 3, restarts: 1, ..Apgd::l1(1.0) }),
+        Box::new(ApgdTargeted { base: Apgd { steps: 3, ..ApgdTargeted::l1(1.0).base }, target_classes: 2 }),
         Box::new(ApgdTargeted { base: dlr, target_classes: 2 }),
         Box::new(CarliniWagnerL2 { steps: 3, binary_search_steps: 1, ..Default::default() }),
         Box::new(DeepFool { max_iter: 3, ..Default::default() }),

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use armoury::{Attack, Error, Goal};
+use armoury::{Attack, Classifier, Error, Goal};
 use armoury_attacks::{apgd_checkpoints, Apgd, ApgdTargeted, Epsilon, Jsma, JsmaMode, Loss, Norm, Pgd};
 
 use crate::attack_props::*;
@@ -41,6 +41,19 @@ fn table() -> Vec<(Build, &'static str, f32, usize)> {
             0.2,
             10,
         ),
+        // L1-APGD (Croce & Hein 2021): AutoAttack's L1 APGD-CE (3ε → 2ε → ε, 5 restarts), the plain run at ε, and
+        // L1-APGD-T.
+        (|eps, steps| Box::new(Apgd { eps, steps, ..Apgd::l1(0.0) }), "L1", 1.0, 20),
+        (|eps, steps| Box::new(Apgd { eps, steps, restarts: 1, large_eps: false, ..Apgd::l1(0.0) }), "L1", 1.0, 20),
+        (
+            |eps, steps| {
+                let t = ApgdTargeted::l1(0.0);
+                Box::new(ApgdTargeted { base: Apgd { eps, steps, ..t.base }, target_classes: 2 })
+            },
+            "L1",
+            1.0,
+            10,
+        ),
     ]
 }
 
@@ -63,7 +76,11 @@ fn apgd_property_table() {
         }
         // Untargeted: at least as strong as PGD-100 with the same budget and loss; the work is counted per sample.
         let r = attack.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
-        let pgd = if norm == "L2" { Pgd::l2(e) } else { Pgd::linf(e) };
+        let pgd = match norm {
+            "L2" => Pgd::l2(e),
+            "L1" => Pgd::l1(e),
+            _ => Pgd::linf(e),
+        };
         // Same loss (DLR is weaker than CE on this 3-class model, for PGD too).
         let loss = match name.split('-').find(|p| *p != "APGD" && *p != "T") {
             Some("DLR") => Loss::Dlr,
@@ -109,8 +126,14 @@ fn apgd_monotone_in_eps_and_restarts() {
         Box::new(Apgd { steps: 20, loss: Loss::Dlr, ..Apgd::linf(0.1) }),
         Box::new(Apgd { steps: 20, ..Apgd::l2(0.5) }),
         Box::new(ApgdTargeted { base: Apgd { steps: 10, loss: Loss::Dlr, ..Apgd::linf(0.1) }, target_classes: 2 }),
+        Box::new(Apgd { steps: 20, ..Apgd::l1(1.0) }),
+        Box::new(Apgd { steps: 20, restarts: 1, large_eps: false, ..Apgd::l1(1.0) }),
+        Box::new(ApgdTargeted { base: Apgd { steps: 10, ..ApgdTargeted::l1(1.0).base }, target_classes: 2 }),
     ];
     for attack in &attacks {
+        // L1 budgets 10× the L∞ ones (16 input dimensions).
+        let l1 = attack.name().contains("L1");
+        let eps: Vec<f32> = eps.iter().map(|&e| if l1 { 10.0 * e } else { e }).collect();
         let rs = attack.sweep(&model, &x, &y, &Goal::Untargeted, &eps, 0).unwrap();
         let mut by_eps: Vec<(f32, f32)> = eps.iter().zip(&rs).map(|(&e, r)| (e, accuracy(r, &y))).collect();
         by_eps.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -122,7 +145,7 @@ fn apgd_monotone_in_eps_and_restarts() {
         assert_eq!(by_eps[0].1, 1.0);
         assert!(by_eps[5].1 < 0.5, "{}: {by_eps:?}", attack.name());
         for (r, &e) in rs.iter().zip(&eps) {
-            let norm = if attack.name().contains("L2") { "L2" } else { "Linf" };
+            let norm = ["L2", "L1"].into_iter().find(|n| attack.name().contains(n)).unwrap_or("Linf");
             check_feasible(&attack.name(), &model, &x, r, norm, &[e; 40]);
             check_honest(&attack.name(), &model, &y, r);
         }
@@ -132,9 +155,11 @@ fn apgd_monotone_in_eps_and_restarts() {
     let swept = a.sweep(&model, &x, &y, &Goal::Untargeted, &[0.05], 0).unwrap().remove(0);
     assert_eq!(swept.adversarial.to_vec(), a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap().adversarial.to_vec());
     // Restarts keep each sample's best.
-    for early_stop in [true, false] {
+    for (early_stop, base) in
+        [(true, Apgd::linf(0.05)), (false, Apgd::linf(0.05)), (true, Apgd::l1(0.5)), (false, Apgd::l1(0.5))]
+    {
         let acc = |r: usize| {
-            let a = Apgd { steps: 5, restarts: r, early_stop, ..Apgd::linf(0.05) };
+            let a = Apgd { steps: 5, restarts: r, early_stop, ..base.clone() };
             let res = a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
             assert!(res.gradients.iter().all(|&g| g <= 5 * r as u64));
             accuracy(&res, &y)
@@ -154,7 +179,10 @@ fn apgd_checkpoints_and_misuse() {
     assert!(matches!(run(Apgd { restarts: 0, ..Apgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Apgd { rho: 1.5, ..Apgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
     assert!(matches!(run(Apgd { alpha_momentum: 0.0, ..Apgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(run(Apgd { norm: Norm::L1, ..Apgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
+    // The larger-ε schedule is AutoAttack's L1 setting only; L1 itself runs (it used to be refused).
+    assert!(matches!(run(Apgd { large_eps: true, ..Apgd::linf(0.1) }), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(run(Apgd { large_eps: true, ..Apgd::l2(0.1) }), Err(Error::InvalidArgument { .. })));
+    assert!(run(Apgd { norm: Norm::L1, ..Apgd::linf(0.1) }).is_ok());
     assert!(matches!(
         run(Apgd { eps: Epsilon::PerSample(vec![0.1; 3]), ..Apgd::linf(0.1) }),
         Err(Error::ShapeMismatch { .. })
@@ -300,4 +328,101 @@ fn apgd_fixture_cnn_beats_pgd40() {
     let (_, dlr_t) = run(&Apgd { loss: Loss::Dlr, ..Apgd::linf(0.1) }, 300, &random);
     assert!(ce_t >= pgd_t - 0.02 && ce_t >= 0.5, "targeted APGD-CE {ce_t} vs PGD-40 {pgd_t}");
     assert!(dlr_t >= pgd_t - 0.04 && dlr_t >= 0.5, "targeted APGD-DLR {dlr_t} vs PGD-40 {pgd_t}");
+}
+
+/// The registry builds L1-APGD for an L1 threat model (it used to build the L∞ attack silently), with AutoAttack's
+/// L1 settings where the caller gives none, and the result is feasible in L1.
+#[test]
+fn apgd_registry_l1() {
+    use armoury_attacks::registry::{by_name, AttackParams};
+    let model = tiny_model(1);
+    let (x, y) = batch(&model, 6, 2);
+    for name in ["apgd", "apgd-ce", "apgd-dlr", "apgd-t"] {
+        let params = AttackParams { eps: 1.0, norm: Some(Norm::L1), steps: Some(10), ..AttackParams::default() };
+        let a = by_name(name, &params).unwrap();
+        assert!(a.name().contains("-L1("), "{name}: {}", a.name());
+        if name == "apgd-t" {
+            assert!(a.name().contains("targets=5"), "{name}: AutoAttack's L1 APGD-T has 5 targets: {}", a.name());
+        }
+        let r = a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
+        check_feasible(name, &model, &x, &r, "L1", &[1.0; 6]);
+        check_honest(name, &model, &y, &r);
+        // L∞ and L2 are still built as before.
+        for (norm, tag) in [(Norm::Linf, "-Linf("), (Norm::L2, "-L2(")] {
+            let a = by_name(name, &AttackParams { norm: Some(norm), ..params.clone() }).unwrap();
+            assert!(a.name().contains(tag), "{name}: {}", a.name());
+        }
+    }
+}
+
+/// L1-APGD's work: with the larger-ε schedule a run of N steps takes N gradients (each stage's first point is
+/// evaluated afresh; each stage's last point costs a forward only), so a sample never fooled costs N per restart;
+/// and the schedule only counts successes at ε (points of the 3ε and 2ε stages are outside the budget).
+#[test]
+fn apgd_l1_counts_and_budget() {
+    let model = tiny_model(5);
+    let (x, y) = batch(&model, 30, 6);
+    for large_eps in [true, false] {
+        for restarts in [1, 3] {
+            let a = Apgd { steps: 10, restarts, large_eps, early_stop: false, ..Apgd::l1(0.3) };
+            let r = a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
+            check_feasible(&a.name(), &model, &x, &r, "L1", &[0.3; 30]);
+            check_honest(&a.name(), &model, &y, &r);
+            for (i, (&g, &s)) in r.gradients.iter().zip(&r.success).enumerate() {
+                // Without early stop a restart runs on every sample not yet fooled: 10 gradients each.
+                assert!(g % 10 == 0 && g >= 10 && g <= 10 * restarts as u64, "{}: sample {i}: {g}", a.name());
+                if !s {
+                    assert_eq!(g, 10 * restarts as u64, "{}: sample {i} never fooled", a.name());
+                }
+            }
+        }
+    }
+}
+
+/// Strength on the fixture cnn (Croce & Hein 2021's claim): at an L1 budget where PGD-L1 (sparse L1 descent, 100
+/// steps) breaks part of the first 200 Fashion-MNIST test images, L1-APGD-CE with the same 100 gradients per
+/// sample (one run of the 3ε → 2ε → ε schedule) breaks at least as many.
+#[test]
+fn apgd_l1_fixture_cnn_beats_pgd_l1() {
+    let model = fixture_cnn();
+    let test = armoury::data::load_default(None).unwrap().test;
+    let n = 200;
+    let (x, y) = test.batch(0..n).unwrap();
+    let run = |a: &dyn Attack, eps: f32| {
+        let t0 = Instant::now();
+        let r = a.run(&model, &x, &y, &Goal::Untargeted, 0).unwrap();
+        let secs = t0.elapsed().as_secs_f32();
+        eprintln!(
+            "fixture cnn, {n} images, L1 eps {eps}, {}: robust accuracy {:.3}, {:.1} gradients/image (max {}), {secs:.2} s",
+            a.name(),
+            r.robust_accuracy(&y),
+            r.total_gradients() as f32 / n as f32,
+            r.gradients.iter().max().unwrap()
+        );
+        check_feasible(&a.name(), &model, &x, &r, "L1", &vec![eps; n]);
+        check_honest(&a.name(), &model, &y, &r);
+        r
+    };
+    // Measured (200 images, 100 gradients per image at most; robust accuracy): ε = 2: PGD-L1 0.750, L1-APGD-CE
+    // 0.740 (plain run at ε: 0.730); ε = 4: 0.570, 0.555 (0.550); ε = 6: 0.350, 0.335 (0.330); ε = 10: 0.145, 0.130
+    // (0.135).
+    let eps = 4.0;
+    let clean = model.predict(&x).unwrap().iter().zip(&y).filter(|(p, l)| p == l).count() as f32 / n as f32;
+    let pgd = run(&Pgd { steps: 100, ..Pgd::l1(eps) }, eps);
+    let pgd_acc = pgd.robust_accuracy(&y);
+    assert!(
+        pgd_acc > 0.1 && pgd_acc < clean - 0.1,
+        "PGD-L1 should break part of the images: {pgd_acc} (clean {clean})"
+    );
+    for apgd in [Apgd { restarts: 1, ..Apgd::l1(eps) }, Apgd { restarts: 1, large_eps: false, ..Apgd::l1(eps) }] {
+        let r = run(&apgd, eps);
+        assert!(r.gradients.iter().all(|&g| g <= 100), "{}: at most PGD's 100 gradients per image", apgd.name());
+        assert!(
+            r.robust_accuracy(&y) <= pgd_acc,
+            "{} (large ε: {}): robust accuracy {} vs PGD-L1 {pgd_acc}",
+            apgd.name(),
+            apgd.large_eps,
+            r.robust_accuracy(&y)
+        );
+    }
 }

@@ -182,7 +182,11 @@ fn gradient(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
         "vnifgsm" => Box::new(iterative(Pgd::vni_fgsm(eps), p)),
         "noise" => Box::new(UniformNoise { norm, eps: Epsilon::Scalar(eps) }),
         "apgd" | "apgd-ce" | "apgd-dlr" => {
-            let mut a = if norm == Norm::L2 { Apgd::l2(eps) } else { Apgd::linf(eps) };
+            let mut a = match norm {
+                Norm::Linf => Apgd::linf(eps),
+                Norm::L2 => Apgd::l2(eps),
+                Norm::L1 => Apgd::l1(eps),
+            };
             if name == "apgd-dlr" {
                 a.loss = Loss::Dlr;
             }
@@ -193,7 +197,11 @@ fn gradient(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
             Box::new(a)
         }
         "apgd-t" => {
-            let mut a = if norm == Norm::L2 { ApgdTargeted::l2(eps) } else { ApgdTargeted::linf(eps) };
+            let mut a = match norm {
+                Norm::Linf => ApgdTargeted::linf(eps),
+                Norm::L2 => ApgdTargeted::l2(eps),
+                Norm::L1 => ApgdTargeted::l1(eps),
+            };
             if let Some(s) = p.steps {
                 a.base.steps = s;
             }
