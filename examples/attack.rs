@@ -59,7 +59,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             Long("norm") => a.params.norm = Some(p.value()?.parse()?),
             Long("steps") => a.params.steps = Some(p.value()?.parse()?),
             Long("step-size") => a.params.step_size = Some(p.value()?.parse()?),
-            Long("restarts") => a.params.restarts = p.value()?.parse()?,
+            Long("restarts") => a.params.restarts = Some(p.value()?.parse()?),
             Long("queries") => a.params.queries = Some(p.value()?.parse()?),
             Long("seed") => a.seed = p.value()?.parse()?,
             Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,

@@ -30,8 +30,8 @@ pub struct AttackParams {
     pub steps: Option<usize>,
     /// Step size in input units (PGD family; CW's Adam rate).
     pub step_size: Option<f32>,
-    /// Random restarts (PGD family, APGD); at least 1.
-    pub restarts: usize,
+    /// Random restarts (PGD family, APGD, FAB); `None` keeps the attack's own (5 for L1-APGD-CE, as AutoAttack).
+    pub restarts: Option<usize>,
     /// Model queries per sample (black-box attacks).
     pub queries: Option<u64>,
     /// Target classes tried in turn (APGD-T, FAB-T; 9).
@@ -41,7 +41,7 @@ pub struct AttackParams {
 impl Default for AttackParams {
     /// ε = 0.1 (L∞ on [0, 1] images), one restart, every other setting the attack's own.
     fn default() -> Self {
-        AttackParams { eps: 0.1, norm: None, steps: None, step_size: None, restarts: 1, queries: None, targets: None }
+        AttackParams { eps: 0.1, norm: None, steps: None, step_size: None, restarts: None, queries: None, targets: None }
     }
 }
 
@@ -142,7 +142,7 @@ pub fn from_spec(spec: &armoury::eval::AttackSpec, norm: Norm, eps: f32) -> Resu
         norm: Some(norm),
         steps: spec.steps,
         step_size: spec.step_size.map(|s| s as f32),
-        restarts: spec.restarts.unwrap_or(1),
+        restarts: spec.restarts,
         queries: spec.queries,
         targets: spec.targets,
     };
@@ -161,7 +161,7 @@ fn iterative(mut a: Pgd, p: &AttackParams) -> Pgd {
     if let Some(s) = p.step_size {
         a.step_size = s;
     }
-    a.restarts = p.restarts.max(1);
+    a.restarts = p.restarts.unwrap_or(a.restarts).max(1);
     a
 }
 
@@ -193,7 +193,7 @@ fn gradient(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
             if let Some(s) = p.steps {
                 a.steps = s;
             }
-            a.restarts = p.restarts.max(1);
+            a.restarts = p.restarts.unwrap_or(a.restarts).max(1);
             Box::new(a)
         }
         "apgd-t" => {
@@ -205,7 +205,7 @@ fn gradient(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
             if let Some(s) = p.steps {
                 a.base.steps = s;
             }
-            a.base.restarts = p.restarts.max(1);
+            a.base.restarts = p.restarts.unwrap_or(a.base.restarts).max(1);
             a.target_classes = p.targets.unwrap_or(a.target_classes);
             Box::new(a)
         }
@@ -247,7 +247,7 @@ fn minimal(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
             if let Some(s) = p.steps {
                 a.steps = s;
             }
-            a.restarts = p.restarts.max(1);
+            a.restarts = p.restarts.unwrap_or(a.restarts).max(1);
             Box::new(a)
         }
         "lbfgs" => Box::new(LbfgsB::default()),

@@ -110,12 +110,13 @@ impl ThreatModel {
         ThreatModel::autoattack("l2", eps)
     }
 
-    /// AutoAttack's L1 list at `eps` (Croce & Hein 2021, "Mind the box"): L1-APGD-CE (5 restarts, as the
-    /// authors' L1 standard version), L1-APGD-T (9 targets), FAB-T in L1 and Square in L1; FAB in L1 for the
-    /// minimal perturbations (DeepFool has no L1 version).
+    /// AutoAttack's L1 list at `eps` (Croce & Hein 2021, "Mind the box"): L1-APGD-CE (5 restarts) and L1-APGD-T
+    /// (5 targets) as the authors' L1 standard version sets them, then FAB-T (9 targets) and Square in L1; FAB in
+    /// L1 for the minimal perturbations (DeepFool has no L1 version).
     pub fn autoattack_l1(eps: f64) -> ThreatModel {
         let mut tm = ThreatModel::autoattack("l1", eps);
         tm.attacks[0].restarts = Some(5);
+        tm.attacks[1].targets = Some(5);
         tm.minimal = vec![AttackSpec::named("fab")];
         tm
     }
