@@ -411,10 +411,12 @@ fn small_move_ratio(model: &dyn Classifier, x: &Tensor, seed: u64) -> Result<Mov
         sum_small += (change(zs) - f64::from(ROUNDING_ULPS) * ulp(largest)).max(0.0);
         sum_big += change(zb);
     }
-    let ratio = match (sum_small, sum_big) {
-        (s, _) if s == 0.0 => 0.0,
-        (s, b) if b == 0.0 => s * f64::INFINITY,
-        (s, b) => s / b,
+    let ratio = if sum_small == 0.0 {
+        0.0
+    } else if sum_big == 0.0 {
+        f64::INFINITY
+    } else {
+        sum_small / sum_big
     };
     Ok(Moved { samples: m, small: sum_small, reference: sum_big, ratio })
 }
