@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example detect -- --detector magnet|squeeze|region|ensemble|lid|mahalanobis|similarity
 //! --attack fgsm|pgd|cw|jsma|hsj|nes|square --eps 0.1 [--adaptive] [--lambda L] [--model cnn|mlp|FILE.onnx]
-//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-lr LR] [--ae1 N,E] [--ae2 N,E] [--magnet-parts l2-i,l1-ii,…] [--sim-fpr F] [--benign STREAMS] [--k K] [--layers L1,L2,…] [--seed S] [--out DIR]`
+//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-lr LR] [--ae1 N,E] [--ae2 N,E] [--magnet-parts l2-i,l1-ii,…] [--sim-fpr F] [--benign STREAMS] [--k K] [--tap NAME] [--layers L1,L2,…] [--seed S] [--out DIR]`
 //!
 //! Fits the detector on clean training images (thresholds at 1% FPR; MagNet's auto-encoders trained here; LID's
 //! and Mahalanobis' logistic combiners on attacked training images), attacks the first N test images (PGD-40 of
@@ -11,7 +11,9 @@
 //! on the detector in front of the model (loss = classifier loss − λ·detector score inside the rejection region;
 //! BPDA through squeezers, EOT through the region classifier's noise). `similarity` runs query attacks (one
 //! image at a time, 200 queries) against the model watched by the stateful detector instead, and benign streams
-//! of 100 shuffled test images. Writes an SVG ROC curve and ends with one JSON line.
+//! of 100 shuffled test images; it encodes the activation `--tap NAME` (default: the input of the model's head,
+//! `armoury_defenses::detectors::default_tap` — `fc1_relu` for the cnn, `/Relu_2_output_0` for cnn.onnx).
+//! Writes an SVG ROC curve and ends with one JSON line.
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -59,6 +61,7 @@ struct Args {
     sim_fpr: f32,
     benign: usize,
     k: usize,
+    tap: Option<String>,
     layers: Vec<String>,
     seed: u64,
     out: PathBuf,
@@ -84,6 +87,7 @@ fn parse() -> Res<Args> {
         sim_fpr: 0.005,
         benign: 500,
         k: 20,
+        tap: None,
         layers: ["conv1_relu", "conv2_relu", "fc1_relu", "fc2"].map(String::from).to_vec(),
         seed: 0,
         out: PathBuf::from("out"),
@@ -109,6 +113,7 @@ fn parse() -> Res<Args> {
             Long("sim-fpr") => a.sim_fpr = p.value()?.parse()?,
             Long("benign") => a.benign = p.value()?.parse()?,
             Long("k") => a.k = p.value()?.parse()?,
+            Long("tap") => a.tap = Some(p.value()?.string()?),
             Long("layers") => a.layers = p.value()?.string()?.split(',').map(String::from).collect(),
             Long("seed") => a.seed = p.value()?.parse()?,
             Long("out") => a.out = p.value()?.into(),
@@ -370,7 +375,9 @@ fn report(
 fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> {
     let start = Instant::now();
     let t = Instant::now();
-    let (mut d, tau, calib) = stateful::calibrated(clf, &set.train, "fc1_relu", args.k, args.sim_fpr, args.seed)?;
+    let tap = armoury_defenses::detectors::choose_tap(clf.as_ref(), args.tap.as_deref())?;
+    println!("similarity: encoding the activation '{tap}'");
+    let (mut d, tau, calib) = stateful::calibrated(clf, &set.train, &tap, args.k, args.sim_fpr, args.seed)?;
     let fit_rate = (calib * stateful::STREAM) as f64 / t.elapsed().as_secs_f64();
     println!(
         "similarity: threshold {tau} (mean {}-NN distance {:.3}) at {} of {calib} benign streams of {} training images",

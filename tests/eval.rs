@@ -243,3 +243,188 @@ fn audit_passes_the_cnn_and_flags_masked_models() {
     let p = verdicts(&Probs(fixture_cnn(), Counters::default()));
     assert!(flagged(&p, "logits-not-probabilities"), "{:?}", failed(&p));
 }
+
+/// The fixture cnn whose gradients point the wrong way (the input enters as `2x − x`, value x, gradient −I)
+/// except within L∞ distance `radius` of one of the audited clean inputs: FGSM, differentiating at the clean
+/// input, sees true gradients; PGD beyond the radius climbs the wrong way. Values are the cnn's bit for bit.
+struct Masked(ModuleClassifier, Counters, Vec<Vec<f32>>, f32);
+wrapper!(Masked, |s, x| {
+    let n = x.shape()[0];
+    let v = x.to_vec();
+    let d = v.len() / n;
+    let near: Vec<f32> = (0..n)
+        .map(|i| {
+            let row = &v[i * d..(i + 1) * d];
+            let close = s.2.iter().any(|c| c.iter().zip(row).all(|(a, b)| (a - b).abs() <= s.3));
+            if close {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let far: Vec<f32> = near.iter().map(|m| 1.0 - m).collect();
+    let straight = s.0.forward(x)?;
+    let reversed = s.0.forward(&x.detach().mul_scalar(2.0).sub(x)?)?;
+    straight.mul(&Tensor::from_vec(near, &[n, 1])?)?.add(&reversed.mul(&Tensor::from_vec(far, &[n, 1])?)?)
+});
+
+/// The fixture cnn behind Gaussian noise (σ = 0.1) seeded from the input's own bits, as a user might write it:
+/// the same input gives the same logits, any other input fresh noise.
+struct InputKeyed(ModuleClassifier, Counters);
+wrapper!(InputKeyed, |s, x| {
+    let n = x.shape()[0];
+    let v = x.to_vec();
+    let d = v.len() / n;
+    let mut noise = Vec::with_capacity(v.len());
+    for i in 0..n {
+        let mut rng = armoury::seed::rng(armoury::seed::sample_seed(7, 0, &v[i * d..(i + 1) * d]));
+        noise.extend(armoury::seed::normal_vec(&mut rng, d).into_iter().map(|z| 0.1 * z));
+    }
+    s.0.forward(&x.add(&Tensor::from_vec(noise, x.shape())?)?)
+});
+
+/// What each check's explanation must contain: its threshold, and the conclusion of a pass or of a failure
+/// (never the other).
+const WORDING: [(&str, &str, &str, &str); 8] = [
+    ("iterative-vs-single-step", "tolerance 0.02", "at least as strong as one step", "weaker than one step"),
+    ("monotone-in-eps", "tolerance 0.02", "it never does", "a larger budget helped the model"),
+    ("unbounded-eps", "fails above 0.05", "it reaches about 0", "it does not reach about 0"),
+    ("noise-weaker", "tolerance 0.02", "noise is the weaker attack", "random noise beats the gradient attack"),
+    ("black-box-weaker", "tolerance 0.02", "no stronger than the gradient attack", "beats the gradient attack"),
+    ("gradients-finite", "fails above 1%", "were usable", "not measured"),
+    ("deterministic-output", "ratio exceeds 0.05", "is deterministic", "randomised"),
+    ("logits-not-probabilities", "within 0.001", "are logits", "returns probabilities"),
+];
+
+fn assert_wording(what: &str, v: &armoury::eval::Verdict) {
+    let (_, threshold, pass, fail) = WORDING.iter().find(|w| w.0 == v.check).expect("a known check");
+    let e = &v.explanation;
+    assert!(e.contains(threshold), "{what} {}: no threshold '{threshold}' in: {e}", v.check);
+    let (want, not) = if v.pass { (pass, fail) } else { (fail, pass) };
+    assert!(e.contains(want) && !e.contains(not), "{what} {} (pass {}): wording disagrees: {e}", v.check, v.pass);
+}
+
+/// Every check once passed and once failed (by a model built to fail it), each explanation stating its threshold
+/// and a conclusion that agrees with the verdict — "Square 0.650 beat PGD 0.670" under a pass hid the tolerance.
+#[test]
+fn audit_verdicts_state_their_thresholds_and_agree_with_them() {
+    let set = data::sample().unwrap().test;
+    let (x, y) = set.batch(0..64).unwrap();
+    let rows: Vec<Vec<f32>> = x.to_vec().chunks(784).map(<[f32]>::to_vec).collect();
+    let linf = |eps: f32| AuditConfig { square_queries: 300, ..AuditConfig::new(armoury::attack::Norm::Linf, eps) };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut check = |what: &str, m: &dyn Classifier, cfg: &AuditConfig, must_fail: &[&str]| {
+        let v = audit(m, &x, &y, &from_spec, cfg).unwrap();
+        assert_eq!(v.len(), 8);
+        for v in &v {
+            println!("{what}: {} {}: {}", v.check, if v.pass { "pass" } else { "FAIL" }, v.explanation);
+            assert_wording(what, v);
+            seen.insert((v.check.clone(), v.pass));
+        }
+        for c in must_fail {
+            assert!(v.iter().any(|v| v.check == *c && !v.pass), "{what} must fail {c}");
+        }
+    };
+    check("cnn", &fixture_cnn(), &linf(0.1), &[]);
+    check(
+        "masked beyond 0.03",
+        &Masked(fixture_cnn(), Counters::default(), rows.clone(), 0.03),
+        &linf(0.1),
+        &["iterative-vs-single-step", "monotone-in-eps", "black-box-weaker"],
+    );
+    check(
+        "masked everywhere",
+        &Masked(fixture_cnn(), Counters::default(), rows, 0.0),
+        &linf(0.3),
+        &["iterative-vs-single-step", "unbounded-eps"],
+    );
+    // Zero gradients: PGD is its random start, and ten independent noise draws beat one.
+    check(
+        "quantised",
+        &Quantised(fixture_cnn(), Counters::default()),
+        &linf(0.1),
+        &["gradients-finite", "noise-weaker", "black-box-weaker"],
+    );
+    check("input-keyed noise", &InputKeyed(fixture_cnn(), Counters::default()), &linf(0.1), &["deterministic-output"]);
+    struct Probs(ModuleClassifier, Counters);
+    wrapper!(Probs, |s, x| s.0.forward(x)?.softmax(1));
+    check("softmax", &Probs(fixture_cnn(), Counters::default()), &linf(0.1), &["logits-not-probabilities"]);
+    for (c, ..) in WORDING {
+        for pass in [true, false] {
+            assert!(seen.contains(&(c.to_string(), pass)), "{c}: no {} case", if pass { "pass" } else { "fail" });
+        }
+    }
+}
+
+/// Randomness seeded from the input's own values answers the same input the same way, so asking twice cannot
+/// see it; a move of 10⁻⁶ of the input range redraws the noise. Deterministic models (the cnn, the MLP, the cnn
+/// behind a median filter, rounding or a softmax) pass; the noise wrapper above and Armoury's own randomised
+/// transform (Gaussian noise, one draw or an EOT average of 4) fail.
+#[test]
+fn deterministic_output_catches_randomness_keyed_on_the_input() {
+    use armoury::eval::audit::deterministic_output;
+    use armoury_defenses::transforms::{Defended, GaussianNoise, MedianFilter};
+    let set = data::sample().unwrap().test;
+    let (x, _) = set.batch(0..32).unwrap();
+    let mlp = {
+        let net = armoury::nn::mlp(0);
+        armoury::io::load_module(&net, crate::common::fixture("mlp.safetensors")).unwrap();
+        ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0)).unwrap()
+    };
+    struct Probs(ModuleClassifier, Counters);
+    wrapper!(Probs, |s, x| s.0.forward(x)?.softmax(1));
+    let noise = GaussianNoise { sigma: 0.1, clip: true };
+    let cases: Vec<(&str, Box<dyn Classifier>, bool)> = vec![
+        ("cnn", Box::new(fixture_cnn()), true),
+        ("mlp", Box::new(mlp), true),
+        ("median filter", Box::new(Defended::new(fixture_cnn(), MedianFilter { size: 3 }).unwrap()), true),
+        ("quantised", Box::new(Quantised(fixture_cnn(), Counters::default())), true),
+        ("scaled", Box::new(Scaled(fixture_cnn(), Counters::default())), true),
+        ("softmax", Box::new(Probs(fixture_cnn(), Counters::default())), true),
+        ("input-keyed noise", Box::new(InputKeyed(fixture_cnn(), Counters::default())), false),
+        ("GaussianNoise defense", Box::new(Defended::new(fixture_cnn(), noise).unwrap()), false),
+        ("GaussianNoise, EOT 4", Box::new(Defended::new(fixture_cnn(), noise).unwrap().with_eot(4, 1).unwrap()), false),
+        ("counter-seeded noise", Box::new(Randomised(fixture_cnn(), Counters::default(), AtomicU64::new(0))), false),
+    ];
+    for (what, m, deterministic) in cases {
+        let v = deterministic_output(m.as_ref(), &x, 0).unwrap();
+        println!("{what}: {}", v.explanation);
+        assert_eq!(v.pass, deterministic, "{what}: {}", v.explanation);
+        assert_wording(what, &v);
+        assert!(v.explanation.contains("same 32 inputs gave bit-identical logits") || what == "counter-seeded noise");
+    }
+}
+
+/// Every attack of the audit is built in the threat norm (FGM, not FGSM, outside L∞; PGD over the box's L2
+/// diameter for `unbounded-eps`), and an attack built in another norm than asked (an L∞ Square for an L2 threat)
+/// is an error, never audited silently.
+#[test]
+fn audit_builds_every_attack_in_the_threat_norm() {
+    use armoury::attack::Norm;
+    use std::sync::Mutex;
+    let set = data::sample().unwrap().test;
+    let (x, y) = set.batch(0..16).unwrap();
+    let cfg = AuditConfig { square_queries: 100, steps: 10, ..AuditConfig::new(Norm::L2, 1.5) };
+    let calls = Mutex::new(Vec::new());
+    let recording = |spec: &armoury::eval::AttackSpec, norm: Norm, eps: f32| {
+        calls.lock().unwrap().push((spec.name.clone(), norm, eps));
+        from_spec(spec, norm, eps)
+    };
+    let v = audit(&fixture_cnn(), &x, &y, &recording, &cfg).unwrap();
+    assert_eq!(v.len(), 8);
+    let calls = calls.into_inner().unwrap();
+    assert!(calls.iter().all(|c| c.1 == Norm::L2), "{calls:?}");
+    let names: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
+    for want in ["fgm", "pgd", "noise", "square"] {
+        assert!(names.contains(&want), "{want} not built: {names:?}");
+    }
+    assert!(!names.contains(&"fgsm"), "{names:?}");
+    assert!(calls.iter().any(|c| c.0 == "pgd" && c.2 == 28.0), "the box's L2 diameter: {calls:?}");
+    // A builder that falls back to L∞ for Square.
+    let falls_back = |spec: &armoury::eval::AttackSpec, norm: Norm, eps: f32| {
+        from_spec(spec, if spec.name == "square" { Norm::Linf } else { norm }, eps)
+    };
+    let err = audit(&fixture_cnn(), &x, &y, &falls_back, &cfg).expect_err("an L∞ Square in an L2 audit").to_string();
+    assert!(err.contains("not built for the threat norm") && err.contains("Square"), "{err}");
+}

@@ -420,3 +420,37 @@ fn taps_chunked_equal_unchunked() {
 fn onnx_or_native_clone(c: &ModuleClassifier) -> ModuleClassifier {
     ModuleClassifier::new(c.module().clone(), c.input_shape(), c.num_classes(), c.bounds()).expect("classifier")
 }
+
+/// The similarity detector's tap when none is named (`detect --detector similarity` without `--tap`): chosen from
+/// the model, the input of its head — `fc1_relu` was the native cnn's name only, `unknown layer` on any ONNX
+/// model. A name that is not a tap is an error listing the valid ones.
+#[test]
+fn default_tap_is_the_input_of_the_head_for_native_and_onnx_models() {
+    use armoury_defenses::detectors::{choose_tap, default_tap, Encoder, TapEncoder};
+    let cases: [(&str, ModuleClassifier, &str); 4] = [
+        ("cnn", native("cnn"), "fc1_relu"),
+        ("cnn.onnx", onnx("cnn.onnx"), CNN_ONNX[4].1),
+        ("mlp", native("mlp"), "fc2_relu"),
+        ("mlp.onnx", onnx("mlp.onnx"), MLP_ONNX[1].1),
+    ];
+    for (what, clf, want) in cases {
+        assert_eq!(default_tap(&clf).expect("a tap"), want, "{what}");
+        assert_eq!(choose_tap(&clf, None).expect("a tap"), want, "{what}");
+        assert_eq!(choose_tap(&clf, Some(want)).expect("a valid name"), want, "{what}");
+    }
+    let clf = onnx("cnn.onnx");
+    let err = choose_tap(&clf, Some("fc1_relu")).expect_err("a native name on the ONNX model").to_string();
+    assert!(
+        err.contains("unknown layer 'fc1_relu'") && err.contains("valid layers") && err.contains(CNN_ONNX[4].1),
+        "{err}"
+    );
+    let shared: Arc<dyn Classifier> = Arc::new(clf);
+    let err = TapEncoder::new(shared.clone(), "fc1_relu").err().expect("unknown tap").to_string();
+    assert!(err.contains(CNN_ONNX[4].1), "{err}");
+    let enc = TapEncoder::default_for(shared).expect("default tap");
+    assert_eq!(enc.layer(), CNN_ONNX[4].1);
+    assert_eq!(enc.encode(&images().narrow(0, 0, 3).expect("3 images")).expect("encodes").dim(), (3, 128));
+    // The zoo's head is a Gemm on the pooled features: the tap is an activation, not the logits' size.
+    let zoo = onnx("zoo.onnx");
+    assert_eq!(default_tap(&zoo).expect("a tap"), "view", "the flattened pooled features the Gemm reads");
+}

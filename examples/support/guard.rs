@@ -364,7 +364,9 @@ fn square(cx: &Context<'_>) -> Res<(Box<dyn armoury::Attack>, String)> {
 
 fn stateful_slice(cx: &Context<'_>) -> Res<DetectorSlice> {
     let seed = cx.threat.seed;
-    let (mut d, tau, calib) = stateful::calibrated(cx.model, &cx.set.train, "fc1_relu", 20, SIMILARITY_FPR, seed)?;
+    // The input of the model's head (`fc1_relu` for the native cnn): a fixed name exists in one model only.
+    let tap = armoury_defenses::detectors::default_tap(cx.model.as_ref())?;
+    let (mut d, tau, calib) = stateful::calibrated(cx.model, &cx.set.train, &tap, 20, SIMILARITY_FPR, seed)?;
     let (benign_flagged, benign_streams) = stateful::benign_flagged(&mut d, &cx.set.test, BENIGN_STREAMS, seed)?;
     let (clean, labels, _, _) = inputs(cx)?;
     let (attack, words) = square(cx)?;
@@ -384,7 +386,7 @@ fn stateful_slice(cx: &Context<'_>) -> Res<DetectorSlice> {
         attacks.push((name, blind.is_some(), samples));
     }
     Ok(DetectorSlice::Stateful(StatefulSlice {
-        name: "similarity (fc1_relu encodings, k = 20)".into(),
+        name: format!("similarity ({tap} encodings, k = 20)"),
         threshold: tau,
         calibration: format!("{SIMILARITY_FPR} of {calib} benign streams of {} training images", stateful::STREAM),
         benign_streams,

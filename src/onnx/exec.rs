@@ -105,7 +105,12 @@ pub(crate) fn exec(kind: &Kind, info: &NodeInfo, ins: &[Option<&Value>]) -> Resu
         },
         Kind::Unary(k) => one(Value::F(x()?.to_tensor()?.unary(*k))),
         Kind::PRelu => {
-            let (x, slope) = (tensor(info, ins, 0)?, tensor(info, ins, 1)?);
+            let (x, mut slope) = (tensor(info, ins, 0)?, tensor(info, ins, 1)?);
+            // The output has the data's shape (the slope broadcasts to it, never the other way round).
+            let trimmed = super::infer::prelu_slope_shape(info, x.shape(), slope.shape())?;
+            if trimmed.len() != slope.rank() {
+                slope = slope.reshape(&trimmed)?;
+            }
             if slope.numel() == 1 && !slope.is_tracked() {
                 return one(Value::F(x.leaky_relu(slope.item()?)));
             }

@@ -87,6 +87,19 @@ fn rank4(info: &NodeInfo, s: &[usize]) -> Result<[usize; 4]> {
         .map_err(|_| info.unsupported(format!("input of rank {} (only 2-D images, rank 4, are supported)", s.len())))
 }
 
+/// PRelu's slope broadcasts unidirectionally to the data (ONNX): the output has the data's shape. Returns the
+/// slope's shape without the leading 1s beyond the data's rank (a one-element slope of any rank is accepted, as
+/// exporters write `[1, 1, 1]` for a shared slope); an error when the slope would grow the data.
+pub(crate) fn prelu_slope_shape(info: &NodeInfo, x: &[usize], slope: &[usize]) -> Result<Vec<usize>> {
+    let extra = slope.len().saturating_sub(x.len());
+    let trimmed = &slope[extra..];
+    if slope[..extra].iter().all(|&d| d == 1) && broadcast_shape(x, trimmed).as_deref() == Some(x) {
+        Ok(trimmed.to_vec())
+    } else {
+        Err(info.malformed(format!("PRelu slope of shape {slope:?} does not broadcast to the input's {x:?}")))
+    }
+}
+
 /// The outputs and scratch memory of `kind` on inputs described by `ins`. Every output shape is checked to be a
 /// valid array shape ([`crate::limits::checked_numel`]).
 pub(crate) fn cost(kind: &Kind, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
@@ -112,14 +125,19 @@ fn shapes(kind: &Kind, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
             Ok(Cost { outputs, scratch: 0 })
         }
         Kind::Constant(v) => one(Meta::Known(v.clone())),
-        Kind::Binary(_) | Kind::PRelu => {
+        Kind::PRelu => {
+            let (a, b) = (x()?, input(info, ins, 1)?);
+            prelu_slope_shape(info, a.shape(), b.shape())?;
+            one(float(a.shape().to_vec()))
+        }
+        Kind::Binary(_) => {
             let (a, b) = (x()?, input(info, ins, 1)?);
             let shape = broadcast_shape(a.shape(), b.shape()).ok_or_else(|| Error::Broadcast {
                 op: "onnx broadcast",
                 lhs: a.shape().to_vec(),
                 rhs: b.shape().to_vec(),
             })?;
-            let int = matches!(kind, Kind::Binary(_)) && a.is_int() && b.is_int();
+            let int = a.is_int() && b.is_int();
             one(Meta::Shape { shape, int })
         }
         Kind::Unary(_) | Kind::Clip { .. } | Kind::Pow | Kind::Softmax { .. } | Kind::BatchNorm { .. } => {

@@ -154,6 +154,63 @@ fn prelu_with_per_channel_slope() {
     assert_eq!(g.model().parameters().len(), 1, "the slope is trainable");
 }
 
+/// PRelu's output has the data's shape whatever the slope's (ONNX broadcasts the slope unidirectionally):
+/// shape inference once broadcast both ways, so a constant one-element slope of higher rank (`[1, 1, 1, 1, 1]`,
+/// run as a leaky relu) was inferred to grow the data by an axis — load-time inference then refused the Gemm
+/// after it (no memory estimate) and the run loop's debug check of inferred against executed shapes fired.
+#[test]
+fn prelu_output_has_the_data_shape_whatever_the_slope() {
+    let x = spaced(&[2, 3, 2, 2], 7);
+    let w: Vec<f32> = (0..12 * 2).map(|i| (i as f32 - 11.0) / 10.0).collect();
+    for (what, slope_shape, slope) in [
+        ("[1, 1, 1, 1, 1]", vec![1usize, 1, 1, 1, 1], vec![0.25f32]),
+        ("[1]", vec![1], vec![0.25]),
+        ("[3, 1, 1]", vec![3, 1, 1], vec![0.25, 0.25, 0.25]),
+        ("[1, 3, 1, 1]", vec![1, 3, 1, 1], vec![0.25, 0.25, 0.25]),
+    ] {
+        // The slope as a Constant node (a constant, not a trainable initialiser), then Flatten and a Gemm that
+        // only fit the data's shape.
+        let g = Graph::new(13, &[-1, 3, 2, 2])
+            .init("w", &[12, 2], &w)
+            .node(node(
+                "Constant",
+                &[],
+                &["slope"],
+                "slope",
+                vec![attr_t("value", float_tensor("", &slope_shape, &slope))],
+            ))
+            .node(node("PRelu", &["x", "slope"], &["p"], "prelu", vec![]))
+            .node(node("Flatten", &["p"], &["f"], "flatten", vec![attr_i("axis", 1)]))
+            .node(node("Gemm", &["f", "w"], &["y"], "gemm", vec![]))
+            .output("y", &[]);
+        let m = g.model();
+        let e = m.memory_estimate().unwrap_or_else(|| panic!("slope {what}: load-time shape inference failed"));
+        // x, p, f (12 floats a sample each) and y (2), for the default batch.
+        assert_eq!(e.graph_bytes, (e.batch_size * (3 * 12 + 2) * 4) as u128, "slope {what}: inferred sizes");
+        let y = no_grad(|| m.forward_t(&x, false)).expect("forward");
+        assert_eq!(y.shape(), &[2, 2], "slope {what}");
+        let leaky = x.to_array().mapv(|v| if v >= 0.0 { v } else { 0.25 * v });
+        let f = ndarray::Array2::from_shape_vec((2, 12), leaky.iter().copied().collect()).expect("sizes");
+        let wa = ndarray::Array2::from_shape_vec((12, 2), w.clone()).expect("sizes");
+        assert_close(&format!("slope {what}"), &y.to_array(), &f.dot(&wa).into_dyn(), 1e-5, 1e-5);
+    }
+    // A slope that would grow the data is refused, at load (no estimate) and when the node runs.
+    let g = Graph::new(13, &[-1, 3, 2, 2])
+        .node(node(
+            "Constant",
+            &[],
+            &["slope"],
+            "slope",
+            vec![attr_t("value", float_tensor("", &[5, 1, 1, 1, 1], &[0.1; 5]))],
+        ))
+        .node(node("PRelu", &["x", "slope"], &["y"], "prelu", vec![]))
+        .output("y", &[]);
+    let m = g.model();
+    assert!(m.memory_estimate().is_none());
+    let err = no_grad(|| m.forward_t(&x, false)).expect_err("a slope of [5, 1, 1, 1, 1] on [2, 3, 2, 2]");
+    assert!(err.to_string().contains("does not broadcast"), "{err}");
+}
+
 #[test]
 fn clip_input_and_attribute_forms() {
     let x = spaced(&[2, 3, 4], 6);

@@ -45,8 +45,8 @@ pub use magnet::{
 };
 pub use region::RegionClassifier;
 pub use similarity::{
-    gaussian_encodings, measure_index, train_similarity_encoder, Encoder, IndexConfig, IndexMeasurement, ModuleEncoder,
-    Monitored, SimilarityTraining, StatefulDetector, TapEncoder,
+    choose_tap, default_tap, gaussian_encodings, measure_index, train_similarity_encoder, Encoder, IndexConfig,
+    IndexMeasurement, ModuleEncoder, Monitored, SimilarityTraining, StatefulDetector, TapEncoder,
 };
 pub use squeeze::FeatureSqueezing;
 

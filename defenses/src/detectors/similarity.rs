@@ -42,13 +42,75 @@ pub struct TapEncoder {
 }
 
 impl TapEncoder {
-    /// `layer` of `classifier` (one of its [`Classifier::layer_names`]).
+    /// `layer` of `classifier` (one of its [`Classifier::layer_names`]); an unknown name is an error listing the
+    /// valid ones.
     pub fn new(classifier: Arc<dyn Classifier>, layer: &str) -> Result<TapEncoder> {
-        if !classifier.layer_names().iter().any(|l| l == layer) {
-            return Err(Error::invalid("TapEncoder", format!("unknown layer '{layer}'")));
-        }
-        Ok(TapEncoder { classifier, layer: layer.to_string() })
+        let layer = choose_tap(classifier.as_ref(), Some(layer))?;
+        Ok(TapEncoder { classifier, layer })
     }
+
+    /// The tap [`default_tap`] chooses for `classifier`.
+    pub fn default_for(classifier: Arc<dyn Classifier>) -> Result<TapEncoder> {
+        let layer = default_tap(classifier.as_ref())?;
+        Ok(TapEncoder { classifier, layer })
+    }
+
+    /// The layer encoded.
+    pub fn layer(&self) -> &str {
+        &self.layer
+    }
+}
+
+/// `name` when it is one of the classifier's [`Classifier::layer_names`] (an error listing them otherwise), or
+/// with no name the tap [`default_tap`] chooses.
+pub fn choose_tap(classifier: &dyn Classifier, name: Option<&str>) -> Result<String> {
+    let Some(name) = name else { return default_tap(classifier) };
+    let valid = classifier.layer_names();
+    if valid.iter().any(|l| l == name) {
+        return Ok(name.to_string());
+    }
+    Err(Error::invalid(
+        "tap",
+        if valid.is_empty() {
+            format!("no layer '{name}': this classifier exposes no intermediate activations")
+        } else {
+            format!("unknown layer '{name}'; valid layers: {}", valid.join(", "))
+        },
+    ))
+}
+
+/// The tap a feature encoder uses when none is named: the input of the classifier's head, found from the model
+/// itself so it works for any classifier that taps (a native [`armoury::Sequential`]'s child names, an ONNX
+/// graph's value names). Walking [`Classifier::layer_names`] back from the output, it is the last activation
+/// (one row per sample) whose size differs from the class count — for the fixture cnn `fc1_relu`, for its ONNX
+/// export `/Relu_2_output_0`, for a ResNet the pooled features before the final Gemm. Taps the size of the logits
+/// (the output, a bias Add after a MatMul) and values without a batch axis (shape arithmetic) are skipped; the
+/// input itself is the answer only for a model with no hidden layer. One forward pass of one input per tap
+/// looked at. An error when the classifier has no taps or none qualifies.
+pub fn default_tap(classifier: &dyn Classifier) -> Result<String> {
+    let names = classifier.layer_names();
+    if names.is_empty() {
+        return Err(Error::invalid("tap", "the classifier exposes no intermediate activations to encode"));
+    }
+    let (lo, hi) = classifier.bounds();
+    let mut shape = vec![1];
+    shape.extend_from_slice(classifier.input_shape());
+    let probe = Tensor::full(&shape, lo + (hi - lo) / 2.0);
+    let classes = classifier.num_classes();
+    for name in names.iter().rev() {
+        let Ok(acts) = no_grad(|| classifier.activations(&probe, &[name.as_str()])) else { continue };
+        let Some(a) = acts.get(name) else { continue };
+        if a.numel() != classes {
+            return Ok(name.clone());
+        }
+    }
+    Err(Error::invalid(
+        "tap",
+        format!(
+            "no activation of the classifier differs in size from its {classes} logits; valid layers: {}",
+            names.join(", ")
+        ),
+    ))
 }
 
 impl Encoder for TapEncoder {
