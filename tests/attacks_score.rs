@@ -5,7 +5,10 @@
 
 use armoury::nn::{cnn, Sequential};
 use armoury::{io, Attack, Classifier, Counters, Error, Goal, ModuleClassifier, Tensor};
-use armoury_attacks::{Epsilon, GenAttack, Nes, NesSetting, ParticleSwarm, Pgd, SimBA, SimbaBasis, Spsa, SquareAttack};
+use armoury_attacks::registry::AttackParams;
+use armoury_attacks::{
+    Epsilon, GenAttack, Nes, NesSetting, Norm, ParticleSwarm, Pgd, SimBA, SimbaBasis, Spsa, SquareAttack,
+};
 
 use crate::attack_props::*;
 
@@ -463,4 +466,8 @@ fn fixture_cnn_square_l1() {
     assert_eq!(again.adversarial.to_vec(), r.adversarial.to_vec(), "same seed, same answer");
     let other = attack.run(&model, &x, &y, &Goal::Untargeted, 1).unwrap();
     assert_ne!(other.adversarial.to_vec(), r.adversarial.to_vec(), "another seed, another search");
+    // The registry builds it for an L1 threat model (it used to fall back to L∞).
+    let p = AttackParams { eps: 10.0, norm: Some(Norm::L1), queries: Some(1000), ..AttackParams::default() };
+    let built = armoury_attacks::registry::by_name("square", &p).unwrap();
+    assert_eq!(built.name(), attack.name());
 }
