@@ -261,7 +261,11 @@ fn score(name: &str, p: &AttackParams) -> Option<Box<dyn Attack>> {
     let q = |default: u64| p.queries.unwrap_or(default);
     Some(match name {
         "square" => {
-            let base = if p.norm == Some(Norm::L2) { SquareAttack::l2(eps) } else { SquareAttack::linf(eps) };
+            let base = match p.norm {
+                Some(Norm::L2) => SquareAttack::l2(eps),
+                Some(Norm::L1) => SquareAttack::l1(eps),
+                _ => SquareAttack::linf(eps),
+            };
             Box::new(SquareAttack { max_queries: q(1_000), ..base })
         }
         "simba" => Box::new(SimBA { max_queries: q(10_000), ..SimBA::pixel(eps) }),

@@ -1,5 +1,6 @@
-//! Score-based black-box attacks: they see only the model's probabilities (NES's label-only setting: only its
-//! top-1 label), through a per-sample [`ScoreOracle`] / [`LabelOracle`] that counts every queried input.
+//! Score-based black-box attacks: they see only the model's scores — probabilities, or logits for Square (as
+//! AutoAttack's reads them) — or, NES's label-only setting, only its top-1 label, through a per-sample
+//! [`ScoreOracle`] / [`LabelOracle`] (or [`search_lockstep`]'s batches) that counts every queried input.
 //!
 //! Each attack implements [`armoury::Algorithm`] with [`Access::Scores`](armoury::attack::Access) (NES label-only:
 //! `Labels`) and a fixed budget in its norm; the template validates, resolves the goal and the per-sample ε,
@@ -73,6 +74,12 @@ pub(crate) struct Ctx<'a> {
     pub topk: Option<usize>,
     /// Queries [`search_lockstep`] made for this sample outside its oracles (in batches with other samples).
     batched: AtomicU64,
+    /// The goal of the whole problem, for [`Ctx::fulfils`].
+    goal: &'a Resolved,
+    /// This sample's index in the problem, for [`Ctx::fulfils`].
+    index: usize,
+    /// The classifier's rejection class ([`armoury::Classifier::rejection_class`]).
+    rejection: Option<usize>,
 }
 
 impl Ctx<'_> {
@@ -121,6 +128,13 @@ impl Ctx<'_> {
     /// Whether a predicted class fulfils the goal.
     pub fn goal_met(&self, class: usize) -> bool {
         armoury::attack::is_success(self.rejection, self.label, self.target, class)
+    }
+
+    /// Whether the predicted `class` is a success: it fulfils the goal and is not the classifier's rejection
+    /// class (the core's rule, `fulfils` in `armoury::attack::template`, with which this body can be replaced
+    /// once it is public: `fulfils(self.goal, self.rejection, self.index, self.label, class)`).
+    pub fn fulfils(&self, class: usize) -> bool {
+        Some(class) != self.rejection && self.goal.is_success(self.index, self.label, class)
     }
 
     /// Whether the probabilities fulfil the goal (first maximum, as the model's prediction).
@@ -282,12 +296,16 @@ where
 /// One sample's search written as a sequence of one-candidate queries, so that [`search_lockstep`] can send the
 /// candidates of all samples' current step to the model as one batch.
 pub(crate) trait Stepper: Send {
+    /// Whether the step reads the candidates' logits (AutoAttack's Square: a margin that scales with them)
+    /// instead of their probabilities; either way each candidate row is one counted query. Logits have no
+    /// partial-information setting: with `topk` set, [`search_lockstep`] refuses a logit reader.
+    const LOGITS: bool = false;
     /// Prepares the next candidate ([`Stepper::candidate`]) and returns true, or returns false when the search
     /// is over. It must not return true when the sample has no query left ([`Ctx::remaining`]).
     fn propose(&mut self, ctx: &Ctx) -> Result<bool>;
     /// The candidate [`Stepper::propose`] prepared, one row.
     fn candidate(&self) -> &[f32];
-    /// The candidate's (revealed) probabilities.
+    /// The candidate's (revealed) probabilities, or its logits when [`Stepper::LOGITS`].
     fn observe(&mut self, ctx: &Ctx, p: ArrayView1<f32>);
     /// The search's answer.
     fn answer(self) -> Vec<f32>;
@@ -298,14 +316,18 @@ const LOCKSTEP_ROWS: usize = 1024;
 
 /// Runs one [`Stepper`] per sample of `p` in lockstep: every step, each live sample proposes one candidate, the
 /// candidates go to the model together (in calls of at most [`LOCKSTEP_ROWS`]) and each sample observes its
-/// row. The model's rows do not depend on the other rows of a batch, and each sample's randomness is its own
-/// (seeded as in [`search_scored`]), so the results equal those of the samples run one at a time, bit for bit,
-/// at a fraction of the cost of one-image model calls. Query accounting is as in [`search_scored`].
+/// row — probabilities, or logits for a [`Stepper::LOGITS`] reader, one counted query either way. The model's
+/// rows do not depend on the other rows of a batch, and each sample's randomness is its own (seeded as in
+/// [`search_scored`]), so the results equal those of the samples run one at a time, bit for bit, at a fraction
+/// of the cost of one-image model calls. Query accounting is as in [`search_scored`].
 pub(crate) fn search_lockstep<S, F>(p: &Problem<'_>, q: Queries, start: F) -> Result<Tensor>
 where
     S: Stepper,
     F: Fn(&Ctx) -> S + Sync,
 {
+    if S::LOGITS && q.topk.is_some() {
+        return Err(Error::invalid("score attack", "logits cannot be read with only the top-k scores revealed"));
+    }
     let (x2, chw) = inputs(p)?;
     let (n, d) = x2.dim();
     let ctxs: Vec<Option<Ctx>> = (0..n).map(|i| context(p, &q, i, x2.row(i).to_vec(), chw)).collect();
@@ -337,8 +359,13 @@ where
                 c.batched.fetch_add(1, Ordering::Relaxed);
             }
             let t = Tensor::from_vec(batch, &[chunk.len(), chw.0, chw.1, chw.2])?;
-            let mut pr = p.model.probabilities(&t)?;
-            reveal(&mut pr, q.topk);
+            let pr = if S::LOGITS {
+                p.model.logits(&t)?
+            } else {
+                let mut pr = p.model.probabilities(&t)?;
+                reveal(&mut pr, q.topk);
+                pr
+            };
             probs.push(pr);
         }
         let mut slot = vec![None; n];
@@ -403,6 +430,9 @@ fn context<'a>(p: &Problem<'a>, q: &Queries, i: usize, xi: Vec<f32>, chw: (usize
         hi,
         topk: q.topk,
         batched: AtomicU64::new(0),
+        goal: p.goal,
+        index: i,
+        rejection: p.model.rejection_class(),
     })
 }
 
