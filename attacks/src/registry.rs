@@ -41,7 +41,15 @@ pub struct AttackParams {
 impl Default for AttackParams {
     /// ε = 0.1 (L∞ on [0, 1] images), one restart, every other setting the attack's own.
     fn default() -> Self {
-        AttackParams { eps: 0.1, norm: None, steps: None, step_size: None, restarts: None, queries: None, targets: None }
+        AttackParams {
+            eps: 0.1,
+            norm: None,
+            steps: None,
+            step_size: None,
+            restarts: None,
+            queries: None,
+            targets: None,
+        }
     }
 }
 
@@ -72,7 +80,7 @@ const TABLE: &[(&str, &str)] = &[
     ("fab-t", "FAB-T (AutoAttack): FAB against each of the top 9 other classes, restarts of radius ε"),
     ("lbfgs", "L-BFGS-B box-constrained attack (Szegedy et al. 2014)"),
     ("jsma", "JSMA (Papernot et al. 2016), increasing saliency"),
-    ("square", "Square Attack (Andriushchenko et al. 2020), L∞ or L2, score-based"),
+    ("square", "Square Attack (Andriushchenko et al. 2020) as AutoAttack runs it, L∞, L2 or L1, score-based"),
     ("simba", "SimBA (Guo et al. 2019), pixel basis, score-based"),
     ("simba-dct", "SimBA-DCT (Guo et al. 2019), low frequencies first, score-based"),
     ("nes", "NES, query-limited (Ilyas et al. 2018), score-based"),

@@ -78,8 +78,6 @@ pub(crate) struct Ctx<'a> {
     goal: &'a Resolved,
     /// This sample's index in the problem, for [`Ctx::fulfils`].
     index: usize,
-    /// The classifier's rejection class ([`armoury::Classifier::rejection_class`]).
-    rejection: Option<usize>,
 }
 
 impl Ctx<'_> {
@@ -130,11 +128,10 @@ impl Ctx<'_> {
         armoury::attack::is_success(self.rejection, self.label, self.target, class)
     }
 
-    /// Whether the predicted `class` is a success: it fulfils the goal and is not the classifier's rejection
-    /// class (the core's rule, `fulfils` in `armoury::attack::template`, with which this body can be replaced
-    /// once it is public: `fulfils(self.goal, self.rejection, self.index, self.label, class)`).
+    /// Whether the predicted `class` is a success: the core's rule ([`Resolved::is_success`]), never the
+    /// classifier's rejection class.
     pub fn fulfils(&self, class: usize) -> bool {
-        Some(class) != self.rejection && self.goal.is_success(self.index, self.label, class)
+        self.goal.is_success(self.rejection, self.index, self.label, class)
     }
 
     /// Whether the probabilities fulfil the goal (first maximum, as the model's prediction).
@@ -432,7 +429,6 @@ fn context<'a>(p: &Problem<'a>, q: &Queries, i: usize, xi: Vec<f32>, chw: (usize
         batched: AtomicU64::new(0),
         goal: p.goal,
         index: i,
-        rejection: p.model.rejection_class(),
     })
 }
 
