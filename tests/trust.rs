@@ -371,3 +371,31 @@ fn no_attack_succeeds_by_reaching_the_rejection_class() {
         }
     }
 }
+
+#[test]
+fn the_l1_list_runs_real_l1_attacks_and_the_deploy_files_are_autoattacks_lists() {
+    let read =
+        |f: &str| ThreatModel::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(f)).unwrap();
+    assert_eq!(read("threat-autoattack-l2.json").hash(), ThreatModel::autoattack_l2(1.5).hash());
+    assert_eq!(read("threat-autoattack-l1.json").hash(), ThreatModel::autoattack_l1(10.0).hash());
+    let set = data::sample().unwrap().test.take(8).unwrap();
+    let m = net();
+    let clf = classifier(m.clone(), (0.0, 1.0));
+    let id = Identity::new(model_hash(m.as_ref(), &[]), &set, 8, "sample").unwrap();
+    let mut t = ThreatModel::autoattack_l1(10.0);
+    for a in &mut t.attacks {
+        (a.steps, a.queries) = (a.steps.map(|_| 5), a.queries.map(|_| 50));
+    }
+    let l = run_cascade(&clf, &set, &run(&t, id, 8, None)).unwrap();
+    let mut broken = 0;
+    for r in &l.records {
+        if let Some(adv) = &r.adversarial {
+            broken += 1;
+            let x = set.image(r.index).unwrap();
+            let l1: f64 = x.iter().zip(adv).map(|(a, b)| (*a as f64 - *b as f64).abs()).sum();
+            assert!(l1 <= 10.0 * (1.0 + 1e-5), "sample {}: L1 {l1}", r.index);
+        }
+    }
+    assert!(broken >= 3, "L1 ε = 10 breaks most of the fixture cnn's samples: {broken}");
+    assert!(l.records.iter().filter(|r| r.clean_correct()).all(|r| r.minimal_norms[0].is_some()), "FAB-L1 finds all");
+}

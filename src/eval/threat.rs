@@ -115,6 +115,7 @@ impl ThreatModel {
     /// L1 for the minimal perturbations (DeepFool has no L1 version).
     pub fn autoattack_l1(eps: f64) -> ThreatModel {
         let mut tm = ThreatModel::autoattack("l1", eps);
+        tm.name = "autoattack-l1".into();
         tm.attacks[0].restarts = Some(5);
         tm.attacks[1].targets = Some(5);
         tm.minimal = vec![AttackSpec::named("fab")];
