@@ -399,3 +399,26 @@ fn the_l1_list_runs_real_l1_attacks_and_the_deploy_files_are_autoattacks_lists()
     assert!(broken >= 3, "L1 ε = 10 breaks most of the fixture cnn's samples: {broken}");
     assert!(l.records.iter().filter(|r| r.clean_correct()).all(|r| r.minimal_norms[0].is_some()), "FAB-L1 finds all");
 }
+
+#[test]
+fn the_report_states_what_it_measured() {
+    let set = data::sample().unwrap().test.take(8).unwrap();
+    let m = net();
+    let clf = classifier(m.clone(), (0.0, 1.0));
+    let id = Identity::new(model_hash(m.as_ref(), &[]), &set, 8, "sample").unwrap();
+    let t = tm();
+    let l = run_cascade(&clf, &set, &run(&t, id.clone(), 8, None)).unwrap();
+    let s = armoury::eval::summarise(&t, &l, 10);
+    let report = armoury::eval::to_report(&clf, &set, &t, &l, &s, Vec::new()).unwrap();
+    assert_eq!(report.identity.as_ref(), Some(&id));
+    let dir = tmp("report");
+    let files = armoury::report::write(&report, &dir).unwrap();
+    for (what, path) in [("markdown", &files.markdown), ("html", &files.html), ("json", &files.json)] {
+        let text = std::fs::read_to_string(path).unwrap();
+        for field in [&id.model_hash, &id.data_hash, &id.kernel, &id.version] {
+            assert!(text.contains(field.as_str()), "{what} lacks {field}");
+        }
+    }
+    assert_eq!(armoury::report::read(&files.json).unwrap().identity, Some(id));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
