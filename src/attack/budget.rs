@@ -505,3 +505,14 @@ mod tests {
         assert_eq!(w, [0.5, -0.25], "inside the ball: unchanged");
     }
 }
+
+/// The diameter of the input box `[lo, hi]^d` in `norm` (L∞: the width; L2: width·√d; L1: width·d): the budget that
+/// reaches every input of the box from every other.
+pub fn box_diameter(norm: Norm, (lo, hi): (f32, f32), d: usize) -> f64 {
+    let w = hi as f64 - lo as f64;
+    match norm {
+        Norm::Linf => w,
+        Norm::L2 => w * (d as f64).sqrt(),
+        Norm::L1 => w * d as f64,
+    }
+}

@@ -225,6 +225,15 @@ pub struct Norms {
 }
 
 impl Norms {
+    /// The norm of the perturbation in `norm`.
+    pub fn get(&self, norm: Norm) -> f32 {
+        match norm {
+            Norm::Linf => self.linf,
+            Norm::L2 => self.l2,
+            Norm::L1 => self.l1,
+        }
+    }
+
     /// The norms of `delta`.
     pub fn of(delta: &[f32]) -> Norms {
         let (mut l0, mut l1, mut l2, mut linf) = (0usize, 0f64, 0f64, 0f32);

@@ -92,15 +92,6 @@ fn correct(r: &AttackResult, y: &[usize]) -> Vec<bool> {
     r.predictions.iter().zip(y).map(|(p, l)| p == l).collect()
 }
 
-/// The diameter of the input box `[lo, hi]^d` in `norm`: the budget that reaches every input from every other.
-fn box_diameter(norm: Norm, range: f32, d: usize) -> f32 {
-    match norm {
-        Norm::Linf => range,
-        Norm::L2 => range * (d as f32).sqrt(),
-        Norm::L1 => range * d as f32,
-    }
-}
-
 /// Runs `attack` and checks that every perturbation lies in the `norm` ball of radius `eps`: a builder that
 /// ignored the threat norm (an L∞ attack for an L1 threat) would otherwise be audited in the wrong threat model.
 fn run_in_ball(
@@ -111,12 +102,7 @@ fn run_in_ball(
     seed: u64,
 ) -> Result<AttackResult> {
     let r = attack.run(model, x, y, &Goal::Untargeted, seed)?;
-    let size = |n: &crate::attack::Norms| match norm {
-        Norm::Linf => n.linf,
-        Norm::L2 => n.l2,
-        Norm::L1 => n.l1,
-    };
-    if let Some(worst) = r.norms.iter().map(size).find(|&s| s > eps * (1.0 + 1e-3) + 1e-5) {
+    if let Some(worst) = r.norms.iter().map(|n| n.get(norm)).find(|&s| s > eps * (1.0 + 1e-3) + 1e-5) {
         return Err(Error::invalid(
             "audit",
             format!(
@@ -194,7 +180,7 @@ pub fn audit(
 
     let (lo, hi) = model.bounds();
     let d = x.numel() / x.shape().first().copied().unwrap_or(1).max(1);
-    let diameter = box_diameter(norm, hi - lo, d);
+    let diameter = crate::attack::budget::box_diameter(norm, (lo, hi), d) as f32;
     let boxed = AttackSpec { steps: Some(cfg.steps.max(20)), ..AttackSpec::named("pgd") };
     let unbounded = accuracy(&run(&boxed, diameter, cfg.seed)?, y);
     let pass = unbounded <= UNBOUNDED_MAX_ACCURACY;

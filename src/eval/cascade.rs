@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::identity::Identity;
 use super::threat::{AttackSpec, ThreatModel};
-use crate::attack::budget::{exact_norm, rows, unrows};
+use crate::attack::budget::{box_diameter, exact_norm, rows, unrows};
 use crate::attack::{Attack, Budget, Goal, Norm, Resolved};
 use crate::classifier::{argmax_rows, Classifier};
 use crate::data::Dataset;
@@ -405,13 +405,7 @@ fn minimal_step(
         let seed = step_seed(tm.seed, usize::MAX >> 32, mi);
         let r = attack.run(model, &c.inputs(part), &ys, &Goal::Untargeted, seed)?;
         for (t, &i) in part.iter().enumerate() {
-            let n = r.norms[t];
-            let v = match norm {
-                Norm::Linf => n.linf,
-                Norm::L2 => n.l2,
-                Norm::L1 => n.l1,
-            };
-            ledger.records[c.first + i].minimal_norms[mi] = r.success[t].then_some(v as f64);
+            ledger.records[c.first + i].minimal_norms[mi] = r.success[t].then_some(r.norms[t].get(norm) as f64);
         }
     }
     Ok(())
@@ -518,16 +512,6 @@ fn check_data_in_bounds(model: &dyn Classifier, data: &Dataset, (s, e): (usize, 
                  to match the data"
             ),
         )),
-    }
-}
-
-/// The largest perturbation the input box allows in `norm` for inputs of `d` values in `[lo, hi]`.
-fn box_diameter(norm: Norm, (lo, hi): (f32, f32), d: usize) -> f64 {
-    let w = hi as f64 - lo as f64;
-    match norm {
-        Norm::Linf => w,
-        Norm::L2 => w * (d as f64).sqrt(),
-        Norm::L1 => w * d as f64,
     }
 }
 

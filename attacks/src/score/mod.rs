@@ -74,10 +74,6 @@ pub(crate) struct Ctx<'a> {
     pub topk: Option<usize>,
     /// Queries [`search_lockstep`] made for this sample outside its oracles (in batches with other samples).
     batched: AtomicU64,
-    /// The goal of the whole problem, for [`Ctx::fulfils`].
-    goal: &'a Resolved,
-    /// This sample's index in the problem, for [`Ctx::fulfils`].
-    index: usize,
 }
 
 impl Ctx<'_> {
@@ -123,15 +119,10 @@ impl Ctx<'_> {
         self.label_oracle.labels(&self.tensor(data)?)
     }
 
-    /// Whether a predicted class fulfils the goal.
+    /// Whether a predicted class fulfils the goal: the core's rule ([`armoury::attack::is_success`]), never the
+    /// classifier's rejection class.
     pub fn goal_met(&self, class: usize) -> bool {
         armoury::attack::is_success(self.rejection, self.label, self.target, class)
-    }
-
-    /// Whether the predicted `class` is a success: the core's rule ([`Resolved::is_success`]), never the
-    /// classifier's rejection class.
-    pub fn fulfils(&self, class: usize) -> bool {
-        self.goal.is_success(self.rejection, self.index, self.label, class)
     }
 
     /// Whether the probabilities fulfil the goal (first maximum, as the model's prediction).
@@ -427,8 +418,6 @@ fn context<'a>(p: &Problem<'a>, q: &Queries, i: usize, xi: Vec<f32>, chw: (usize
         hi,
         topk: q.topk,
         batched: AtomicU64::new(0),
-        goal: p.goal,
-        index: i,
     })
 }
 

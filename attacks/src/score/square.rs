@@ -344,7 +344,7 @@ impl Stepper for Run<'_> {
     }
 
     fn observe(&mut self, ctx: &Ctx, z: ArrayView1<f32>) {
-        let success = ctx.fulfils(first_max(z));
+        let success = ctx.goal_met(first_max(z));
         match self.phase {
             Phase::Clean => self.phase = if success { Phase::Done } else { Phase::Start },
             Phase::Start => {
