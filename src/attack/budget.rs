@@ -396,6 +396,17 @@ pub fn check_positive(op: &'static str, what: &str, v: f32) -> Result<()> {
 
 pub use crate::seed::row_seeds;
 
+/// The diameter of the input box `[lo, hi]^d` in `norm` (L∞: the width; L2: width·√d; L1: width·d): the budget that
+/// reaches every input of the box from every other.
+pub fn box_diameter(norm: Norm, (lo, hi): (f32, f32), d: usize) -> f64 {
+    let w = hi as f64 - lo as f64;
+    match norm {
+        Norm::Linf => w,
+        Norm::L2 => w * (d as f64).sqrt(),
+        Norm::L1 => w * d as f64,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,16 +514,5 @@ mod tests {
         let mut w = [0.5f32, -0.25];
         project_l1(&mut w, 1.0);
         assert_eq!(w, [0.5, -0.25], "inside the ball: unchanged");
-    }
-}
-
-/// The diameter of the input box `[lo, hi]^d` in `norm` (L∞: the width; L2: width·√d; L1: width·d): the budget that
-/// reaches every input of the box from every other.
-pub fn box_diameter(norm: Norm, (lo, hi): (f32, f32), d: usize) -> f64 {
-    let w = hi as f64 - lo as f64;
-    match norm {
-        Norm::Linf => w,
-        Norm::L2 => w * (d as f64).sqrt(),
-        Norm::L1 => w * d as f64,
     }
 }
