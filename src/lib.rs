@@ -15,7 +15,20 @@
 //!   with gradient-masking checks;
 //! - [`metrics`]: Wilson intervals, SSIM and MindArmour's attack, defense and neuron metrics; [`report`]: the
 //!   evaluation report's data model and its JSON, Markdown and HTML files;
+//! - [`eval`]: the evaluation — AutoAttack's worst-case cascade with a per-sample ledger, resumable and sharded,
+//!   its identity, summary and report, and the gradient-masking audit; [`eval::Evaluator`] runs it on tensors;
 //! - [`seed`]: every random choice's seed, so results are bit-identical whatever the thread count or batch size.
+//!
+//! How robust is a model? AutoAttack's standard evaluation is one call (`armoury_attacks::autoattack`):
+//!
+//! ```
+//! use armoury::{attack::Norm, data, nn, ModuleClassifier};
+//! let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
+//! let (x, y) = data::sample()?.test.batch(0..2)?;
+//! let result = armoury_attacks::autoattack(&model, &x, &y, Norm::Linf, 0.1)?;
+//! println!("robust accuracy {:.3} of clean {:.3}", result.robust_accuracy(), result.clean_accuracy());
+//! # Ok::<(), armoury::Error>(())
+//! ```
 //!
 //! ```
 //! use armoury::{Tensor, Reduction};

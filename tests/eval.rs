@@ -21,11 +21,11 @@ const TM: &str = r#"{
   "minimal": [{"name": "deepfool"}]
 }"#;
 
-fn tm() -> ThreatModel {
+pub fn tm() -> ThreatModel {
     ThreatModel::from_json(TM).unwrap()
 }
 
-fn cascade<'a>(tm: &'a ThreatModel, range: (usize, usize), total: usize) -> CascadeRun<'a> {
+pub fn cascade<'a>(tm: &'a ThreatModel, range: (usize, usize), total: usize) -> CascadeRun<'a> {
     CascadeRun {
         threat: tm,
         build: &from_spec,
@@ -52,7 +52,7 @@ pub fn identity(model: &str, data: &str) -> Identity {
 }
 
 /// The ledger without its wall-clock times (the only field that differs between identical runs).
-fn timeless(mut l: Ledger) -> Ledger {
+pub fn timeless(mut l: Ledger) -> Ledger {
     l.work.iter_mut().for_each(|w| w.seconds = 0.0);
     l
 }

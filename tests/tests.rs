@@ -15,6 +15,7 @@ mod defenses_transforms;
 mod detector;
 mod detectors;
 mod eval;
+mod eval_api;
 mod eval_protect;
 mod fixtures_xcheck;
 mod fuzzer;

@@ -18,6 +18,21 @@
 //! # Ok::<(), armoury::Error>(())
 //! ```
 //!
+//! ## Evaluating a model
+//!
+//! [`autoattack`] is AutoAttack's standard evaluation in one call on tensors; [`evaluate::evaluator`] gives an
+//! [`armoury::eval::Evaluator`] with this crate's attacks for any threat model (state file for a resumable run,
+//! shards, progress). See docs/evaluation.md.
+//!
+//! ```
+//! use armoury::{attack::Norm, data, nn, ModuleClassifier};
+//! let model = ModuleClassifier::new(nn::cnn(0), &[1, 28, 28], 10, (0.0, 1.0))?;
+//! let (x, y) = data::sample()?.test.batch(0..2)?;
+//! let result = armoury_attacks::autoattack(&model, &x, &y, Norm::Linf, 8.0 / 255.0)?;
+//! assert!(result.robust_accuracy() <= result.clean_accuracy());
+//! # Ok::<(), armoury::Error>(())
+//! ```
+//!
 //! ## The template
 //!
 //! An attack writes its algorithm alone by implementing [`armoury::Algorithm`]: its name, what it reads of the
@@ -55,6 +70,7 @@ mod cw;
 pub mod decision;
 mod deepfool;
 mod ead;
+pub mod evaluate;
 mod fab;
 mod gradient;
 mod jsma;
@@ -71,9 +87,15 @@ pub use cw::CarliniWagnerL2;
 pub use decision::{BoundaryAttack, HopSkipJump, Pointwise, SaltAndPepper, Start, StepSearch};
 pub use deepfool::DeepFool;
 pub use ead::{EadRule, ElasticNet};
+pub use evaluate::autoattack;
 pub use fab::{project_hyperplane_box, Fab};
 pub use gradient::{Diversity, Llc, Pgd, RFgsm, UniformNoise, VarianceTuning};
 pub use jsma::{Jsma, JsmaMode};
 pub use lbfgs::LbfgsB;
 pub use losses::Loss;
 pub use score::{GenAttack, Nes, NesSetting, ParticleSwarm, SimBA, SimbaBasis, Spsa, SquareAttack};
+
+/// docs/evaluation.md's Rust examples, run as doctests so the page stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/evaluation.md")]
+pub struct EvaluationDocs;

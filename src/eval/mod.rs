@@ -7,6 +7,8 @@
 //!   resume or a merge;
 //! - [`summary`]: the figures of a ledger (Wilson intervals, per-attack robust accuracy, class flips,
 //!   minimal norms);
+//! - [`run`]: the evaluation as one call on tensors ([`Evaluator`], with defaults for everything but the threat
+//!   model and the attack builder; `armoury_attacks::autoattack` is AutoAttack's standard evaluation in one call);
 //! - [`report`]: the ledger's figures as an [`crate::report::Report`];
 //! - [`audit`]: the gradient-masking audit, one pass/fail verdict with an explanation per check.
 //!
@@ -17,6 +19,7 @@ pub mod audit;
 pub mod cascade;
 pub mod identity;
 pub mod report;
+pub mod run;
 pub mod summary;
 pub mod threat;
 
@@ -24,5 +27,6 @@ pub use audit::{audit, AuditConfig, Verdict};
 pub use cascade::{merge, run_cascade, shard_range, AttackWork, Break, Builder, CascadeRun, Ledger, SampleRecord};
 pub use identity::{kernel_path, Identity};
 pub use report::{attack_summaries, to_report, worst_case_inputs};
+pub use run::{Evaluation, Evaluator};
 pub use summary::{proportion, summarise, AttackLine, Summary};
 pub use threat::{AttackSpec, ThreatModel};
