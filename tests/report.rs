@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use armoury::metrics::{attack_metrics, wilson, Z95};
 use armoury::report::{
-    read, write, AttackSummary, ClassFlips, DefenseReport, DetectorReport, EpsCurve, ExampleImage, Interval,
+    read, write, AttackSummary, ClassFlips, DefenseReport, DetectorReport, EpsCurve, ExampleImage, Header, Interval,
     NormDistribution, Radar, RadarSeries, Report, StatefulAttack, StatefulReport, Verdict,
 };
 use armoury::Tensor;
@@ -30,8 +30,23 @@ fn ci(k: usize, n: usize) -> Interval {
 fn synthetic_report() -> Report {
     let n = 200;
     let mut r = Report::new("Synthetic evaluation <test>", "cnn (reference weights)", n, ci(177, n));
-    r.threat_model_hash = "sha256:0123abcd".into();
+    r.threat_model_hash = "0123abcd0123abcd0123abcd".into();
     r.seed = 7;
+    r.header = Some(Header {
+        data: "fashion-mnist".into(),
+        threat_model: "autoattack-standard-linf".into(),
+        norm: "linf".into(),
+        eps: vec![0.1],
+        attacks: vec![
+            "apgd-ce(steps=100)".into(),
+            "apgd-t(steps=100, targets=9)".into(),
+            "square(queries=5000)".into(),
+        ],
+        minimal: vec!["deepfool".into()],
+        date: "2026-12-05T07:00:00Z".into(),
+        version: "0.1.0".into(),
+    });
+    r.class_names = CLASSES.iter().map(|c| c.to_string()).collect();
     r.robust_accuracy = ci(21, n);
     let cascade = [("apgd-ce", 40, 137), ("apgd-t", 26, 14), ("fab-t", 22, 4), ("square", 21, 1)];
     r.per_attack = cascade
@@ -207,6 +222,14 @@ fn write_produces_json_markdown_and_a_self_contained_page() {
     let md = std::fs::read_to_string(&files.markdown).unwrap();
     assert!(md.starts_with("# Synthetic evaluation <test>\n"));
     for needle in [
+        // The header: what was measured, in a reader's terms.
+        "| model | cnn (reference weights) |",
+        "| data | fashion-mnist, 200 samples |",
+        "| threat model | autoattack-standard-linf: L∞, ε = 0.1 — `0123abcd0123` |",
+        "| attacks (cascade) | apgd-ce(steps=100) → apgd-t(steps=100, targets=9) → square(queries=5000) |",
+        "| date | 2026-12-05T07:00:00Z |",
+        "| Armoury | 0.1.0 |",
+        "- **NTE**: noise tolerance",
         "| robust accuracy | 0.1050 [",
         "| apgd-t | 0.1300 [",
         "| fab-t |",
@@ -239,7 +262,19 @@ fn write_produces_json_markdown_and_a_self_contained_page() {
     }
     assert!(html.contains("<title>Synthetic evaluation &lt;test&gt;</title>"));
     assert!(html.contains("&lt;masked?&gt;") && !html.contains("<masked?>"));
-    assert!(html.contains("<img id=\"examples-grid\"") && html.contains("src=\"data:image/png;base64,iVBORw0KGgo"));
+    // The examples: labelled columns, class names, each picture embedded.
+    let examples = &html[html.find("<table id=\"examples\">").expect("the examples table")..];
+    let examples = &examples[..examples.find("</table>").unwrap()];
+    for column in ["true class", "clean image", "adversarial image", "prediction on it", "perturbation", "attack"] {
+        assert!(examples.contains(&format!(">{column}</th>")), "examples column {column}");
+    }
+    assert_eq!(examples.matches("src=\"data:image/png;base64,iVBORw0KGgo").count(), 4 * 3);
+    assert!(examples.contains("<img id=\"example-0-clean\""));
+    let first = &r.examples[0];
+    assert!(examples.contains(&format!("<td class=\"name\">{}</td>", CLASSES[first.label])), "class names");
+    // The header and one sentence per metric.
+    assert!(html.find("<table id=\"header\">").unwrap() < html.find("<table id=\"summary\">").unwrap());
+    assert!(html.contains("<dt>ACTC</dt><dd>average confidence left on the true class"));
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"), "the page must not load anything");
     // The PNG beside it: 4 rows of 3 images of 28·3 pixels, with labels.
     let png = image::open(files.examples_png.as_ref().unwrap()).unwrap();
@@ -408,6 +443,20 @@ fn the_page_renders_in_headless_chromium() {
     let r = render(&page, &profile);
     assert!(r.console.is_empty(), "console messages: {:#?}", r.console);
     assert_eq!(r.body_attr("data-errors"), "", "the page recorded errors");
+    // The header (what was measured) is on the page, every row visible, with the threat model in words.
+    assert_eq!(r.body_attr("data-header-rows"), "8", "the header's rows");
+    let header = &r.dom[r.dom.find("<table id=\"header\">").expect("a header in the DOM")..];
+    let header = &header[..header.find("</table>").unwrap()];
+    for needle in ["fashion-mnist, 200 samples", "L∞, ε = 0.1", "apgd-ce(steps=100)", "2026-12-05", "0.1.0"] {
+        assert!(header.contains(needle), "the rendered header lacks {needle:?}: {header}");
+    }
+    // A page without the header is caught by the same check.
+    let html = std::fs::read_to_string(&page).unwrap();
+    let start = html.find("<table id=\"header\">").unwrap();
+    let end = html[start..].find("</table>").unwrap() + start + "</table>".len();
+    let headless = dir.join("no-header.html");
+    std::fs::write(&headless, format!("{}{}", &html[..start], &html[end..])).unwrap();
+    assert_eq!(render(&headless, &profile).body_attr("data-header-rows"), "0");
     assert_eq!(r.body_attr("data-plots"), PLOTS.len().to_string());
     assert_eq!(r.body_attr("data-plots-rendered"), PLOTS.len().to_string(), "a plot rendered empty");
     for (id, series) in PLOTS {
@@ -428,7 +477,7 @@ fn the_page_renders_in_headless_chromium() {
     let bad_page = dir.join("broken.html");
     std::fs::write(&bad_page, broken).unwrap();
     let bad = render(&bad_page, &profile);
-    assert!(bad.body_attr("data-errors").contains("examples-grid"), "{}", bad.body_attr("data-errors"));
+    assert!(bad.body_attr("data-errors").contains("example-0-clean"), "{}", bad.body_attr("data-errors"));
     assert_eq!(bad.body_attr("data-plots-rendered"), (PLOTS.len() - 1).to_string());
 
     // The screenshot, kept as a test artefact.
@@ -447,4 +496,31 @@ fn the_page_renders_in_headless_chromium() {
     let inked = png.pixels().filter(|p| p.0.iter().any(|&c| c < 200)).count();
     assert!(inked > 50_000, "the screenshot is almost blank ({inked} dark pixels)");
     eprintln!("screenshot: {}", shot.display());
+}
+
+#[test]
+fn a_single_eps_is_drawn_as_points_with_intervals_not_lines() {
+    let mut r = synthetic_report();
+    r.curves = vec![
+        EpsCurve { attack: "after apgd-ce".into(), norm: "linf".into(), eps: vec![0.1], accuracy: vec![ci(40, 200)] },
+        EpsCurve { attack: "after square".into(), norm: "linf".into(), eps: vec![0.1], accuracy: vec![ci(21, 200)] },
+    ];
+    let dir = scratch("single-eps");
+    let html = std::fs::read_to_string(write(&r, &dir).unwrap().html).unwrap();
+    let svg = svg_element(&html, "plot-eps-linf");
+    // No line joins two figures (an invented straight line from clean to robust): every drawn path is an
+    // interval bar or a cap, two points; the figures are circles (clean, two attacks, legend marks).
+    let polylines: Vec<&str> = svg.split("<polyline").skip(1).collect();
+    assert!(!polylines.is_empty());
+    for p in &polylines {
+        let points = &p[p.find("points=\"").unwrap() + 8..];
+        let points = &points[..points.find('"').unwrap()];
+        assert_eq!(points.split_whitespace().count(), 2, "a line of more than two points: {points}");
+    }
+    assert!(svg.matches("<circle").count() >= 3, "clean and both attacks as points");
+    assert!(svg.contains("clean (ε = 0)") && !svg.contains("<polygon"), "no band");
+    // With a grid, the curves are lines again.
+    let r = synthetic_report();
+    let html = std::fs::read_to_string(write(&r, &dir).unwrap().html).unwrap();
+    assert!(svg_element(&html, "plot-eps-linf").contains("<polygon"), "bands on a grid");
 }

@@ -40,6 +40,23 @@ impl GridRow {
 /// or Inf pixels, and I/O or encoding failures.
 pub fn save_png_grid(path: impl AsRef<Path>, rows: &[GridRow], scale: u32) -> Result<()> {
     let path = path.as_ref();
+    let img = grid_image(rows, scale)?;
+    let mut png = Vec::new();
+    img.write_to(&mut Cursor::new(&mut png), ImageFormat::Png)
+        .map_err(|source| Error::Image { path: path.into(), source })?;
+    crate::io::write_atomic(path, &png)
+}
+
+/// [`save_png_grid`]'s picture as PNG bytes (for embedding in a page), with the same checks.
+pub fn png_grid_bytes(rows: &[GridRow], scale: u32) -> Result<Vec<u8>> {
+    let img = grid_image(rows, scale)?;
+    let mut png = Vec::new();
+    img.write_to(&mut Cursor::new(&mut png), ImageFormat::Png)
+        .map_err(|e| Error::invalid(OP, format!("PNG encoding failed: {e}")))?;
+    Ok(png)
+}
+
+fn grid_image(rows: &[GridRow], scale: u32) -> Result<RgbImage> {
     if scale == 0 {
         return Err(Error::invalid(OP, "scale must be at least 1"));
     }
@@ -82,10 +99,7 @@ pub fn save_png_grid(path: impl AsRef<Path>, rows: &[GridRow], scale: u32) -> Re
             draw_image(&mut img, x0, y0, t, scale)?;
         }
     }
-    let mut png = Vec::new();
-    img.write_to(&mut Cursor::new(&mut png), ImageFormat::Png)
-        .map_err(|source| Error::Image { path: path.into(), source })?;
-    crate::io::write_atomic(path, &png)
+    Ok(img)
 }
 
 /// A picture of the perturbation `adv − clean`: `0.5 + magnify·(adv − clean)`, clamped to `[0,1]`, so no change is

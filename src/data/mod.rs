@@ -18,15 +18,17 @@
 //! # Ok::<(), armoury::Error>(())
 //! ```
 
+mod classes;
 mod dataset;
 mod folder;
 mod grid;
 mod idx;
 mod sample;
 
+pub use classes::{builtin_class_names, read_class_names};
 pub use dataset::{load_idx_dir, Batches, Dataset, TrainTest};
 pub use folder::{load_image_folder, ImageFolderOptions};
-pub use grid::{perturbation_image, save_png_grid, GridRow, GRID_GAP};
+pub use grid::{perturbation_image, png_grid_bytes, save_png_grid, GridRow, GRID_GAP};
 pub use idx::{read_idx_images, read_idx_labels, write_idx_images, write_idx_labels, Idx, IdxData, IdxType};
 pub use sample::{
     find_full_data, find_full_data_in, full_data_candidates, load_default, sample, DataLocation, DATA_ENV_VAR,

@@ -7,9 +7,9 @@ use super::cascade::Ledger;
 use super::summary::Summary;
 use super::threat::ThreatModel;
 use crate::classifier::Classifier;
-use crate::data::Dataset;
+use crate::data::{builtin_class_names, Dataset};
 use crate::metrics::{attack_metrics, attack_radar, AttackMetrics};
-use crate::report::{AttackSummary, ClassFlips, EpsCurve, ExampleImage, NormDistribution, Report, Verdict};
+use crate::report::{AttackSummary, ClassFlips, EpsCurve, ExampleImage, Header, NormDistribution, Report, Verdict};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -44,8 +44,11 @@ pub fn to_report(
         .map(|(attack, norms)| NormDistribution { attack: attack.clone(), norm: tm.norm.clone(), norms: norms.clone() })
         .collect();
     let classes = s.class_flips.len();
-    let class_flips =
-        Some(ClassFlips { classes: (0..classes).map(|c| c.to_string()).collect(), counts: s.class_flips.clone() });
+    let class_names = builtin_class_names(&ledger.identity.data, classes).unwrap_or_default();
+    let class_flips = Some(ClassFlips {
+        classes: (0..classes).map(|c| class_names.get(c).cloned().unwrap_or_else(|| c.to_string())).collect(),
+        counts: s.class_flips.clone(),
+    });
     let attack_metrics = cascade_metrics(model, data, ledger, s, last)?;
     let radar = if attack_metrics.is_empty() { None } else { Some(attack_radar(&attack_metrics)?) };
     let [c, h, w] = data.image_shape();
@@ -68,6 +71,8 @@ pub fn to_report(
         model: s.model.clone(),
         threat_model_hash: s.threat_model_hash.clone(),
         identity: Some(ledger.identity.clone()),
+        header: Some(Header::now(&ledger.identity.data, tm)),
+        class_names,
         seed: tm.seed,
         samples: s.samples,
         clean_accuracy: s.clean_accuracy,

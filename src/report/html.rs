@@ -15,7 +15,8 @@ th{background:#f3f3f3}td.name,th.name{text-align:left}.pass{color:#17803d;font-w
 .fail{color:#c0262d;font-weight:bold}figure{margin:1em 0}svg.armoury-plot{display:block;max-width:100%;height:auto}\
 img.grid{image-rendering:pixelated;border:1px solid #ccc}";
 
-/// Records, once the page has loaded, how many plots it has (`data-plots`), how many rendered with a non-empty
+/// Records, once the page has loaded, how many rows of the header (what was measured) rendered visibly
+/// (`data-header-rows`), how many plots it has (`data-plots`), how many rendered with a non-empty
 /// box and drawn shapes (`data-plots-rendered`), and any script or resource error (`data-errors`), as
 /// attributes of `<body>`.
 const SELF_CHECK: &str = "(function(){var errors=[];\
@@ -23,10 +24,11 @@ window.addEventListener('error',function(e){errors.push(e.message||((e.target&&e
 window.addEventListener('load',function(){var svgs=document.querySelectorAll('svg.armoury-plot'),ok=0;\
 svgs.forEach(function(s){var b=s.getBBox();if(b.width>0&&b.height>0&&s.querySelectorAll('path,polyline,polygon,rect,circle,line').length>0)ok++;});\
 document.querySelectorAll('img').forEach(function(i){if(!(i.complete&&i.naturalWidth>0))errors.push((i.id||'image')+' did not decode');});\
-var b=document.body;b.setAttribute('data-plots',svgs.length);b.setAttribute('data-plots-rendered',ok);b.setAttribute('data-errors',errors.join('; '));});})();";
+var hr=0;document.querySelectorAll('table#header tr').forEach(function(t){var r=t.getBoundingClientRect();if(r.width>0&&r.height>0&&t.textContent.trim().length>0)hr++;});\
+var b=document.body;b.setAttribute('data-header-rows',hr);b.setAttribute('data-plots',svgs.length);b.setAttribute('data-plots-rendered',ok);b.setAttribute('data-errors',errors.join('; '));});})();";
 
-/// The whole page; `grid_png` is the example grid's PNG, embedded as a data URI.
-pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
+/// The whole page.
+pub(super) fn page(r: &Report) -> Result<String> {
     let mut h = String::new();
     let title = html_escape(&r.title);
     let _ = write!(
@@ -34,6 +36,7 @@ pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title><style>{STYLE}</style>\
          <script>{SELF_CHECK}</script></head>\n<body>\n<h1>{title}</h1>\n"
     );
+    header(&mut h, r);
     summary(&mut h, r);
     if !r.per_attack.is_empty() {
         h.push_str("<h2>Per attack</h2>\n");
@@ -86,21 +89,26 @@ pub(super) fn page(r: &Report, grid_png: Option<&[u8]>) -> Result<String> {
         }
         h.push_str("</table>\n");
     }
-    if let Some(png) = grid_png {
-        let _ = write!(
-            h,
-            "<h2>Examples</h2>\n<p>Each row: the clean image, the adversarial image and the perturbation (mid-grey = \
-             unchanged, magnified 5×); the label reads true class &gt; adversarial prediction.</p>\n\
-             <img id=\"examples-grid\" class=\"grid\" alt=\"example adversarial images\" src=\"data:image/png;base64,{}\">\n",
-            base64::engine::general_purpose::STANDARD.encode(png)
-        );
-    }
+    examples(&mut h, r)?;
     h.push_str("</body></html>\n");
     Ok(h)
 }
 
 fn figure(h: &mut String, p: &plots::Plot) {
     let _ = writeln!(h, "<figure data-plot=\"{}\">{}</figure>", html_escape(&p.id), p.svg);
+}
+
+/// What was measured (model, data, threat model, date, version): the page's first table.
+fn header(h: &mut String, r: &Report) {
+    let rows = super::header::rendered(r, html_escape, |t| format!("<code>{}</code>", html_escape(t)));
+    if rows.is_empty() {
+        return;
+    }
+    h.push_str("<table id=\"header\">\n");
+    for (label, text) in rows {
+        let _ = writeln!(h, "<tr><th class=\"name\">{label}</th><td class=\"name\">{text}</td></tr>");
+    }
+    h.push_str("</table>\n<h2>Figures</h2>\n");
 }
 
 fn summary(h: &mut String, r: &Report) {
@@ -145,7 +153,11 @@ fn attack_metrics_table(h: &mut String, r: &Report) {
         let cells: Vec<String> = super::metric_cells(m).iter().map(|c| format!("<td>{c}</td>")).collect();
         let _ = writeln!(h, "<tr><td class=\"name\">{}</td>{}</tr>", html_escape(name), cells.concat());
     }
-    h.push_str("</table>\n");
+    h.push_str("</table>\n<dl id=\"metric-notes\">\n");
+    for (name, sentence) in super::METRIC_SENTENCES {
+        let _ = writeln!(h, "<dt>{name}</dt><dd>{}</dd>", html_escape(sentence));
+    }
+    h.push_str("</dl>\n");
 }
 
 /// The defenses' table (undefended beside each defense) and their radar chart (DefenseEvaluate's metrics).
@@ -220,4 +232,43 @@ fn stateful(h: &mut String, r: &Report) {
         let _ = writeln!(h, "<tr>{}</tr>", cells.concat());
     }
     h.push_str("</table>\n");
+}
+
+/// The examples as a table with labelled columns: true class, the clean image, the adversarial image and its
+/// prediction, the perturbation scaled to its largest change, and the attack; images embedded as PNG data URIs.
+fn examples(h: &mut String, r: &Report) -> Result<()> {
+    if r.examples.is_empty() {
+        return Ok(());
+    }
+    h.push_str(
+        "<h2>Examples</h2>\n<p>The first adversarial examples the cascade found. The perturbation is adversarial − \
+         clean, scaled per example so that its largest change (given below it) is white (+) or black (−); \
+         mid-grey is unchanged.</p>\n<table id=\"examples\"><tr><th>#</th><th class=\"name\">true class</th>\
+         <th>clean image</th><th>adversarial image</th><th class=\"name\">prediction on it</th>\
+         <th>perturbation</th><th class=\"name\">attack</th></tr>\n",
+    );
+    let b64 = |png: &[u8]| base64::engine::general_purpose::STANDARD.encode(png);
+    for (k, e) in r.examples.iter().take(super::MAX_EXAMPLES).enumerate() {
+        let ([clean, adv, delta], largest) = super::example_pngs(e)?;
+        let img = |what: &str, png: &[u8]| {
+            format!(
+                "<img id=\"example-{k}-{what}\" class=\"grid\" alt=\"example {k}: {what}\" \
+                 src=\"data:image/png;base64,{}\">",
+                b64(png)
+            )
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td>{k}</td><td class=\"name\">{}</td><td>{}</td><td>{}</td><td class=\"name\">{}</td>\
+             <td>{}<br>±{largest:.4}</td><td class=\"name\">{}</td></tr>",
+            html_escape(&super::class_name(&r.class_names, e.label)),
+            img("clean", &clean),
+            img("adversarial", &adv),
+            html_escape(&super::class_name(&r.class_names, e.adversarial_prediction)),
+            img("perturbation", &delta),
+            html_escape(&e.attack)
+        );
+    }
+    h.push_str("</table>\n");
+    Ok(())
 }

@@ -13,6 +13,14 @@ fn cell(s: &str) -> String {
 pub(super) fn summary(r: &Report) -> String {
     let mut m = String::new();
     let _ = writeln!(m, "# {}\n", cell(&r.title));
+    let header = super::header::rendered(r, cell, |t| format!("`{}`", cell(t)));
+    if !header.is_empty() {
+        let _ = writeln!(m, "| what was measured | |\n|---|---|");
+        for (label, text) in header {
+            let _ = writeln!(m, "| {label} | {text} |");
+        }
+        m.push_str("\n## Figures\n\n");
+    }
     let _ = writeln!(m, "| | |\n|---|---|");
     let _ = writeln!(m, "| model | {} |", cell(&r.model));
     let _ = writeln!(m, "| threat model | `{}` |", cell(&r.threat_model_hash));
@@ -107,6 +115,10 @@ fn attack_metrics(m: &mut String, r: &Report) {
     m.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
     for (name, a) in &r.attack_metrics {
         let _ = writeln!(m, "| {} | {} |", cell(name), super::metric_cells(a).join(" | "));
+    }
+    m.push('\n');
+    for (name, sentence) in super::METRIC_SENTENCES {
+        let _ = writeln!(m, "- **{name}**: {sentence}");
     }
 }
 

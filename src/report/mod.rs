@@ -13,15 +13,18 @@
 //! # Ok::<(), armoury::Error>(())
 //! ```
 
+mod header;
 mod html;
 mod markdown;
 mod plots;
+
+pub use header::Header;
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::data::{perturbation_image, save_png_grid, GridRow};
+use crate::data::{perturbation_image, png_grid_bytes, save_png_grid, GridRow};
 use crate::io::write_atomic;
 use crate::metrics::{AttackMetrics, DefenseMetrics};
 use crate::{Error, Result, Tensor};
@@ -249,6 +252,14 @@ pub struct Report {
     /// evaluation's report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<crate::eval::Identity>,
+    /// What was measured, in a reader's terms: data, threat model (norm, ε, attacks and budgets), date, version
+    /// (`None`: a report not made by an evaluation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<Header>,
+    /// The classes' names, by index (empty: the indices themselves); the class-flip matrix and the examples use
+    /// them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub class_names: Vec<String>,
     /// The evaluation's seed.
     pub seed: u64,
     /// Samples evaluated.
@@ -297,6 +308,8 @@ impl Report {
             model: model.into(),
             threat_model_hash: String::new(),
             identity: None,
+            header: None,
+            class_names: Vec::new(),
             seed: 0,
             samples,
             clean_accuracy,
@@ -353,14 +366,10 @@ pub fn write(report: &Report, dir: &Path) -> Result<ReportFiles> {
     };
     write_atomic(&files.json, json.as_bytes())?;
     write_atomic(&files.markdown, markdown::summary(report).as_bytes())?;
-    let png = match &files.examples_png {
-        Some(path) => {
-            example_grid(&report.examples, path)?;
-            Some(std::fs::read(path).map_err(|e| Error::io(path, e))?)
-        }
-        None => None,
-    };
-    write_atomic(&files.html, html::page(report, png.as_deref())?.as_bytes())?;
+    if let Some(path) = &files.examples_png {
+        example_grid(&report.examples, path)?;
+    }
+    write_atomic(&files.html, html::page(report)?.as_bytes())?;
     Ok(files)
 }
 
@@ -371,23 +380,49 @@ pub fn read(path: &Path) -> Result<Report> {
 }
 
 /// The PNG grid of up to [`MAX_EXAMPLES`] examples of the first example's shape: per row the original, the
-/// adversarial image and the perturbation (magnified 5×), labelled `true>prediction`. Values are drawn as [0, 1]
-/// when both images lie in it, else rescaled jointly from their own min–max.
+/// adversarial image and the perturbation ([`example_pictures`]), labelled `true>prediction`.
 fn example_grid(examples: &[ExampleImage], path: &Path) -> Result<()> {
     let shape = examples[0].shape;
     let mut rows = Vec::new();
     for e in examples.iter().filter(|e| e.shape == shape).take(MAX_EXAMPLES) {
-        let all = e.original.iter().chain(&e.adversarial);
-        let (lo, hi) = all.fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
-        let (offset, scale) =
-            if lo >= 0.0 && hi <= 1.0 { (0.0, 1.0) } else { (lo, 1.0 / (hi - lo).max(f32::MIN_POSITIVE)) };
-        let image = |v: &[f32]| Tensor::from_vec(v.iter().map(|x| (x - offset) * scale).collect(), &shape);
-        let (clean, adv) = (image(&e.original)?, image(&e.adversarial)?);
-        let delta = perturbation_image(&clean, &adv, 5.0)?;
-        rows.push(GridRow::new(format!("{}>{}", e.label, e.adversarial_prediction), vec![clean, adv, delta]));
+        let (pictures, _) = example_pictures(e)?;
+        rows.push(GridRow::new(format!("{}>{}", e.label, e.adversarial_prediction), pictures.to_vec()));
     }
-    let scale = (84 / shape[1].max(shape[2]).max(1)).clamp(1, 8) as u32;
-    save_png_grid(path, &rows, scale)
+    save_png_grid(path, &rows, example_scale(shape))
+}
+
+/// How many screen pixels an example's pixel takes (about 84 pixels a side).
+fn example_scale(shape: [usize; 3]) -> u32 {
+    (84 / shape[1].max(shape[2]).max(1)).clamp(1, 8) as u32
+}
+
+/// An example's three pictures as drawn — the clean and the adversarial image (as [0, 1] when both lie in it,
+/// else rescaled jointly from their own min–max) and the perturbation scaled so that its largest change is black
+/// or white (mid-grey = unchanged) — and that largest change |δ|∞ in input units.
+fn example_pictures(e: &ExampleImage) -> Result<([Tensor; 3], f32)> {
+    let all = e.original.iter().chain(&e.adversarial);
+    let (lo, hi) = all.fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+    let (offset, scale) =
+        if lo >= 0.0 && hi <= 1.0 { (0.0, 1.0) } else { (lo, 1.0 / (hi - lo).max(f32::MIN_POSITIVE)) };
+    let image = |v: &[f32]| Tensor::from_vec(v.iter().map(|x| (x - offset) * scale).collect(), &e.shape);
+    let (clean, adv) = (image(&e.original)?, image(&e.adversarial)?);
+    let largest = e.original.iter().zip(&e.adversarial).fold(0f32, |m, (a, b)| m.max((b - a).abs()));
+    let magnify = if largest > 0.0 { 0.5 / (largest * scale) } else { 1.0 };
+    let delta = perturbation_image(&clean, &adv, magnify)?;
+    Ok(([clean, adv, delta], largest))
+}
+
+/// An example's three pictures as PNG bytes (for the page), with its largest change.
+fn example_pngs(e: &ExampleImage) -> Result<([Vec<u8>; 3], f32)> {
+    let (pictures, largest) = example_pictures(e)?;
+    let scale = example_scale(e.shape);
+    let png = |t: &Tensor| png_grid_bytes(&[GridRow::new("", vec![t.clone()])], scale);
+    Ok(([png(&pictures[0])?, png(&pictures[1])?, png(&pictures[2])?], largest))
+}
+
+/// A class's name: `names[c]` when given, else its index.
+fn class_name(names: &[String], c: usize) -> String {
+    names.get(c).cloned().unwrap_or_else(|| c.to_string())
 }
 
 /// The cells of a per-attack table row after the attack's name: robust accuracy after it, broken, gradients and
@@ -418,6 +453,18 @@ fn metric_cells(m: &AttackMetrics) -> [String; 9] {
         format!("{}/{}", m.successes, m.samples),
     ]
 }
+
+/// One sentence per MindArmour attack metric, under its table (S: the samples the attack succeeded on).
+const METRIC_SENTENCES: [(&str, &str); 8] = [
+    ("MR", "misclassification rate: the share of attacked samples the attack succeeded on (higher = stronger attack)."),
+    ("ACAC", "average confidence of the adversarial class on the successful samples (higher = more confident mistakes)."),
+    ("ACTC", "average confidence left on the true class on the successful samples (lower = stronger attack)."),
+    ("rel. L0", "mean ‖x_adv − x‖₀ / ‖x‖₀ over S: the share of input values changed, relative to the nonzero ones."),
+    ("rel. L2", "mean ‖x_adv − x‖₂ / ‖x‖₂ over S: the perturbation's energy relative to the image's."),
+    ("rel. L∞", "mean ‖x_adv − x‖∞ / ‖x‖∞ over S: the largest single change relative to the largest value."),
+    ("ASS", "average structural similarity (SSIM) of x_adv to x over S (1 = indistinguishable; — for images under 11×11)."),
+    ("NTE", "noise tolerance: mean gap between the adversarial class's probability and the next largest (higher = a more robust mistake)."),
+];
 
 /// The columns of the defenses' table.
 const DEFENSE_COLUMNS: [&str; 10] = [

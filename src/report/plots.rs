@@ -141,17 +141,35 @@ fn padded(lo: f64, hi: f64) -> (f64, f64) {
 }
 
 /// Robust accuracy against ε for the curves of one norm, each with its confidence band; a curve whose grid
-/// starts above 0 starts at ε = 0 with the clean accuracy (no budget, no attack).
+/// starts above 0 starts at ε = 0 with the clean accuracy (no budget, no attack). A single-ε evaluation has no
+/// curve to draw: its figures are points with their intervals (and the clean accuracy at ε = 0), never lines.
 pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve], clean: Interval) -> Result<Plot> {
     let names: Vec<String> = curves.iter().map(|c| c.attack.clone()).collect();
     let id = format!("plot-eps-{}", slug(norm));
+    let single = curves.iter().all(|c| c.eps.len() == 1);
     render(&id, names, (720, 440), |root| {
         let hi = curves.iter().flat_map(|c| c.eps.iter().copied()).fold(0.0f64, f64::max);
-        let (x0, x1) = padded(0.0, hi);
-        let caption = format!("Robust accuracy vs ε ({norm}), 95% bands");
+        let (x0, x1) = if single { (-0.1 * hi, 1.25 * hi) } else { padded(0.0, hi) };
+        let caption = if single {
+            format!("Accuracy at ε = {hi} ({norm}) and clean, 95% intervals")
+        } else {
+            format!("Robust accuracy vs ε ({norm}), 95% bands")
+        };
         let mut chart = xy_chart(root, &caption, (x0, x1), &format!("ε ({norm})"), "accuracy")?;
+        if single {
+            let black = RGBColor(0, 0, 0);
+            draw_point_interval(&mut chart, 0.0, clean, black)?
+                .label("clean (ε = 0)")
+                .legend(move |(x, y)| Circle::new((x + 10, y), 4, black.filled()));
+        }
         for (j, c) in curves.iter().enumerate() {
             let col = colour(j);
+            if single {
+                draw_point_interval(&mut chart, c.eps[0], c.accuracy[0], col)?
+                    .label(c.attack.clone())
+                    .legend(move |(x, y)| Circle::new((x + 10, y), 4, col.filled()));
+                continue;
+            }
             let mut points: Vec<(f64, Interval)> = c.eps.iter().copied().zip(c.accuracy.iter().copied()).collect();
             if c.eps.first().is_some_and(|&e| e > 0.0) {
                 points.insert(0, (0.0, clean));
@@ -169,6 +187,22 @@ pub(super) fn eps_curves(norm: &str, curves: &[&EpsCurve], clean: Interval) -> R
         }
         chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(plot_error)
     })
+}
+
+/// A point at (`x`, `a.value`) with a vertical bar from `a.lo` to `a.hi` and caps; returns the point's series
+/// for its legend entry.
+fn draw_point_interval<'c, 'a, 'b>(
+    chart: &'c mut XyChart<'a, 'b>,
+    x: f64,
+    a: Interval,
+    col: RGBColor,
+) -> Result<&'c mut plotters::chart::SeriesAnno<'a, SVGBackend<'b>>> {
+    let (x0, x1) = (chart.x_range().start, chart.x_range().end);
+    let cap = 0.012 * (x1 - x0);
+    let bars =
+        [vec![(x, a.lo), (x, a.hi)], vec![(x - cap, a.lo), (x + cap, a.lo)], vec![(x - cap, a.hi), (x + cap, a.hi)]];
+    chart.draw_series(bars.into_iter().map(|p| PathElement::new(p, col.stroke_width(2)))).map_err(plot_error)?;
+    chart.draw_series(std::iter::once(Circle::new((x, a.value), 5, col.filled()))).map_err(plot_error)
 }
 
 type XyChart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
@@ -271,6 +305,10 @@ pub(super) fn class_flips(f: &ClassFlips) -> Result<Plot> {
                 }
             }
         }
+        let axis = text_style(14, HPos::Center, VPos::Center);
+        draw!(root, Text::new("adversarial prediction", (left + side / 2, 40), axis.clone()));
+        let rotated = axis.transform(FontTransform::Rotate270);
+        draw!(root, Text::new("true class", (14, top + side / 2), rotated));
         let label = |s: &str| s.chars().take(14).collect::<String>();
         for (i, name) in f.classes.iter().enumerate() {
             let c = cell * i as i32 + cell / 2;
