@@ -138,8 +138,11 @@ if [ -n "\$unfinished" ]; then
     echo "merge: shards \$unfinished of $SHARDS did not finish (their logs: $out/slurm/shard-<i>.log)."
     echo "Recover: rerun exactly those shards and merge again (each continues from its ledger):"
     echo "  bash $(printf '%q' "$self") --resume $(printf '%q' "$out") --indices \$unfinished"
-    echo "or by hand: sbatch --array=\$unfinished $(cat "$out/slurm/sbatch-options") --requeue $out/slurm/shard.sh,"
-    echo "then sbatch --dependency=afterany:<its job id> $out/slurm/merge.sh"
+    echo "or by hand, the same two submissions:"
+    echo "  sbatch --parsable --array=\$unfinished $(cat "$out/slurm/sbatch-options") --requeue --open-mode=append \\\\"
+    echo "    --output=$out/slurm/shard-%a.log $out/slurm/shard.sh  # prints the array's job id"
+    echo "  sbatch $(cat "$out/slurm/sbatch-options") --dependency=afterany:<that id> --open-mode=append \\\\"
+    echo "    --output=$out/slurm/merge.log $out/slurm/merge.sh"
   } >&2
 fi
 exit \$status
