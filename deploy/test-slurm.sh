@@ -2,12 +2,14 @@
 # CI: deploy/slurm-array.sh on a real one-node Slurm cluster (Debian's slurm-wlm and munge, installed when missing;
 # needs root). It starts munged, slurmctld and slurmd from a generated configuration in a temporary directory,
 # then, on 200 images with a short threat model (deploy/threat-ci.json):
-#   1. submits the array (2 shards) and its merge through deploy/slurm-array.sh, requeues shard 1 while it runs
-#      (Slurm kills it; it continues from its ledger), and checks that the merged ledger equals the unsharded
-#      run's record for record (everything but wall-clock seconds);
-#   2. submits a second run, kills shard 1's process with SIGKILL, and checks that the merge fails naming shard 1
-#      and printing the recovery command rather than waiting forever; runs that command and checks the result.
-# Every wait is bounded; the daemons it started are stopped by their recorded PIDs, also on failure.
+#   1. submits the array (2 shards, 1 CPU each) and its merge through deploy/slurm-array.sh, requeues shard 1
+#      while it runs (Slurm kills it; it continues from its ledger), and checks that each task ran with 1 thread,
+#      that shard 1 ran twice, and that the merged ledger equals the unsharded run's record for record
+#      (everything but wall-clock seconds);
+#   2. submits a second run, kills shard 1's process with SIGKILL, and checks that the merge job fails (rather than
+#      waiting forever) naming shard 1 and printing the recovery command; runs that command and checks the result.
+# Every wait is bounded; at the end, also on failure, it cancels its jobs and stops the daemons it started by their
+# recorded PIDs. About a minute on 2 cores, plus the packages' installation the first time.
 #   bash deploy/test-slurm.sh            (CARGO_TARGET_DIR is honoured; it builds the evaluate example itself)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -153,6 +155,7 @@ submit() { # RUN: submits the 2-shard run D/runs/RUN, prints the array's job id
     fail "submitting $1: $(cat "$W/log/submit-$1.log")"
   sed -n 's/^submitted array \([0-9]*\) .*/\1/p' "$W/log/submit-$1.log" | tail -n 1
 }
+merge_job() { sed -n 's/^submitted array .* and merge \([0-9]*\) .*/\1/p' "$W/log/submit-$1.log" | tail -n 1; }
 state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' | head -n 1; }
 running() { [ "$(state "$1")" = RUNNING ]; }
 pending() { [ "$(state "$1")" = PENDING ]; }
@@ -179,6 +182,7 @@ out=$(scontrol update JobId="${A}_1" StartTime=now 2>&1) || fail "run a: scontro
 until_ "$WAIT" no_jobs
 [ -f "$R/ledger.json" ] || fail "run a: no merged ledger; merge log: $(cat "$R/slurm/merge.log")"
 grep -q "^shard 0 of 2 (job .*): 1 threads" "$R/slurm/shard-0.log" || fail "run a: threads not limited to the 1 allocated CPU"
+[ "$(grep -c '^shard 1 of 2 ' "$R/slurm/shard-1.log")" = 2 ] || fail "run a: shard 1 did not run twice (requeue)"
 same_ledger "$R/ledger.json" "$W/full/ledger.json" || fail "run a: the merged ledger differs from the unsharded one"
 records=$(jq '.records | length' "$R/ledger.json")
 [ "$records" = $LIMIT ] || fail "run a: $records records"
@@ -198,6 +202,8 @@ done
 say "run b: shard 1 (pid $pid) at step $(steps_done "$R/ledger-1-of-2.json"): kill -9"
 kill -9 "$pid"
 until_ "$WAIT" merge_ended
+merge_state=$(state "$(merge_job b)")
+[ "$merge_state" = FAILED ] || fail "run b: the merge ended $merge_state, not FAILED"
 if grep -q '^{"example":"evaluate"' "$R/slurm/merge.log"; then fail "run b: the merge succeeded with a killed shard"; fi
 grep -q "shards unfinished: 1 " "$R/slurm/merge.log" || fail "run b: the merge did not name shard 1: $(cat "$R/slurm/merge.log")"
 recover=$(sed -n 's/^  \(bash .* --resume .*\)$/\1/p' "$R/slurm/merge.log" | head -n 1)
