@@ -125,10 +125,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn ledger_path(out: &std::path::Path, shard: Option<(usize, usize)>) -> PathBuf {
-    match shard {
-        Some((i, n)) => out.join(format!("ledger-{i}-of-{n}.json")),
-        None => out.join("ledger.json"),
-    }
+    eval::ledger_file(out, shard)
 }
 
 /// The progress bar of one cascade, and its callback.
@@ -237,7 +234,8 @@ fn cascade(
     n: usize,
 ) -> Result<Ledger, Box<dyn std::error::Error>> {
     if let Some(k) = args.merge {
-        let shards = (0..k).map(|i| Ledger::load(&ledger_path(&args.out, Some((i, k))))).collect::<Result<_, _>>()?;
+        // Every shard must have finished: else one error naming all unfinished ones (a scheduler reruns those).
+        let shards = eval::load_shards(&args.out, k, tm)?;
         let merged = eval::merge(tm, identity, shards)?;
         merged.save(&ledger_path(&args.out, None))?;
         return Ok(merged);

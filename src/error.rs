@@ -120,6 +120,23 @@ pub enum Error {
         /// The unit of both numbers ("bytes", "elements", "classes").
         unit: &'static str,
     },
+    /// Shards of a sharded evaluation that have not finished (no ledger, an unreadable one, or steps left):
+    /// every one is named, so that exactly those can be run again before the merge.
+    #[error(
+        "{}: {} of {n} shards unfinished: {} ({}); rerun them with the same flags and `--shard i/{n}` (each \
+         continues from its ledger), then merge again",
+        .dir.display(), .unfinished.len(), join(.unfinished, ","), .why.join("; ")
+    )]
+    UnfinishedShards {
+        /// The directory of the shard ledgers.
+        dir: PathBuf,
+        /// How many shards the evaluation has.
+        n: usize,
+        /// The indices of the unfinished ones, ascending.
+        unfinished: Vec<usize>,
+        /// Per unfinished shard, what is wrong with it.
+        why: Vec<String>,
+    },
     /// An image could not be decoded or encoded.
     #[error("{path}: image error: {source}")]
     Image {
@@ -129,6 +146,11 @@ pub enum Error {
         #[source]
         source: image::ImageError,
     },
+}
+
+/// `1,3,5`: a list as Slurm's `--array` and people read it.
+fn join(items: &[usize], sep: &str) -> String {
+    items.iter().map(usize::to_string).collect::<Vec<_>>().join(sep)
 }
 
 /// `Result` with [`Error`].

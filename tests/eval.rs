@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use armoury::data;
 use armoury::eval::{
-    audit, merge, run_cascade, shard_range, summarise, to_report, AuditConfig, CascadeRun, Identity, Ledger,
-    ThreatModel,
+    audit, ledger_file, load_shards, merge, run_cascade, shard_range, summarise, to_report, AuditConfig, CascadeRun,
+    Identity, Ledger, ThreatModel,
 };
 use armoury::{Classifier, Counters, ModuleClassifier, Result, Tensor};
 use armoury_attacks::registry::from_spec;
@@ -176,6 +176,55 @@ fn cascade_ledger_resume_and_shards() {
     );
     assert_eq!(shard_range(10, 2, 3).unwrap(), (6, 10));
     assert!(shard_range(10, 3, 3).is_err());
+}
+
+#[test]
+fn merge_names_every_unfinished_shard() {
+    // Four shards of 16 samples, each one chunk: a clean pass and one attack, two steps.
+    let t = ThreatModel::from_json(
+        r#"{"name": "tiny", "norm": "linf", "eps": [0.1], "seed": 1, "batch_size": 4,
+            "attacks": [{"name": "apgd-ce", "steps": 2}]}"#,
+    )
+    .unwrap();
+    let model = fixture_cnn();
+    let set = data::sample().unwrap().test.take(16).unwrap();
+    let dir = std::env::temp_dir().join(format!("armoury-shards-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let shard = |i: usize, max_steps: Option<usize>| {
+        let state = Some(ledger_file(&dir, Some((i, 4))));
+        let run = CascadeRun { state, max_steps, ..cascade(&t, shard_range(16, i, 4).unwrap(), 16) };
+        run_cascade(&model, &set, &run).unwrap()
+    };
+    // Shard 0 finished, 1 never started, 2 was stopped after its first step, 3 left a torn file.
+    shard(0, None);
+    shard(2, Some(1));
+    std::fs::write(ledger_file(&dir, Some((3, 4))), "{\"threat_model_hash\": ").unwrap();
+    let e = load_shards(&dir, 4, &t).unwrap_err();
+    match &e {
+        armoury::Error::UnfinishedShards { n, unfinished, .. } => {
+            assert_eq!((*n, unfinished.as_slice()), (4, &[1, 2, 3][..]))
+        }
+        other => panic!("expected UnfinishedShards, got {other}"),
+    }
+    // The message names each shard and why, in a form a scheduler's merge step can cut the list from.
+    let msg = e.to_string();
+    for part in [
+        "3 of 4 shards unfinished: 1,2,3 (",
+        "shard 1: no ledger-1-of-4.json",
+        "shard 2: 1 of 2 steps done",
+        "shard 3: ",
+    ] {
+        assert!(msg.contains(part), "{part:?} in {msg}");
+    }
+    // Rerunning exactly those (the torn one from scratch) completes the set: the merge is the unsharded run.
+    std::fs::remove_file(ledger_file(&dir, Some((3, 4)))).unwrap();
+    (1..4).for_each(|i| drop(shard(i, None)));
+    let merged = merge(&t, &identity("fixture cnn", "sample"), load_shards(&dir, 4, &t).unwrap()).unwrap();
+    let full = run_cascade(&model, &set, &cascade(&t, (0, 16), 16)).unwrap();
+    assert_eq!(timeless(merged), timeless(full));
+    assert!(load_shards(&dir, 0, &t).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The fixture cnn behind an input layer that rounds to 4 grey levels: gradients are zero everywhere.

@@ -119,7 +119,12 @@ pub struct Ledger {
 impl Ledger {
     /// Whether every step ran.
     pub fn is_complete(&self, tm: &ThreatModel) -> bool {
-        self.steps_done == steps_per_chunk(tm) * chunks(self.range, self.chunk)
+        self.steps_done == self.steps_total(tm)
+    }
+
+    /// How many steps its slice takes under `tm`.
+    pub fn steps_total(&self, tm: &ThreatModel) -> usize {
+        steps_per_chunk(tm) * chunks(self.range, self.chunk)
     }
 
     /// Reads a ledger file.

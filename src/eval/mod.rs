@@ -3,6 +3,7 @@
 //! - [`threat`]: the threat model as data (JSON), checked field by field and hashed into every result;
 //! - [`cascade`]: AutoAttack's worst-case cascade over a list of attacks, re-attacking only the still-robust
 //!   samples, with a per-sample ledger, a resumable state file, shards and their merge;
+//! - [`shards`]: where each shard keeps its ledger, and the check that all have finished before a merge;
 //! - [`identity`]: what a result measured (model and data hashes, kernel path, version), compared before a
 //!   resume or a merge;
 //! - [`summary`]: the figures of a ledger (Wilson intervals, per-attack robust accuracy, class flips,
@@ -20,6 +21,7 @@ pub mod cascade;
 pub mod identity;
 pub mod report;
 pub mod run;
+pub mod shards;
 pub mod summary;
 pub mod threat;
 
@@ -28,5 +30,6 @@ pub use cascade::{merge, run_cascade, shard_range, AttackWork, Break, Builder, C
 pub use identity::{kernel_path, Identity};
 pub use report::{attack_summaries, to_report, worst_case_inputs};
 pub use run::{Evaluation, Evaluator};
+pub use shards::{ledger_file, load_shards};
 pub use summary::{proportion, summarise, AttackLine, Summary};
 pub use threat::{AttackSpec, ThreatModel};
