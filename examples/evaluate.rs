@@ -7,8 +7,10 @@
 //! [--merge n] [--no-audit] [--defense NAME[:PARAM]]… [--eot N]
 //! [--detector squeeze|lid|mahalanobis|ensemble|magnet[:N,E]|region|similarity]… [--fit N] [--out DIR]`
 //!
-//! `--data sample` takes the embedded sample even when the full data set is installed. Without `--model`/`--weights` the reference cnn is trained here with the reference recipe when the full
-//! Fashion-MNIST is installed, else it starts from the shipped reference weights (tests/fixtures/cnn.safetensors).
+//! `--data sample` takes the embedded sample even when the full data set is installed. Without `--weights` a
+//! reference model starts from the shipped reference weights (tests/fixtures/cnn.safetensors) on the embedded
+//! sample, and is trained here with the reference recipe on any other data (never Fashion-MNIST weights on other
+//! data). Progress: a bar naming the attack and ε on a terminal; one line per finished step in a log.
 //!
 //! `--defense` (repeatable; bit-depth, median, mean, gaussian, jpeg, tv, noise) puts an input transformation in
 //! front of the model and attacks the defended model with the same cascade through its BPDA/EOT gradients
@@ -43,6 +45,8 @@ mod progress;
 mod protect;
 #[path = "support/stateful.rs"]
 mod stateful;
+#[path = "support/steps.rs"]
+mod steps;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,7 +55,6 @@ use std::time::Instant;
 use armoury::eval::{self, AuditConfig, CascadeRun, Ledger, ThreatModel};
 use armoury::Classifier;
 use armoury_attacks::registry::from_spec;
-use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {
     m: load::ModelFlags,
@@ -128,23 +131,17 @@ fn ledger_path(out: &std::path::Path, shard: Option<(usize, usize)>) -> PathBuf 
     eval::ledger_file(out, shard)
 }
 
-/// The progress bar of one cascade, and its callback.
-fn bar() -> Result<ProgressBar, Box<dyn std::error::Error>> {
-    let bar = ProgressBar::new(0);
-    bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} steps ({elapsed}, eta {eta}) {msg}")?);
-    Ok(bar)
-}
-
-/// The weights to load: `--weights` when given; for a reference model without them, none (trained here with
-/// the reference recipe) when the full data set is loaded, else the shipped reference weights — three epochs
-/// on the 2,000-image sample give a much weaker model than the reference one.
+/// The weights to load: `--weights` when given; for a reference model without them, the shipped reference
+/// weights when the data is the embedded Fashion-MNIST sample (three epochs on its 2,000 images give a much
+/// weaker model than the reference one), else none: trained here on the user's data with the reference recipe —
+/// never Fashion-MNIST weights evaluated on other data.
 fn weights(args: &Args, set: &armoury::data::TrainTest) -> Option<PathBuf> {
     if args.m.weights.is_some() {
         return args.m.weights.clone();
     }
     let model::ModelChoice::Reference(r) = &args.m.model else { return None };
     let fixture = PathBuf::from(format!("tests/fixtures/{}.safetensors", r.name()));
-    (set.train.len() < 60_000 && fixture.exists()).then_some(fixture)
+    (set.name == armoury::data::SAMPLE_NAME && fixture.exists()).then_some(fixture)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -199,7 +196,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // A shard writes its ledger and its defenses' and detectors' per-sample results; --merge reports.
         println!("shard {:?}: ledger {}", ledger.range, ledger_path(&args.out, args.shard).display());
         if !(args.defenses.is_empty() && args.detectors.is_empty()) {
-            protect::run_slice(&context(&args, &tm, &clf, &set, &ledger, &|_, _| {}), &args.defenses, &args.detectors)?;
+            protect::run_slice(&context(&args, &tm, &clf, &set, &ledger, &|_| {}), &args.defenses, &args.detectors)?;
             println!(
                 "shard {:?}: defenses and detectors {}",
                 ledger.range,
@@ -212,7 +209,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let verdicts = if args.audit {
         let (x, y) = set.test.batch(0..n.min(200))?;
         let norm = tm.norm()?;
-        eval::audit(clf.as_ref(), &x, &y, &from_spec, &AuditConfig::new(norm, *tm.eps.last().unwrap_or(&0.1) as f32))?
+        let eps = *tm.eps.last().unwrap_or(&0.1) as f32;
+        eprintln!("audit: gradient-masking checks on {} samples at ε = {eps}", x.shape()[0]);
+        let audit_start = Instant::now();
+        let last = std::sync::Mutex::new(String::new());
+        let build = |spec: &eval::AttackSpec, norm, e| {
+            let step = format!("{} at ε = {e}", spec.label());
+            if let Ok(mut last) = last.lock() {
+                if *last != step {
+                    eprintln!("audit: {step} ({:.1} s)", audit_start.elapsed().as_secs_f64());
+                    *last = step;
+                }
+            }
+            from_spec(spec, norm, e)
+        };
+        eval::audit(clf.as_ref(), &x, &y, &build, &AuditConfig::new(norm, eps))?
     } else {
         Vec::new()
     };
@@ -244,15 +255,8 @@ fn cascade(
         Some((i, k)) => eval::shard_range(n, i, k)?,
         None => (0, n),
     };
-    let bar = bar()?;
-    let started = std::sync::atomic::AtomicBool::new(false);
-    let progress = |done: usize, total: usize| {
-        if !started.swap(true, std::sync::atomic::Ordering::Relaxed) && done > 0 {
-            bar.println(format!("resuming: {done} of {total} steps done"));
-        }
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    };
+    let bar = steps::StepProgress::new("cascade");
+    let progress = |p: &eval::Progress| bar.update(p);
     let run = CascadeRun {
         threat: tm,
         build: &from_spec,
@@ -266,7 +270,7 @@ fn cascade(
         progress: Some(&progress),
     };
     let l = eval::run_cascade(clf, &set.test, &run)?;
-    bar.finish_and_clear();
+    bar.finish();
     Ok(l)
 }
 
@@ -277,7 +281,7 @@ fn context<'a>(
     clf: &'a Arc<dyn Classifier>,
     set: &'a armoury::data::TrainTest,
     ledger: &'a Ledger,
-    progress: &'a (dyn Fn(usize, usize) + Sync),
+    progress: &'a (dyn Fn(&eval::Progress) + Sync),
 ) -> protect::Context<'a> {
     protect::Context {
         model: clf,
@@ -305,11 +309,8 @@ fn protect(
     if args.defenses.is_empty() && args.detectors.is_empty() {
         return Ok(());
     }
-    let bar = bar()?;
-    let progress = |done: usize, total: usize| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    };
+    let bar = steps::StepProgress::new("defenses and detectors");
+    let progress = |p: &eval::Progress| bar.update(p);
     let cx = context(args, tm, clf, set, ledger, &progress);
     let slices = match args.merge {
         Some(k) => (0..k)
@@ -317,7 +318,7 @@ fn protect(
             .collect::<Result<Vec<_>, _>>()?,
         None => vec![protect::run_slice(&cx, &args.defenses, &args.detectors)?],
     };
-    bar.finish_and_clear();
+    bar.finish();
     let (defenses, detectors, stateful) = protect::finalise(&cx, &protect::merge_slices(tm, slices)?)?;
     for d in &defenses {
         println!(

@@ -107,3 +107,33 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+#[test]
+fn progress_names_each_step_and_the_robust_accuracy_so_far() {
+    let model = fixture_cnn();
+    let (x, y) = tensors(20);
+    let tm = small_threat_model();
+    let seen = std::sync::Mutex::new(Vec::new());
+    let record = |p: &armoury::eval::Progress| seen.lock().unwrap().push(p.clone());
+    let r = Evaluator::new(tm.clone(), &from_spec).chunk(10).progress(&record).run(&model, &x, &y).unwrap();
+    let seen = seen.into_inner().unwrap();
+    // Once before the first step, then after each: 2 chunks × (clean + 2 ε × 3 attacks + 1 minimal) steps.
+    let per = 1 + 2 * 3 + 1;
+    assert_eq!(seen.len(), 1 + 2 * per);
+    assert_eq!((seen[0].done, seen[0].finished.as_deref(), seen[0].next.as_deref()), (0, None, Some("clean pass")));
+    assert_eq!(seen[1].finished.as_deref(), Some("clean pass"));
+    assert_eq!(seen[1].next.as_deref(), Some("apgd-ce(steps=10) at ε = 0.05"));
+    assert_eq!(seen[3].finished.as_deref(), Some("fab-t(steps=10, targets=2) at ε = 0.05"));
+    assert_eq!(seen[4].finished.as_deref(), Some("square(queries=100) at ε = 0.05"));
+    assert_eq!(seen[4].next.as_deref(), Some("apgd-ce(steps=10) at ε = 0.1"));
+    assert_eq!(seen[7].next.as_deref(), Some("deepfool (minimal norms)"));
+    assert_eq!(seen[per].started, 10, "the first chunk is done");
+    let last = seen.last().unwrap();
+    assert_eq!((last.done, last.total, last.next.as_deref()), (2 * per, 2 * per, None));
+    assert_eq!(last.robust, r.robust().iter().filter(|&&b| b).count());
+    assert_eq!((last.started, last.robust_accuracy()), (20, r.robust_accuracy()));
+    // Robust so far never grows while a chunk's attacks run.
+    for w in seen[1..per].windows(2) {
+        assert!(w[1].robust <= w[0].robust, "{w:?}");
+    }
+}

@@ -83,7 +83,7 @@ fn eval_protect_shards_merge_to_the_unsharded_figures() {
         shard,
         eot: 2,
         fit: 100,
-        progress: &|_, _| {},
+        progress: &|_| {},
     };
     let full: &'static Ledger = Box::leak(Box::new(ledger(model.as_ref(), &set, &tm, (0, N))));
     let whole = protect::run_slice(&cx(full, None), &defenses, &detectors).unwrap();

@@ -77,7 +77,7 @@ pub struct Context<'a> {
     pub eot: usize,
     /// Clean training images detectors are fitted on.
     pub fit: usize,
-    pub progress: &'a (dyn Fn(usize, usize) + Sync),
+    pub progress: &'a (dyn Fn(&armoury::eval::Progress) + Sync),
 }
 
 impl Context<'_> {

@@ -140,6 +140,66 @@ impl Ledger {
     }
 }
 
+/// Where a cascade is, for a progress display or a log line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    /// Steps done (of this ledger: a shard's, or the whole run's).
+    pub done: usize,
+    /// Steps in all.
+    pub total: usize,
+    /// The step that just finished (`None` on the first call), e.g. `apgd-ce(steps=100) at ε = 0.1`.
+    pub finished: Option<String>,
+    /// The step that runs next (`None` when all are done).
+    pub next: Option<String>,
+    /// Samples whose clean pass ran.
+    pub started: usize,
+    /// Of those, correctly classified.
+    pub correct: usize,
+    /// Of those, not broken by any attack so far at the largest ε (the chunk in progress counts what its
+    /// attacks have done so far).
+    pub robust: usize,
+}
+
+impl Progress {
+    /// `robust / started` (0 before any sample started).
+    pub fn robust_accuracy(&self) -> f64 {
+        if self.started == 0 {
+            0.0
+        } else {
+            self.robust as f64 / self.started as f64
+        }
+    }
+}
+
+/// The name of step `step` of a chunk (0: the clean pass; then each ε of the grid with each cascade attack; then
+/// the minimum-norm attacks), as [`Progress`] shows it.
+pub fn step_name(tm: &ThreatModel, step: usize) -> String {
+    let cascade_steps = tm.eps.len() * tm.attacks.len();
+    if step == 0 {
+        "clean pass".to_string()
+    } else if step <= cascade_steps {
+        let (k, j) = ((step - 1) / tm.attacks.len(), (step - 1) % tm.attacks.len());
+        format!("{} at ε = {}", tm.attacks[j].label(), tm.eps[k])
+    } else {
+        format!("{} (minimal norms)", tm.minimal[step - 1 - cascade_steps].label())
+    }
+}
+
+fn progress_of(tm: &ThreatModel, ledger: &Ledger, total: usize, first: bool) -> Progress {
+    let per = steps_per_chunk(tm);
+    let k = tm.eps.len().saturating_sub(1);
+    let correct = ledger.records.iter().filter(|r| r.clean_correct()).count();
+    Progress {
+        done: ledger.steps_done,
+        total,
+        finished: (!first && ledger.steps_done > 0).then(|| step_name(tm, (ledger.steps_done - 1) % per)),
+        next: (ledger.steps_done < total).then(|| step_name(tm, ledger.steps_done % per)),
+        started: ledger.records.len(),
+        correct,
+        robust: ledger.records.iter().filter(|r| r.robust_at(k, None)).count(),
+    }
+}
+
 fn steps_per_chunk(tm: &ThreatModel) -> usize {
     1 + tm.eps.len() * tm.attacks.len() + tm.minimal.len()
 }
@@ -169,9 +229,9 @@ pub struct CascadeRun<'a> {
     pub state: Option<PathBuf>,
     /// Stop after this many steps of this call (tests of interruption); `None` runs to the end.
     pub max_steps: Option<usize>,
-    /// Called once before the first step and after every step with (steps done, steps in all): a first call
-    /// with steps done > 0 means a resumed run.
-    pub progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+    /// Called once before the first step and after every step with where the run is ([`Progress`]): a first
+    /// call with steps done > 0 means a resumed run.
+    pub progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
 }
 
 /// Runs (or resumes) the cascade of `run` on `data` with `model`; returns the ledger, complete unless
@@ -212,7 +272,7 @@ pub fn run_cascade(model: &dyn Classifier, data: &Dataset, run: &CascadeRun<'_>)
     let total = per * chunks(run.range, run.chunk);
     let mut this_call = 0;
     if let Some(f) = run.progress {
-        f(ledger.steps_done, total);
+        f(&progress_of(tm, &ledger, total, true));
     }
     while ledger.steps_done < total {
         if run.max_steps.is_some_and(|m| this_call >= m) {
@@ -228,7 +288,7 @@ pub fn run_cascade(model: &dyn Classifier, data: &Dataset, run: &CascadeRun<'_>)
             ledger.save(p)?;
         }
         if let Some(f) = run.progress {
-            f(ledger.steps_done, total);
+            f(&progress_of(tm, &ledger, total, false));
         }
     }
     Ok(ledger)

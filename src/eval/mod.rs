@@ -26,7 +26,9 @@ pub mod summary;
 pub mod threat;
 
 pub use audit::{audit, AuditConfig, Verdict};
-pub use cascade::{merge, run_cascade, shard_range, AttackWork, Break, Builder, CascadeRun, Ledger, SampleRecord};
+pub use cascade::{
+    merge, run_cascade, shard_range, step_name, AttackWork, Break, Builder, CascadeRun, Ledger, Progress, SampleRecord,
+};
 pub use identity::{kernel_path, Identity};
 pub use report::{attack_summaries, to_report, worst_case_inputs};
 pub use run::{Evaluation, Evaluator};

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
-use super::cascade::{run_cascade, shard_range, Builder, CascadeRun, Ledger};
+use super::cascade::{run_cascade, shard_range, Builder, CascadeRun, Ledger, Progress};
 use super::identity::Identity;
 use super::summary::{summarise, Summary};
 use super::threat::ThreatModel;
@@ -68,7 +68,7 @@ pub struct Evaluator<'a> {
     chunk: Option<usize>,
     state: Option<PathBuf>,
     shard: Option<(usize, usize)>,
-    progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+    progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
 }
 
 impl<'a> Evaluator<'a> {
@@ -107,8 +107,9 @@ impl<'a> Evaluator<'a> {
         self
     }
 
-    /// Called before the first step and after every step with (steps done, steps in all).
-    pub fn progress(mut self, f: &'a (dyn Fn(usize, usize) + Sync)) -> Self {
+    /// Called before the first step and after every step with where the run is ([`Progress`]: steps, the step
+    /// that finished and the next, robust accuracy so far).
+    pub fn progress(mut self, f: &'a (dyn Fn(&Progress) + Sync)) -> Self {
         self.progress = Some(f);
         self
     }
