@@ -15,6 +15,7 @@ use crate::model::ModelChoice;
 
 /// The flags of every example that loads a model: `--model cnn|mlp|FILE.onnx` (a `FILE.safetensors` there is
 /// taken as `--weights FILE` of the cnn), `--weights FILE`, `--bounds lo,hi` and `--data DIR`.
+#[allow(dead_code)] // evaluate, detect and fuzz still read their flags with it
 pub struct ModelFlags {
     pub model: ModelChoice,
     pub weights: Option<PathBuf>,
@@ -34,6 +35,7 @@ impl Default for ModelFlags {
     }
 }
 
+#[allow(dead_code)]
 impl ModelFlags {
     /// The flags [`ModelFlags::take`] reads.
     pub const FLAGS: [&'static str; 4] = ["model", "weights", "bounds", "data"];
