@@ -82,7 +82,8 @@ struct Args {
     /// The mutation groups: pixel, affine, adversarial, comma-separated
     #[arg(long, value_name = "G,…", default_value = "pixel,affine,adversarial", value_parser = groups)]
     groups: Vec<Group>,
-    /// The activations whose neurons are covered, comma-separated [default: the model's ReLU outputs]
+    /// The activations whose neurons are covered, comma-separated [default: the cnn's conv1_relu, pool1,
+    /// conv2_relu, pool2, fc1_relu and fc2; another model's every layer]
     #[arg(long, value_name = "T,…", value_parser = args::list)]
     taps: Option<Vec<String>>,
     /// A convolution's neurons per position, not per channel mean
