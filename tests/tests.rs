@@ -16,6 +16,7 @@ mod detector;
 mod detectors;
 mod eval;
 mod eval_protect;
+mod examples_cli;
 mod fixtures_xcheck;
 mod fuzzer;
 mod gradcheck;
