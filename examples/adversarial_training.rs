@@ -2,13 +2,14 @@
 //! after every epoch, the model saved, an SVG of accuracy per epoch, and a JSON line.
 //!
 //! `cargo run --release --example adversarial_training -- --defense pgd|trades|mart|fast|free|nad|ensemble
-//! [--eps 0.1] [--epochs 10] [--model cnn|mlp|FILE.onnx] [--bounds 0,1] [--data DIR] [--out FILE.safetensors]
-//! [--seed S] [--max-memory SIZE] [--train-limit N] [--robust-samples 2000]`
+//! [--eps 0.1] [--epochs 10]` (`--help` lists every flag)
 //!
 //! Clean accuracy is on the full test set, robust accuracy (PGD-40 with steps of 0.01 from a random start, and
 //! APGD-CE) on its first `--robust-samples` images. A defense that resists PGD but not APGD or a box-sized
 //! budget is flagged.
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/model.rs"]
@@ -27,53 +28,43 @@ use armoury::train::{EpochReport, Method, Standard, StepReport, TrainCallback, T
 use armoury::{io, Attack, Classifier};
 use armoury_attacks::{Apgd, Pgd};
 use armoury_defenses::training::*;
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Make a model more robust with adversarial training: clean and robust accuracy (PGD-40, APGD-CE) after every
+/// epoch, the model saved, an SVG of accuracy per epoch, and one JSON line. Training starts from --weights when
+/// given, else from a fresh initialisation.
+#[derive(Parser)]
+#[command(
+    name = "adversarial_training",
+    after_help = "Example:\n  cargo run --release --example adversarial_training -- --defense pgd --eps 0.1 --epochs 10"
+)]
 struct Args {
+    /// The training method: PGD-AT (Madry), TRADES, MART, fast AT, free AT, NAD, ensemble AT, or standard
+    /// training
+    #[arg(long, value_name = "NAME", default_value = "pgd", value_parser = [
+        "pgd", "madry", "trades", "mart", "fast", "free", "nad", "ensemble", "standard", "none",
+    ])]
     defense: String,
+    /// L∞ budget ε of the training attacks and of the robust accuracy
+    #[arg(long, value_name = "E", default_value_t = 0.1)]
     eps: f32,
+    /// Training epochs
+    #[arg(long, value_name = "N", default_value_t = 10)]
     epochs: usize,
-    model: model::ModelChoice,
-    bounds: (f32, f32),
-    data: Option<PathBuf>,
+    #[command(flatten)]
+    m: args::ModelArgs,
+    /// Where to save the trained weights [default: out/DEFENSE-MODEL.safetensors]
+    #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    seed: u64,
+    /// Train on the first N training images [default: all]
+    #[arg(long, value_name = "N")]
     train_limit: Option<usize>,
+    /// Robust accuracy on the first N test images
+    #[arg(long, value_name = "N", default_value_t = 2000)]
     robust_samples: usize,
-}
-
-fn parse() -> Result<Args, Box<dyn std::error::Error>> {
-    use lexopt::prelude::*;
-    let mut a = Args {
-        defense: "pgd".into(),
-        eps: 0.1,
-        epochs: 10,
-        model: model::ModelChoice::Reference(ReferenceModel::Cnn),
-        bounds: (0.0, 1.0),
-        data: None,
-        out: None,
-        seed: 0,
-        train_limit: None,
-        robust_samples: 2000,
-    };
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long("defense") => a.defense = p.value()?.string()?,
-            Long("eps") => a.eps = p.value()?.parse()?,
-            Long("epochs") => a.epochs = p.value()?.parse()?,
-            Long("model") => a.model = p.value()?.parse()?,
-            Long("bounds") => a.bounds = model::parse_bounds(&p.value()?.string()?)?,
-            Long("data") => a.data = Some(p.value()?.into()),
-            Long("out") => a.out = Some(p.value()?.into()),
-            Long("seed") => a.seed = p.value()?.parse()?,
-            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
-            Long("train-limit") => a.train_limit = Some(p.value()?.parse()?),
-            Long("robust-samples") => a.robust_samples = p.value()?.parse()?,
-            _ => return Err(arg.unexpected().into()),
-        }
-    }
-    Ok(a)
+    #[command(flatten)]
+    run: args::RunArgs,
 }
 
 struct Bars {
@@ -135,7 +126,7 @@ fn build_method(args: &Args, train: &armoury::data::Dataset) -> Result<Box<dyn M
             println!("ensemble: training two static models (1 epoch each, standard) to source adversarial examples");
             let mut statics: Vec<Arc<dyn Classifier>> = Vec::new();
             for (i, r) in [ReferenceModel::Cnn, ReferenceModel::Mlp].iter().enumerate() {
-                let net = r.build(args.seed + 100 + i as u64);
+                let net = r.build(args.run.seed + 100 + i as u64);
                 let mut opt = Adam::new(net.parameters(), AdamConfig::default())?;
                 armoury::train::fit(
                     &net,
@@ -145,7 +136,7 @@ fn build_method(args: &Args, train: &armoury::data::Dataset) -> Result<Box<dyn M
                     &TrainConfig { epochs: 1, ..Default::default() },
                     &mut (),
                 )?;
-                statics.push(Arc::new(armoury::ModuleClassifier::new(net, &[1, 28, 28], 10, args.bounds)?));
+                statics.push(Arc::new(armoury::ModuleClassifier::new(net, &[1, 28, 28], 10, args.m.bounds)?));
             }
             Box::new(EnsembleAdversarialDefense::new(statics, Box::new(Pgd::fgsm(eps))))
         }
@@ -158,21 +149,26 @@ fn build_method(args: &Args, train: &armoury::data::Dataset) -> Result<Box<dyn M
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse()?;
-    let set = model::load_data(args.data.as_deref())?;
+    let args = Args::parse();
+    args.run.apply()?;
+    let set = model::load_data(args.m.data.as_deref())?;
     let train = match args.train_limit {
         Some(n) => set.train.take(n)?,
         None => set.train.clone(),
     };
     println!("data: {} — {} training / {} test images ({})", set.name, train.len(), set.test.len(), set.source);
-    let module = match &args.model {
-        model::ModelChoice::Reference(r) => Arc::new(r.build(args.seed)) as Arc<dyn armoury::nn::Module>,
+    let module = match &args.m.model {
+        model::ModelChoice::Reference(r) => Arc::new(r.build(args.run.seed)) as Arc<dyn armoury::nn::Module>,
         model::ModelChoice::Onnx(p) => Arc::new(armoury::onnx::OnnxModel::load(p)?),
     };
+    if let Some(w) = &args.m.weights {
+        io::load_module(module.as_ref(), w)?;
+        println!("starting from {}", w.display());
+    }
     let eps = args.eps;
     let method = build_method(&args, &train)?;
     println!("defense: {} for {} epochs", method.name(), args.epochs);
-    let box_eps = args.bounds.1 - args.bounds.0;
+    let box_eps = args.m.bounds.1 - args.m.bounds.0;
     let pgd40: Box<dyn Attack> = Box::new(Pgd { step_size: 0.01 * eps / 0.1, steps: 40, ..Pgd::linf(eps) });
     let apgd: Box<dyn Attack> = Box::new(Apgd::linf(eps));
     let robustness = RobustnessConfig {
@@ -187,9 +183,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Adam at a constant rate, as Madry et al.'s MNIST recipe.
     let config = TrainConfig {
         epochs: args.epochs,
-        seed: args.seed,
+        seed: args.run.seed,
         schedule: LrSchedule::Constant,
-        bounds: args.bounds,
+        bounds: args.m.bounds,
         ..TrainConfig::default()
     };
     let mut opt = Adam::new(module.parameters(), AdamConfig::default())?;
@@ -204,7 +200,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     std::fs::create_dir_all("out")?;
     let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from(format!("out/{}-{}.safetensors", args.defense, args.model.name().replace(['/', '.'], "_")))
+        PathBuf::from(format!("out/{}-{}.safetensors", args.defense, args.m.model.name().replace(['/', '.'], "_")))
     });
     io::save_module(module.as_ref(), &out)?;
     let series = vec![

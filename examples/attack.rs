@@ -1,14 +1,14 @@
 //! Attack a model and report what broke.
 //!
-//! `cargo run --release --example attack -- --attack pgd --eps 0.1 [--norm linf] [--steps 40] [--step-size A]
-//! [--restarts R] [--queries Q] [--model cnn|mlp|FILE.onnx] [--bounds 0,1] [--weights FILE.safetensors]
-//! [--data DIR] [--limit N] [--targeted random|least-likely|CLASS] [--seed S] [--max-memory SIZE] [--out DIR]`
+//! `cargo run --release --example attack -- --attack pgd --eps 0.1` (`--help` lists every flag and attack)
 //!
 //! Loads the weights (or trains the reference model: 3 epochs of Adam, lr 1e-3, batch 128), builds the attack by
-//! name from `armoury_attacks::registry` (`--help` lists the names), attacks the first N test images with the
+//! name from `armoury_attacks::registry`, attacks the first N test images with the
 //! seed, prints a table, writes a PNG grid of clean / adversarial / magnified-perturbation images, and ends with
 //! one JSON line.
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/load.rs"]
@@ -21,62 +21,94 @@ mod progress;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use armoury::attack::Norm;
 use armoury::data::{perturbation_image, save_png_grid, GridRow};
 use armoury::{Classifier, Goal, Tensor};
 use armoury_attacks::registry::{self, AttackParams};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Attack a model and report what broke: a table, a PNG grid of clean / adversarial / magnified-perturbation
+/// images, and one JSON line. Without --weights, a reference model is trained here first (3 epochs of Adam).
+#[derive(Parser)]
+#[command(name = "attack", after_help = after_help())]
 struct Args {
-    m: load::ModelFlags,
+    #[command(flatten)]
+    m: args::ModelArgs,
+    /// The attack, by its registry name (listed below)
+    #[arg(long = "attack", value_name = "NAME", default_value = "pgd", value_parser = args::lower)]
     name: String,
-    params: AttackParams,
-    seed: u64,
+    /// Perturbation budget ε in input units
+    #[arg(long, value_name = "E", default_value_t = 0.1)]
+    eps: f32,
+    /// The norm, for attacks that have several: l1, l2 or linf [default: the attack's own]
+    #[arg(long, value_name = "NORM")]
+    norm: Option<Norm>,
+    /// Iterations [default: the attack's own]
+    #[arg(long, value_name = "N")]
+    steps: Option<usize>,
+    /// Step size in input units [default: the attack's own]
+    #[arg(long, value_name = "A")]
+    step_size: Option<f32>,
+    /// Random restarts [default: the attack's own]
+    #[arg(long, value_name = "R")]
+    restarts: Option<usize>,
+    /// Model queries per image, for black-box attacks [default: the attack's own]
+    #[arg(long, value_name = "Q")]
+    queries: Option<u64>,
+    /// Attack the first N test images
+    #[arg(long, value_name = "N", default_value_t = 1000)]
     limit: usize,
-    targeted: Option<String>,
+    /// A targeted attack: a random other class, the least-likely class, or CLASS for every image [default:
+    /// untargeted]
+    #[arg(long, value_name = "random|least-likely|CLASS", value_parser = target)]
+    targeted: Option<Target>,
+    /// Directory of the PNG grid
+    #[arg(long, value_name = "DIR", default_value = "out")]
     out: PathBuf,
+    #[command(flatten)]
+    run: args::RunArgs,
 }
 
-fn parse() -> Result<Args, Box<dyn std::error::Error>> {
-    use lexopt::prelude::*;
-    let mut a = Args {
-        name: "pgd".into(),
-        params: AttackParams::default(),
-        seed: 0,
-        m: load::ModelFlags::default(),
-        limit: 1000,
-        targeted: None,
-        out: PathBuf::from("out"),
-    };
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
-                let k = k.to_string();
-                a.m.take(&k, &mut p)?
-            }
-            Long("attack") => a.name = p.value()?.string()?.to_lowercase(),
-            Long("eps") => a.params.eps = p.value()?.parse()?,
-            Long("norm") => a.params.norm = Some(p.value()?.parse()?),
-            Long("steps") => a.params.steps = Some(p.value()?.parse()?),
-            Long("step-size") => a.params.step_size = Some(p.value()?.parse()?),
-            Long("restarts") => a.params.restarts = Some(p.value()?.parse()?),
-            Long("queries") => a.params.queries = Some(p.value()?.parse()?),
-            Long("seed") => a.seed = p.value()?.parse()?,
-            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
-            Long("limit") => a.limit = p.value()?.parse()?,
-            Long("targeted") => a.targeted = Some(p.value()?.string()?),
-            Long("out") => a.out = p.value()?.into(),
-            Long("help") | Short('h') => {
-                println!("attacks:");
-                for (name, description) in registry::table() {
-                    println!("  {name:<16} {description}");
-                }
-                std::process::exit(0);
-            }
-            _ => return Err(arg.unexpected().into()),
+/// `--targeted`.
+#[derive(Clone, Debug)]
+enum Target {
+    Random,
+    LeastLikely,
+    Class(usize),
+}
+
+fn target(s: &str) -> Result<Target, String> {
+    match s {
+        "random" => Ok(Target::Random),
+        "least-likely" | "ll" => Ok(Target::LeastLikely),
+        c => c.parse().map(Target::Class).map_err(|_| format!("'{c}' is not random, least-likely or a class")),
+    }
+}
+
+/// The attack names of the registry, then an example.
+fn after_help() -> String {
+    let mut s = String::from("Attacks (--attack):\n");
+    for (name, description) in registry::table() {
+        s += &format!("  {name:<16} {description}\n");
+    }
+    s + "\nExample:\n  cargo run --release --example attack -- --attack pgd --eps 0.1 --steps 40 --step-size 0.01 \\\n    \
+         --weights tests/fixtures/cnn.safetensors --limit 200"
+}
+
+impl Args {
+    /// The attack's settings from the flags.
+    fn params(&self) -> AttackParams {
+        AttackParams {
+            eps: self.eps,
+            norm: self.norm,
+            steps: self.steps,
+            step_size: self.step_size,
+            restarts: self.restarts,
+            queries: self.queries,
+            ..AttackParams::default()
         }
     }
-    Ok(a)
 }
 
 fn main() -> std::process::ExitCode {
@@ -84,14 +116,16 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse()?;
+    let args = Args::parse();
+    args.run.apply()?;
+    let params = args.params();
     let set = model::load_data(args.m.data.as_deref())?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.seed)?;
-    let attack = registry::by_name(&args.name, &args.params)?;
+    let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.run.seed)?;
+    let attack = registry::by_name(&args.name, &params)?;
     let n = args.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;
-    let goal = goal(&args, n)?;
+    let goal = goal(&args, n);
     println!("attack: {} on {} images, goal {:?}", attack.name(), n, goal);
 
     let clean_pred = clf.predict(&x)?;
@@ -110,7 +144,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             Goal::Targeted(t) => Goal::Targeted(t[s..e].to_vec()),
             other => other.clone(),
         };
-        results.push(attack.run(&clf, &xs, &y[s..e], &g, args.seed)?);
+        results.push(attack.run(&clf, &xs, &y[s..e], &g, args.run.seed)?);
         bar.inc((e - s) as u64);
     }
     bar.finish_and_clear();
@@ -162,8 +196,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let line = serde_json::json!({
         "attack": args.name,
         // ε as written (its shortest decimal), not the f64 widening of the f32 (0.10000000149011612).
-        "eps": args.params.eps.to_string().parse::<f64>().unwrap_or(f64::NAN),
-        "seed": args.seed,
+        "eps": args.eps.to_string().parse::<f64>().unwrap_or(f64::NAN),
+        "seed": args.run.seed,
         "images": n,
         "clean_accuracy": round(clean_acc, 4),
         "robust_accuracy": round(robust, 4),
@@ -192,7 +226,7 @@ fn save_grid(
     let show = n.min(8);
     let mut rows = vec![GridRow::new("clean", (0..show).map(|i| x.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?)];
     rows.push(GridRow::new("adv", (0..show).map(|i| adv.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?));
-    let magnify = 0.5 / args.params.eps.max(1e-3);
+    let magnify = 0.5 / args.eps.max(1e-3);
     let pert = (0..show)
         .map(|i| perturbation_image(&x.narrow(0, i, 1)?, &adv.narrow(0, i, 1)?, magnify))
         .collect::<Result<Vec<_>, _>>()?;
@@ -202,11 +236,11 @@ fn save_grid(
 }
 
 /// The goal `--targeted` names (none, `random`, `least-likely`/`ll`, or a class for every image).
-fn goal(args: &Args, n: usize) -> Result<Goal, Box<dyn std::error::Error>> {
-    Ok(match args.targeted.as_deref() {
+fn goal(args: &Args, n: usize) -> Goal {
+    match args.targeted {
         None => Goal::Untargeted,
-        Some("random") => Goal::RandomTarget { seed: args.seed },
-        Some("least-likely") | Some("ll") => Goal::LeastLikely,
-        Some(c) => Goal::Targeted(vec![c.parse()?; n]),
-    })
+        Some(Target::Random) => Goal::RandomTarget { seed: args.run.seed },
+        Some(Target::LeastLikely) => Goal::LeastLikely,
+        Some(Target::Class(c)) => Goal::Targeted(vec![c; n]),
+    }
 }

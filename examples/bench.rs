@@ -7,16 +7,60 @@
 //! so it is an effective rate: the cnn's pooled backward skips the three quarters of its convolution's
 //! multiply-adds that meet zeros.
 //!
-//! `cargo run --release --example bench [-- --quick]`
+//! `cargo run --release --example bench [-- --quick]` (`--help` lists the flags)
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/bench.rs"]
 mod bench;
 #[path = "support/cli.rs"]
 mod cli;
+#[allow(dead_code)] // what `args` needs of it
+#[path = "support/model.rs"]
+mod model;
 
-use armoury::data::{self, Dataset};
+use armoury::data::Dataset;
 use armoury::nn::ReferenceModel;
 use armoury::Classifier;
+use clap::{Parser, ValueEnum};
+
+/// Core speed of the reference models (forward, input gradient, training) and of FGSM, PGD-40 and CW-L2 against
+/// the PyTorch, onnxruntime and torchattacks baselines, as a table and one JSON line.
+#[derive(Parser)]
+#[command(
+    name = "bench",
+    after_help = "Example:\n  cargo run --release --example bench -- --workloads inference,attacks --models cnn --reps 5"
+)]
+struct Args {
+    /// The workloads to measure, comma-separated
+    #[arg(long, value_name = "W,…", value_delimiter = ',', default_values = ["inference", "training", "attacks", "onnx"])]
+    workloads: Vec<Workload>,
+    /// The reference models of the inference and training workloads, comma-separated
+    #[arg(long, value_name = "M,…", value_delimiter = ',', default_values = ["cnn", "mlp"])]
+    models: Vec<ReferenceModel>,
+    /// Timed runs per figure, the median reported [default: 9 to 201 for inference by batch size, 21 for a
+    /// training step, 3 for the attacks, 15 for the ONNX comparison]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    reps: Option<u64>,
+    /// Skip the full training epoch (the longest workload)
+    #[arg(long)]
+    quick: bool,
+    #[command(flatten)]
+    resources: args::Resources,
+}
+
+/// A `--workloads` name.
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum Workload {
+    /// Forward and forward + input gradient at batch 1, 128 and 1000
+    Inference,
+    /// One Adam step at batch 128 and one epoch of 60,000 images
+    Training,
+    /// FGSM, PGD-40 and CW-L2 on the fixture cnn
+    Attacks,
+    /// The imported ONNX export of the fixture cnn against the native model
+    Onnx,
+}
 
 /// The JSON line the example ends with: every workload and every attack.
 #[derive(serde::Serialize)]
@@ -61,15 +105,28 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let set = data::load_default(None)?;
-    let train = if set.train.len() >= 60_000 { set.train.take(60_000)? } else { set.train.repeat_to(60_000)? };
+    let args = Args::parse();
+    args.resources.apply()?;
+    let reps = args.reps.map(|r| r as usize);
+    let on = |w: Workload| args.workloads.contains(&w);
+    let set = model::load_data(None)?;
+    let train = if !on(Workload::Training) {
+        set.train.clone()
+    } else if set.train.len() >= 60_000 {
+        set.train.take(60_000)?
+    } else {
+        set.train.repeat_to(60_000)?
+    };
     let probe = set.test.take(1000)?.repeat_to(1000)?;
     println!("data: {} ({}), {} threads", set.name, set.source, rayon::current_num_threads());
     let mut rows = Vec::new();
-    for model in [ReferenceModel::Cnn, ReferenceModel::Mlp] {
-        rows.extend(bench::inference(model, &[1, 128, 1000], &probe)?);
-        rows.extend(bench::training(model, &train, !quick)?);
+    for &model in &args.models {
+        if on(Workload::Inference) {
+            rows.extend(bench::inference(model, &[1, 128, 1000], &probe, reps)?);
+        }
+        if on(Workload::Training) {
+            rows.extend(bench::training(model, &train, !args.quick, reps)?);
+        }
     }
     println!("{:<5} {:<20} {:>6} {:>11} {:>12} {:>9}", "model", "workload", "batch", "ms", "images/s", "GFLOP/s");
     for r in &rows {
@@ -93,49 +150,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let weights = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors");
-    let attack_rows = attacks(&weights, &probe)?;
-    println!("\nattacks on the fixture cnn (the baselines' settings; torchattacks' times from the AVX-512 machine):");
-    println!(
-        "{:<7} {:>6} {:>9} {:>10} {:>8} {:>8} {:>8} {:>12} {:>8}",
-        "attack", "images", "seconds", "images/s", "robust", "success", "mean L2", "torchattacks", "speedup"
-    );
-    for r in &attack_rows {
-        println!(
-            "{:<7} {:>6} {:>9.3} {:>10.0} {:>8.4} {:>8.4} {:>8.4} {:>11.3}s {:>7.1}x",
-            r.attack,
-            r.images,
-            r.seconds,
-            r.images as f64 / r.seconds,
-            r.robust_accuracy,
-            r.success_rate,
-            r.mean_l2,
-            r.reference_seconds,
-            r.reference_seconds / r.seconds
-        );
+    let attack_rows =
+        if on(Workload::Attacks) { bench::attacks(&weights, &probe, reps.unwrap_or(3))? } else { Vec::new() };
+    if on(Workload::Attacks) {
+        print_attacks(&attack_rows);
     }
-    // The imported ONNX export of the fixture cnn against the native model (same kernels; the interpreter runs
-    // Conv and Relu as separate nodes where the native `Sequential` fuses them).
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let onnx = armoury::onnx::OnnxModel::load(fixtures.join("cnn.onnx"))?.classifier((0.0, 1.0))?;
-    let native = armoury::ModuleClassifier::new(ReferenceModel::Cnn.build(0), &[1, 28, 28], 10, (0.0, 1.0))?;
-    let (x, y) = probe.batch(0..256)?;
-    println!(
-        "
-onnx import vs native cnn, batch 256:"
-    );
-    for (what, onnx_ms, native_ms) in [
-        (
-            "forward",
-            bench::median_ms(15, || onnx.logits(&x).map(drop))?,
-            bench::median_ms(15, || native.logits(&x).map(drop))?,
-        ),
-        (
-            "forward_input_grad",
-            bench::median_ms(15, || onnx.loss_gradient(&x, &y).map(drop))?,
-            bench::median_ms(15, || native.loss_gradient(&x, &y).map(drop))?,
-        ),
-    ] {
-        println!("  {what:<20} onnx {onnx_ms:.3} ms, native {native_ms:.3} ms, ratio {:.2}", onnx_ms / native_ms);
+    if on(Workload::Onnx) {
+        onnx_vs_native(&probe, reps.unwrap_or(15))?;
     }
     let line = Summary {
         bench: rows
@@ -168,51 +189,50 @@ onnx import vs native cnn, batch 256:"
     Ok(())
 }
 
-/// One measured attack.
-#[derive(Clone, Debug)]
-struct AttackRow {
-    attack: &'static str,
-    images: usize,
-    seconds: f64,
-    robust_accuracy: f32,
-    success_rate: f32,
-    mean_l2: f32,
-    reference_seconds: f64,
+/// The attack table.
+fn print_attacks(attack_rows: &[bench::AttackRow]) {
+    println!("\nattacks on the fixture cnn (the baselines' settings; torchattacks' times from the AVX-512 machine):");
+    println!(
+        "{:<7} {:>6} {:>9} {:>10} {:>8} {:>8} {:>8} {:>12} {:>8}",
+        "attack", "images", "seconds", "images/s", "robust", "success", "mean L2", "torchattacks", "speedup"
+    );
+    for r in attack_rows {
+        println!(
+            "{:<7} {:>6} {:>9.3} {:>10.0} {:>8.4} {:>8.4} {:>8.4} {:>11.3}s {:>7.1}x",
+            r.attack,
+            r.images,
+            r.seconds,
+            r.images as f64 / r.seconds,
+            r.robust_accuracy,
+            r.success_rate,
+            r.mean_l2,
+            r.reference_seconds,
+            r.reference_seconds / r.seconds
+        );
+    }
 }
 
-/// The attack workloads of the speed baselines (docs/reference.md, speed baselines) on the fixture `cnn`, median
-/// of 3 runs: FGSM and PGD-40 (ε = 0.1 L∞, 40 steps of 0.01, random start) on 1000 images, CW-L2 (c = 1, κ = 0,
-/// 100 Adam steps) on 100; `reference_seconds` is torchattacks' time for the same run.
-fn attacks(weights: &std::path::Path, test: &Dataset) -> armoury::Result<Vec<AttackRow>> {
-    use armoury::{Attack, Goal, ModuleClassifier};
-    use armoury_attacks::{CarliniWagnerL2, Pgd};
-    let net = ReferenceModel::Cnn.build(0);
-    armoury::io::load_module(&net, weights)?;
-    let clf = ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0))?;
-    let runs: Vec<(&'static str, Box<dyn Attack>, usize, f64)> = vec![
-        ("fgsm", Box::new(Pgd::fgsm(0.1)), 1000, 0.132),
-        ("pgd40", Box::new(Pgd { step_size: 0.01, steps: 40, ..Pgd::linf(0.1) }), 1000, 5.4),
-        ("cw_l2", Box::new(CarliniWagnerL2::torchattacks()), 100, 0.95),
-    ];
-    let mut rows = Vec::new();
-    for (name, attack, n, reference) in runs {
-        let (x, y) = test.batch(0..n)?;
-        let mut last = None;
-        let ms = bench::median_ms(3, || {
-            last = Some(attack.run(&clf, &x, &y, &Goal::Untargeted, 0)?);
-            Ok(())
-        })?;
-        let r = last.expect("ran at least once");
-        let l2: Vec<f32> = r.norms.iter().zip(&r.success).filter(|(_, &s)| s).map(|(m, _)| m.l2).collect();
-        rows.push(AttackRow {
-            attack: name,
-            images: n,
-            seconds: ms / 1e3,
-            robust_accuracy: r.robust_accuracy(&y),
-            success_rate: r.success_rate(),
-            mean_l2: if l2.is_empty() { 0.0 } else { l2.iter().sum::<f32>() / l2.len() as f32 },
-            reference_seconds: reference,
-        });
+/// The imported ONNX export of the fixture cnn against the native model, median of `reps` runs (same kernels; the
+/// interpreter runs Conv and Relu as separate nodes where the native `Sequential` fuses them).
+fn onnx_vs_native(probe: &Dataset, reps: usize) -> armoury::Result<()> {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let onnx = armoury::onnx::OnnxModel::load(fixtures.join("cnn.onnx"))?.classifier((0.0, 1.0))?;
+    let native = armoury::ModuleClassifier::new(ReferenceModel::Cnn.build(0), &[1, 28, 28], 10, (0.0, 1.0))?;
+    let (x, y) = probe.batch(0..256)?;
+    println!("\nonnx import vs native cnn, batch 256:");
+    for (what, onnx_ms, native_ms) in [
+        (
+            "forward",
+            bench::median_ms(reps, || onnx.logits(&x).map(drop))?,
+            bench::median_ms(reps, || native.logits(&x).map(drop))?,
+        ),
+        (
+            "forward_input_grad",
+            bench::median_ms(reps, || onnx.loss_gradient(&x, &y).map(drop))?,
+            bench::median_ms(reps, || native.loss_gradient(&x, &y).map(drop))?,
+        ),
+    ] {
+        println!("  {what:<20} onnx {onnx_ms:.3} ms, native {native_ms:.3} ms, ratio {:.2}", onnx_ms / native_ms);
     }
-    Ok(rows)
+    Ok(())
 }

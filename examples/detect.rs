@@ -1,8 +1,7 @@
 //! Detect adversarial examples, and evaluate the detector honestly.
 //!
 //! `cargo run --release --example detect -- --detector magnet|squeeze|region|ensemble|lid|mahalanobis|similarity
-//! --attack fgsm|pgd|cw|jsma|hsj|nes|square --eps 0.1 [--adaptive] [--lambda L] [--model cnn|mlp|FILE.onnx]
-//! [--bounds 0,1] [--weights FILE.safetensors] [--data DIR] [--limit N] [--fit N] [--ae-lr LR] [--ae1 N,E] [--ae2 N,E] [--magnet-parts l2-i,l1-ii,…] [--sim-fpr F] [--benign STREAMS] [--k K] [--tap NAME] [--layers L1,L2,…] [--seed S] [--out DIR]`
+//! --attack fgsm|pgd|cw|jsma|hsj|nes|square --eps 0.1 [--adaptive]` (`--help` lists every flag)
 //!
 //! Fits the detector on clean training images (thresholds at 1% FPR; MagNet's auto-encoders trained here; LID's
 //! and Mahalanobis' logistic combiners on attacked training images), attacks the first N test images (PGD-40 of
@@ -15,6 +14,8 @@
 //! `armoury_defenses::detectors::default_tap` — `fc1_relu` for the cnn, `/Relu_2_output_0` for cnn.onnx).
 //! Writes an SVG ROC curve and ends with one JSON line.
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/detectors.rs"]
@@ -42,83 +43,90 @@ use armoury_defenses::detectors::{
     detection_metrics, gaussian_encodings, measure_index, protected_accuracy, AdaptivePgd, IndexConfig,
     IndexMeasurement, RegionClassifier,
 };
+use clap::Parser;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// Detect adversarial examples, and evaluate the detector honestly: ROC AUC, TPR at fitted 1% / 5% FPR, the
+/// protected pipeline's accuracy under the non-adaptive attack and, with --adaptive, under PGD on the detector in
+/// front of the model; an SVG ROC curve and one JSON line. The model defaults to the cnn with
+/// tests/fixtures/cnn.safetensors when that file exists.
+#[derive(Parser)]
+#[command(name = "detect", after_help = AFTER_HELP)]
 struct Args {
-    m: load::ModelFlags,
+    #[command(flatten)]
+    m: args::ModelArgs,
+    /// The detector: magnet, squeeze, region, ensemble, lid, mahalanobis or similarity
+    #[arg(long, value_name = "NAME", default_value = "magnet", value_parser = args::lower)]
     detector: String,
+    /// The attack whose examples are detected: fgsm, pgd (PGD-40 of step 0.01), cw, jsma, hsj, nes or square
+    #[arg(long, value_name = "NAME", default_value = "pgd", value_parser = args::lower)]
     attack: String,
+    /// The attack's budget ε
+    #[arg(long, value_name = "E", default_value_t = 0.1)]
     eps: f32,
+    /// Also attack the detector and the model together (PGD on classifier loss − λ·detector score)
+    #[arg(long)]
     adaptive: bool,
+    /// λ, the adaptive attack's weight of the detector score
+    #[arg(long, value_name = "L", default_value_t = 1.0)]
     lambda: f32,
+    /// Attack the first N test images
+    #[arg(long, value_name = "N", default_value_t = 1000)]
     limit: usize,
+    /// Fit the detector on N clean training images
+    #[arg(long, value_name = "N", default_value_t = 1000)]
     fit: usize,
+    /// MagNet: the auto-encoders' learning rate
+    #[arg(long, value_name = "LR", default_value_t = magnet::MagnetConfig::default().lr)]
     ae_lr: f32,
+    /// MagNet: auto-encoder I trained on N images for E epochs (MagnetConfig's default)
+    #[arg(long, value_name = "N,E", default_value = "20000,10", value_parser = images_epochs)]
     ae1: (usize, usize),
+    /// MagNet: auto-encoder II trained on N images for E epochs (MagnetConfig's default)
+    #[arg(long, value_name = "N,E", default_value = "60000,20", value_parser = images_epochs)]
     ae2: (usize, usize),
+    /// MagNet: the detector parts, comma-separated (MagnetConfig's default)
+    #[arg(long, value_name = "P,…", default_value = "l1-ii,jsd10-ii,jsd40-ii", value_parser = args::list)]
     magnet_parts: Vec<String>,
+    /// similarity: the false-positive rate its threshold is fitted at
+    #[arg(long, value_name = "F", default_value_t = 0.005)]
     sim_fpr: f32,
+    /// similarity: benign query streams
+    #[arg(long, value_name = "STREAMS", default_value_t = 500)]
     benign: usize,
+    /// similarity: the k nearest stored queries it compares with
+    #[arg(long, value_name = "K", default_value_t = 20)]
     k: usize,
+    /// similarity: the activation it encodes [default: the input of the model's head]
+    #[arg(long, value_name = "NAME")]
     tap: Option<String>,
+    /// lid, mahalanobis: the layers whose activations they read, comma-separated
+    #[arg(long, value_name = "L,…", default_value = "conv1_relu,conv2_relu,fc1_relu,fc2", value_parser = args::list)]
     layers: Vec<String>,
+    /// Seed of every random draw
+    #[arg(long, value_name = "S", default_value_t = 0)]
     seed: u64,
+    /// Directory of the ROC curve and MagNet's cached auto-encoders
+    #[arg(long, value_name = "DIR", default_value = "out")]
     out: PathBuf,
 }
 
+const AFTER_HELP: &str = "\
+Examples:
+  cargo run --release --example detect -- --detector magnet --attack pgd --eps 0.1 --limit 500 --adaptive
+  cargo run --release --example detect -- --detector similarity --attack hsj --limit 100";
+
+fn images_epochs(s: &str) -> Result<(usize, usize), String> {
+    magnet::images_epochs(s).map_err(|e| e.to_string())
+}
+
+/// The flags, with the fixture cnn's weights as the default when the file is there.
 fn parse() -> Res<Args> {
-    use lexopt::prelude::*;
+    let mut a = Args::parse();
     let fixture = PathBuf::from("tests/fixtures/cnn.safetensors");
-    let magnet = magnet::MagnetConfig::default();
-    let mut a = Args {
-        detector: "magnet".into(),
-        attack: "pgd".into(),
-        eps: 0.1,
-        adaptive: false,
-        lambda: 1.0,
-        m: load::ModelFlags { weights: fixture.exists().then_some(fixture), ..Default::default() },
-        limit: 1000,
-        fit: 1000,
-        ae_lr: magnet.lr,
-        ae1: magnet.ae1,
-        ae2: magnet.ae2,
-        magnet_parts: magnet.parts,
-        sim_fpr: 0.005,
-        benign: 500,
-        k: 20,
-        tap: None,
-        layers: ["conv1_relu", "conv2_relu", "fc1_relu", "fc2"].map(String::from).to_vec(),
-        seed: 0,
-        out: PathBuf::from("out"),
-    };
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
-                let k = k.to_string();
-                a.m.take(&k, &mut p)?
-            }
-            Long("detector") => a.detector = p.value()?.string()?.to_lowercase(),
-            Long("attack") => a.attack = p.value()?.string()?.to_lowercase(),
-            Long("eps") => a.eps = p.value()?.parse()?,
-            Long("adaptive") => a.adaptive = true,
-            Long("lambda") => a.lambda = p.value()?.parse()?,
-            Long("limit") => a.limit = p.value()?.parse()?,
-            Long("fit") => a.fit = p.value()?.parse()?,
-            Long("ae-lr") => a.ae_lr = p.value()?.parse()?,
-            Long("ae1") => a.ae1 = magnet::images_epochs(&p.value()?.string()?)?,
-            Long("ae2") => a.ae2 = magnet::images_epochs(&p.value()?.string()?)?,
-            Long("magnet-parts") => a.magnet_parts = p.value()?.string()?.split(',').map(String::from).collect(),
-            Long("sim-fpr") => a.sim_fpr = p.value()?.parse()?,
-            Long("benign") => a.benign = p.value()?.parse()?,
-            Long("k") => a.k = p.value()?.parse()?,
-            Long("tap") => a.tap = Some(p.value()?.string()?),
-            Long("layers") => a.layers = p.value()?.string()?.split(',').map(String::from).collect(),
-            Long("seed") => a.seed = p.value()?.parse()?,
-            Long("out") => a.out = p.value()?.into(),
-            _ => return Err(arg.unexpected().into()),
-        }
+    if a.m.weights.is_none() && fixture.exists() {
+        a.m.weights = Some(fixture);
     }
     Ok(a)
 }

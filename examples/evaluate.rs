@@ -2,10 +2,8 @@
 //! gradient-masking audit, a summary table, the report (`armoury::report::write`: report.json, report.md and a
 //! self-contained report.html) and one JSON line.
 //!
-//! `cargo run --release --example evaluate -- [--model cnn|mlp|FILE.safetensors|FILE.onnx] [--weights FILE]
-//! [--bounds 0,1] [--data DIR] [--threat-model FILE.json] [--eps E] [--limit N] [--shard i/n | --shards n]
-//! [--merge n] [--no-audit] [--defense NAME[:PARAM]]… [--eot N]
-//! [--detector squeeze|lid|mahalanobis|ensemble|magnet[:N,E]|region|similarity]… [--fit N] [--out DIR]`
+//! `cargo run --release --example evaluate -- [--model cnn|mlp|FILE.safetensors|FILE.onnx] [--limit N]
+//! [--shard i/n | --shards n] [--merge n] [--out DIR]` (`--help` lists every flag)
 //!
 //! `--data sample` takes the embedded sample even when the full data set is installed. Without `--weights` a
 //! reference model starts from the shipped reference weights (tests/fixtures/cnn.safetensors) on the embedded
@@ -27,6 +25,8 @@
 //! too: each shard writes its samples' results to `DIR/protect-i-of-n.json`, which `--merge n` combines. A ledger is also the run's
 //! state file: rerunning the same command after an interruption continues where it stopped.
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/detectors.rs"]
@@ -55,70 +55,85 @@ use std::time::Instant;
 use armoury::eval::{self, AuditConfig, CascadeRun, Ledger, ThreatModel};
 use armoury::Classifier;
 use armoury_attacks::registry::from_spec;
+use clap::Parser;
 
+/// How robust is a model: the threat model's cascade (default: AutoAttack's standard L∞ list at ε = 0.1), the
+/// gradient-masking audit, a summary table, the report (report.json, report.md, report.html) and one JSON line.
+/// Without --weights a reference model starts from the shipped reference weights (tests/fixtures/cnn.safetensors)
+/// on the embedded sample and is trained here on any other data.
+#[derive(Parser)]
+#[command(name = "evaluate", after_help = AFTER_HELP)]
 struct Args {
-    m: load::ModelFlags,
+    #[command(flatten)]
+    m: args::ModelArgs,
+    /// The threat model (JSON; deploy/ has examples) [default: AutoAttack's standard L∞ cascade at ε = 0.1]
+    #[arg(long = "threat-model", value_name = "FILE")]
     threat: Option<PathBuf>,
+    /// Evaluate at this ε instead of the threat model's
+    #[arg(long, value_name = "E")]
     eps: Option<f64>,
+    /// Evaluate the first N test images
+    #[arg(long, value_name = "N", default_value_t = 1000)]
     limit: usize,
+    /// Run shard i of n only (samples [N·i/n, N·(i+1)/n)) and write DIR/ledger-i-of-n.json
+    #[arg(long, value_name = "i/n", value_parser = parse_shard)]
     shard: Option<(usize, usize)>,
+    /// Run shard $JOB_COMPLETION_INDEX of n (a Kubernetes indexed job): --shard $JOB_COMPLETION_INDEX/n
+    #[arg(long, value_name = "n", conflicts_with = "shard")]
+    shards: Option<usize>,
+    /// Combine the n shard ledgers (and defense/detector side files) of --out into the unsharded result
+    #[arg(long, value_name = "n")]
     merge: Option<usize>,
+    /// Skip the gradient-masking audit
+    #[arg(long = "no-audit", action = clap::ArgAction::SetFalse)]
     audit: bool,
+    /// An input transformation in front of the model, attacked through BPDA/EOT (repeatable; names below)
+    #[arg(long = "defense", value_name = "NAME[:PARAM]", value_parser = args::lower)]
     defenses: Vec<String>,
+    /// Draws of the expectation over a random defense's randomness
+    #[arg(long, value_name = "N", default_value_t = 8)]
     eot: usize,
+    /// A detector fitted at 1% FPR and evaluated on the cascade's adversarial examples (repeatable; names below)
+    #[arg(long = "detector", value_name = "NAME", value_parser = args::lower)]
     detectors: Vec<String>,
+    /// Clean training images the detectors are fitted on
+    #[arg(long, value_name = "N", default_value_t = 1000)]
     fit: usize,
+    /// Directory of the report, the ledgers and the threat model used; rerunning the same command continues an
+    /// interrupted run from its ledger
+    #[arg(long, value_name = "DIR", default_value = "out/evaluate")]
     out: PathBuf,
+    #[command(flatten)]
+    resources: args::Resources,
 }
 
-fn parse_shard(s: &str) -> Result<(usize, usize), Box<dyn std::error::Error>> {
-    let (i, n) = s.split_once('/').ok_or("--shard takes i/n")?;
-    Ok((i.trim().parse()?, n.trim().parse()?))
+const AFTER_HELP: &str = "\
+Defenses (--defense): bit-depth, median, mean, gaussian, jpeg, tv, noise, each with an optional :PARAM.
+Detectors (--detector): squeeze, lid, mahalanobis, ensemble, magnet[:N,E], region, similarity.
+--data sample takes the embedded sample even when the full data set is installed.
+
+Examples:
+  cargo run --release --example evaluate -- --model tests/fixtures/cnn-pgd.safetensors --limit 1000
+  evaluate --model /data/model.safetensors --threat-model /data/threat-model.json --shard 3/8 --out /data/out
+  evaluate --model /data/model.safetensors --threat-model /data/threat-model.json --merge 8 --out /data/out";
+
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("'{s}' is not i/n (e.g. 3/8)");
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    Ok((i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?))
 }
 
+/// The flags, with `--shards n` turned into `--shard i/n` from `JOB_COMPLETION_INDEX` and `--threads` and
+/// `--max-memory` applied.
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
-    use lexopt::prelude::*;
-    let mut a = Args {
-        m: load::ModelFlags::default(),
-        threat: None,
-        eps: None,
-        limit: 1000,
-        shard: None,
-        merge: None,
-        audit: true,
-        defenses: Vec::new(),
-        eot: 8,
-        detectors: Vec::new(),
-        fit: 1000,
-        out: PathBuf::from("out/evaluate"),
-    };
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
-                let k = k.to_string();
-                a.m.take(&k, &mut p)?
-            }
-            Long("threat-model") => a.threat = Some(p.value()?.into()),
-            Long("eps") => a.eps = Some(p.value()?.parse()?),
-            Long("limit") => a.limit = p.value()?.parse()?,
-            Long("shard") => a.shard = Some(parse_shard(&p.value()?.string()?)?),
-            Long("shards") => {
-                let n: usize = p.value()?.parse()?;
-                let i: usize = std::env::var("JOB_COMPLETION_INDEX")
-                    .map_err(|_| "--shards needs JOB_COMPLETION_INDEX (or use --shard i/n)")?
-                    .parse()?;
-                a.shard = Some((i, n));
-            }
-            Long("merge") => a.merge = Some(p.value()?.parse()?),
-            Long("no-audit") => a.audit = false,
-            Long("defense") => a.defenses.push(p.value()?.string()?.to_lowercase()),
-            Long("eot") => a.eot = p.value()?.parse()?,
-            Long("detector") => a.detectors.push(p.value()?.string()?.to_lowercase()),
-            Long("fit") => a.fit = p.value()?.parse()?,
-            Long("out") => a.out = p.value()?.into(),
-            _ => return Err(arg.unexpected().into()),
-        }
+    let mut a = Args::parse();
+    a.resources.apply()?;
+    if let Some(n) = a.shards {
+        let i: usize = std::env::var("JOB_COMPLETION_INDEX")
+            .map_err(|_| "--shards needs JOB_COMPLETION_INDEX (or use --shard i/n)")?
+            .parse()
+            .map_err(|e| format!("--shards: JOB_COMPLETION_INDEX: {e}"))?;
+        a.shard = Some((i, n));
     }
     Ok(a)
 }

@@ -1,11 +1,8 @@
 //! Coverage-guided fuzzing of a classifier (DeepHunter-style, with DeepGauge coverage), then retraining on what
 //! it found.
 //!
-//! `cargo run --release --example fuzz -- [--model cnn|mlp|FILE.onnx] [--weights FILE] [--bounds 0,1] [--data DIR] [--seeds 100]
-//! [--iterations 900] [--mutants-per-seed 20] [--max-mutants N] [--seconds S] [--coverage nc|tknc|nbc|snac|kmnc]
-//! [--gain-threshold G] [--config FILE.json] [--attacks fgsm,pgd,mdifgsm] [--groups pixel,affine,adversarial]
-//! [--taps a,b,…] [--per-position] [--bounds-images 10000] [--retrain-epochs 1] [--min-ssim S] [--no-shrink] [--seed S]
-//! [--out DIR] [--resume DIR/checkpoint.json] [--coverage-only]`
+//! `cargo run --release --example fuzz -- [--model cnn|mlp|FILE.onnx] [--seeds 100] [--iterations 900]
+//! [--out DIR] [--resume DIR/checkpoint.json] [--coverage-only]` (`--help` lists every flag)
 //!
 //! The model defaults to the fixture cnn (`tests/fixtures/cnn.safetensors`); the data to full Fashion-MNIST when
 //! installed, else the embedded sample. Seeds are the first `--seeds` test images, neuron bounds come from the
@@ -15,6 +12,8 @@
 //! on the failures of half the seeds and measures the other half, and ends with one JSON line. With
 //! `--coverage-only`, prints NC (0.1), TKNC (3), NBC, SNAC and KMNC (100) of the seeds and nothing else.
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/fuzz_report.rs"]
@@ -28,95 +27,131 @@ mod progress;
 
 use std::path::PathBuf;
 
+use armoury::coverage::Metric;
 use armoury::coverage::{Bounds, ConvNeurons, CoverageConfig, NeuronTaps, Tracker};
 use armoury::fuzz::config::MutationConfig;
 use armoury::fuzz::mutate::Group;
 use armoury::fuzz::{FuzzConfig, Fuzzer};
 use armoury::{Attack, Classifier};
 use armoury_attacks::registry::{self, AttackParams};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Coverage-guided fuzzing of a classifier (DeepHunter-style, with DeepGauge coverage), then retraining on what
+/// it found: a progress bar, a summary table, report.json, coverage.svg, failures.png and checkpoint.json in
+/// --out, and one JSON line. The model defaults to the cnn: trained here on the full Fashion-MNIST, or the
+/// fixture weights (tests/fixtures/cnn.safetensors) on the embedded sample.
+#[derive(Parser)]
+#[command(name = "fuzz", after_help = after_help())]
 struct Args {
-    m: load::ModelFlags,
+    #[command(flatten)]
+    m: args::ModelArgs,
+    /// Fuzz from the first N test images
+    #[arg(long, value_name = "N", default_value_t = 100)]
     seeds: usize,
-    fuzz: FuzzConfig,
+    /// Stop after N seed draws [default: 900]
+    #[arg(long, value_name = "N")]
+    iterations: Option<usize>,
+    /// Mutants made from each drawn seed
+    #[arg(long, value_name = "N", default_value_t = FuzzConfig::default().mutants_per_seed)]
+    mutants_per_seed: usize,
+    /// Corpus entries drawn per round (one batch through the model)
+    #[arg(long, value_name = "N", default_value_t = FuzzConfig::default().seeds_per_round)]
+    seeds_per_round: usize,
+    /// Stop after N mutants [default: no limit]
+    #[arg(long, value_name = "N")]
+    max_mutants: Option<usize>,
+    /// Stop after S seconds (makes the run depend on the machine) [default: no limit]
+    #[arg(long, value_name = "S")]
+    seconds: Option<f64>,
+    /// Stop once the coverage reaches this value [default: no target]
+    #[arg(long, value_name = "C")]
+    target: Option<f64>,
+    /// The coverage metric that guides the search: nc, tknc, nbc, snac or kmnc [default: kmnc]
+    #[arg(long, value_name = "METRIC")]
+    coverage: Option<Metric>,
+    /// A mutant joins the corpus when the coverage rises by more than G
+    #[arg(long, value_name = "G", default_value_t = FuzzConfig::default().gain_threshold)]
+    gain_threshold: f64,
+    /// Mutations from a JSON file (MutationConfig) instead of --attacks and --groups
+    #[arg(long, value_name = "FILE.json")]
     config: Option<PathBuf>,
+    /// The adversarial mutations, by attack name (listed below), comma-separated
+    #[arg(long, value_name = "A,…", default_value = "fgsm,pgd,mdifgsm", value_parser = args::list)]
     attacks: Vec<String>,
+    /// The mutation groups: pixel, affine, adversarial, comma-separated
+    #[arg(long, value_name = "G,…", default_value = "pixel,affine,adversarial", value_parser = groups)]
     groups: Vec<Group>,
+    /// The activations whose neurons are covered, comma-separated [default: the cnn's conv1_relu, pool1,
+    /// conv2_relu, pool2, fc1_relu and fc2; another model's every layer]
+    #[arg(long, value_name = "T,…", value_parser = args::list)]
     taps: Option<Vec<String>>,
+    /// A convolution's neurons per position, not per channel mean
+    #[arg(long)]
     per_position: bool,
+    /// Neuron bounds from the first N training images
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
     bounds_images: usize,
+    /// Epochs of retraining on the failures (0: none)
+    #[arg(long, value_name = "E", default_value_t = 1)]
     retrain_epochs: usize,
+    /// Keep failures as found, unshrunk
+    #[arg(long)]
+    no_shrink: bool,
+    /// A valid mutant keeps at least this SSIM with its seed [default: no SSIM rule]
+    #[arg(long, value_name = "S")]
+    min_ssim: Option<f32>,
+    /// Seed of every random draw
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// Directory of the report, the figures and the checkpoint
+    #[arg(long, value_name = "DIR", default_value = "out/fuzz")]
     out: PathBuf,
+    /// Continue from a checkpoint (DIR/checkpoint.json), e.g. with a larger budget
+    #[arg(long, value_name = "FILE")]
     resume: Option<PathBuf>,
+    /// Print the seeds' NC (0.1), TKNC (3), NBC, SNAC and KMNC (100) and nothing else
+    #[arg(long)]
     coverage_only: bool,
+    /// The fuzzing settings the flags above make.
+    #[arg(skip = FuzzConfig::default())]
+    fuzz: FuzzConfig,
 }
 
-fn parse() -> Result<Args, Box<dyn std::error::Error>> {
-    use lexopt::prelude::*;
-    let mut a = Args {
-        m: load::ModelFlags::default(),
-        seeds: 100,
-        fuzz: FuzzConfig::default(),
-        config: None,
-        attacks: vec!["fgsm".into(), "pgd".into(), "mdifgsm".into()],
-        groups: vec![Group::Pixel, Group::Affine, Group::Adversarial],
-        taps: None,
-        per_position: false,
-        bounds_images: 10_000,
-        retrain_epochs: 1,
-        out: PathBuf::from("out/fuzz"),
-        resume: None,
-        coverage_only: false,
-    };
-    let list = |s: String| s.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect::<Vec<_>>();
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long(k) if load::ModelFlags::FLAGS.contains(&k) => {
-                let k = k.to_string();
-                a.m.take(&k, &mut p)?
-            }
-            Long("seeds") => a.seeds = p.value()?.parse()?,
-            Long("iterations") => a.fuzz.max_iterations = Some(p.value()?.parse()?),
-            Long("mutants-per-seed") => a.fuzz.mutants_per_seed = p.value()?.parse()?,
-            Long("seeds-per-round") => a.fuzz.seeds_per_round = p.value()?.parse()?,
-            Long("max-mutants") => a.fuzz.max_mutants = Some(p.value()?.parse()?),
-            Long("seconds") => a.fuzz.max_seconds = Some(p.value()?.parse()?),
-            Long("target") => a.fuzz.target_coverage = Some(p.value()?.parse()?),
-            Long("coverage") => a.fuzz.metric = p.value()?.string()?.parse()?,
-            Long("gain-threshold") => a.fuzz.gain_threshold = p.value()?.parse()?,
-            Long("config") => a.config = Some(p.value()?.into()),
-            Long("attacks") => a.attacks = list(p.value()?.string()?),
-            Long("groups") => a.groups = parse_groups(&list(p.value()?.string()?))?,
-            Long("taps") => a.taps = Some(list(p.value()?.string()?)),
-            Long("per-position") => a.per_position = true,
-            Long("bounds-images") => a.bounds_images = p.value()?.parse()?,
-            Long("retrain-epochs") => a.retrain_epochs = p.value()?.parse()?,
-            Long("no-shrink") => a.fuzz.shrink = false,
-            Long("min-ssim") => a.fuzz.validity.min_ssim = Some(p.value()?.parse()?),
-            Long("seed") => a.fuzz.seed = p.value()?.parse()?,
-            Long("out") => a.out = p.value()?.into(),
-            Long("resume") => a.resume = Some(p.value()?.into()),
-            Long("coverage-only") => a.coverage_only = true,
-            Long("help") | Short('h') => {
-                println!("see the top of examples/fuzz.rs; attacks for --attacks:");
-                for (name, description) in registry::table() {
-                    println!("  {name:<16} {description}");
-                }
-                std::process::exit(0);
-            }
-            _ => return Err(arg.unexpected().into()),
-        }
+/// The attack names for --attacks, then examples.
+fn after_help() -> String {
+    let mut s = String::from("Attacks (--attacks):\n");
+    for (name, description) in registry::table() {
+        s += &format!("  {name:<16} {description}\n");
     }
+    s + "\nExamples:\n  cargo run --release --example fuzz -- --seeds 100 --iterations 900\n  \
+         cargo run --release --example fuzz -- --model tests/fixtures/cnn.onnx --coverage-only"
+}
+
+/// The flags, with the fuzzing settings gathered into `fuzz`.
+fn parse() -> Result<Args, Box<dyn std::error::Error>> {
+    let mut a = Args::parse();
+    let f = &mut a.fuzz;
+    f.max_iterations = a.iterations.or(f.max_iterations);
+    f.mutants_per_seed = a.mutants_per_seed;
+    f.seeds_per_round = a.seeds_per_round;
+    f.max_mutants = a.max_mutants;
+    f.max_seconds = a.seconds;
+    f.target_coverage = a.target;
+    f.metric = a.coverage.unwrap_or(f.metric);
+    f.gain_threshold = a.gain_threshold;
+    f.shrink = !a.no_shrink;
+    f.validity.min_ssim = a.min_ssim;
+    f.seed = a.seed;
     Ok(a)
 }
 
-fn parse_groups(names: &[String]) -> Result<Vec<Group>, Box<dyn std::error::Error>> {
+fn groups(s: &str) -> Result<Vec<Group>, String> {
     let all = [Group::Pixel, Group::Affine, Group::Adversarial];
+    let names = args::list(s)?;
     names
         .iter()
-        .map(|n| all.into_iter().find(|g| g.name() == n).ok_or_else(|| format!("--groups: unknown group '{n}'").into()))
+        .map(|n| all.into_iter().find(|g| g.name() == n).ok_or_else(|| format!("unknown group '{n}'")))
         .collect()
 }
 

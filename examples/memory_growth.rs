@@ -1,53 +1,54 @@
 //! Resident memory over a long adversarial training: does it stay flat after the first epoch?
 //!
-//! `cargo run --release --example memory_growth -- [--epochs 10] [--train-limit 2000] [--steps 7] [--eps 0.1]
-//! [--model cnn|mlp] [--data DIR] [--seed S] [--max-memory SIZE]`
+//! `cargo run --release --example memory_growth -- [--epochs 10] [--train-limit 2000]` (`--help` lists every flag)
 //!
 //! Trains the reference model with PGD adversarial training (Madry et al. 2018: L∞ PGD with `--steps` steps of
 //! 0.025·ε/0.1 from a random start) on the first `--train-limit` training images, evaluating on the test set after
 //! every epoch, and prints the process's resident memory (`VmRSS` of `/proc/self/status`) after each epoch, its
 //! growth after the first epoch, and one JSON line. See docs/reliability.md.
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
-
-use std::path::PathBuf;
+#[allow(dead_code)] // what `args` needs of it
+#[path = "support/model.rs"]
+mod model;
 
 use armoury::nn::{ModuleExt, ReferenceModel};
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{EpochReport, TrainCallback, TrainConfig, Trainer};
 use armoury_attacks::Pgd;
 use armoury_defenses::training::ProjectedAdversarialDefense;
+use clap::Parser;
 
+/// Resident memory over a long PGD adversarial training of a reference model: does it stay flat after the first
+/// epoch? Prints VmRSS after each epoch, the growth after the first, and one JSON line.
+#[derive(Parser)]
+#[command(
+    name = "memory_growth",
+    after_help = "Example:\n  cargo run --release --example memory_growth -- --epochs 10 --train-limit 2000"
+)]
 struct Args {
+    /// Training epochs
+    #[arg(long, value_name = "N", default_value_t = 10)]
     epochs: usize,
+    /// Train on the first N training images
+    #[arg(long, value_name = "N", default_value_t = 2000)]
     train_limit: usize,
+    /// PGD steps per training batch (of 0.025·ε/0.1 each, from a random start)
+    #[arg(long, value_name = "N", default_value_t = 7)]
     steps: usize,
+    /// PGD's L∞ budget ε
+    #[arg(long, value_name = "E", default_value_t = 0.1)]
     eps: f32,
+    /// The reference model: cnn or mlp
+    #[arg(long, value_name = "cnn|mlp", default_value = "cnn")]
     model: ReferenceModel,
-    data: Option<PathBuf>,
-    seed: u64,
-}
-
-fn parse() -> Result<Args, Box<dyn std::error::Error>> {
-    use lexopt::prelude::*;
-    let mut a =
-        Args { epochs: 10, train_limit: 2000, steps: 7, eps: 0.1, model: ReferenceModel::Cnn, data: None, seed: 0 };
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long("epochs") => a.epochs = p.value()?.parse()?,
-            Long("train-limit") => a.train_limit = p.value()?.parse()?,
-            Long("steps") => a.steps = p.value()?.parse()?,
-            Long("eps") => a.eps = p.value()?.parse()?,
-            Long("model") => a.model = p.value()?.parse()?,
-            Long("data") => a.data = Some(p.value()?.into()),
-            Long("seed") => a.seed = p.value()?.parse()?,
-            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
-            _ => return Err(arg.unexpected().into()),
-        }
-    }
-    Ok(a)
+    #[command(flatten)]
+    data: args::DataArgs,
+    #[command(flatten)]
+    run: args::RunArgs,
 }
 
 /// The resident set size of this process in KiB (Linux), 0 where `/proc` is not available.
@@ -87,11 +88,9 @@ struct Line {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse()?;
-    let set = match &args.data {
-        Some(d) => armoury::data::load_idx_dir(d)?,
-        None => armoury::data::load_default(None)?,
-    };
+    let args = Args::parse();
+    args.run.apply()?;
+    let set = model::load_data(args.data.data.as_deref())?;
     let train = set.train.take(args.train_limit.min(set.train.len()))?;
     println!(
         "data: {} — {} training / {} test images; VmRSS at start {} KiB",
@@ -100,11 +99,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         set.test.len(),
         rss_kib()
     );
-    let net = args.model.build(args.seed);
+    let net = args.model.build(args.run.seed);
     let step = 0.025 * args.eps / 0.1;
     let method =
         ProjectedAdversarialDefense::madry(Box::new(Pgd { step_size: step, steps: args.steps, ..Pgd::linf(args.eps) }));
-    let config = TrainConfig { epochs: args.epochs, seed: args.seed, ..TrainConfig::default() };
+    let config = TrainConfig { epochs: args.epochs, seed: args.run.seed, ..TrainConfig::default() };
     let mut opt = Adam::new(net.parameters(), AdamConfig::default())?;
     let mut rss = Rss(Vec::new());
     Trainer::new(config).method(&method).test(Some(&set.test)).fit(&net, &mut opt, &train, &mut rss)?;

@@ -9,16 +9,23 @@
 //! test images, which are the first 1,000 of the full test set: 3 epochs on the sample's 2,000 training images
 //! give a model of about 0.67, not one worth attacking (docs/reference.md, quickstart).
 //!
-//! `cargo run --release --example quickstart`
+//! `cargo run --release --example quickstart` (`--help` lists the flags)
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
+#[allow(dead_code)] // what `args` needs of it
+#[path = "support/model.rs"]
+mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use std::sync::Arc;
+use clap::Parser;
 
 use armoury::nn::{cnn, ModuleExt, Sequential};
 use armoury::optim::{Adam, AdamConfig};
@@ -26,6 +33,26 @@ use armoury::train::{evaluate, fit, TrainConfig, Trainer};
 use armoury::{data, io, Attack, Goal, ModuleClassifier, Tensor};
 use armoury_attacks::{CarliniWagnerL2, Pgd};
 use armoury_defenses::training::ProjectedAdversarialDefense;
+
+/// Armoury's main job end to end: train (or load) the reference cnn, attack it (FGSM, PGD-40, CW-L2), harden it
+/// with PGD adversarial fine-tuning, attack it again, and print a table and one JSON line.
+#[derive(Parser)]
+#[command(
+    name = "quickstart",
+    after_help = "Example:\n  cargo run --release --example quickstart -- --save out/my-cnn.safetensors --force"
+)]
+struct Args {
+    /// Where to save the model before the attacks; an existing file is kept unless --force
+    #[arg(long, value_name = "FILE", default_value = "out/quickstart-cnn.safetensors")]
+    save: PathBuf,
+    /// Overwrite the --save file if it exists
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    data: args::DataArgs,
+    #[command(flatten)]
+    resources: args::Resources,
+}
 
 /// Training images of full Fashion-MNIST, on which the reference weights were trained.
 const FULL_TRAIN: usize = 60_000;
@@ -80,8 +107,19 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    args.resources.apply()?;
+    // Refused before the work rather than after it.
+    if args.save.exists() && !args.force {
+        return Err(
+            format!("{} exists: give --save another FILE, or --force to overwrite it", args.save.display()).into()
+        );
+    }
     let start = Instant::now();
-    let set = data::load_default(std::env::var_os("ARMOURY_DATA").as_deref().map(std::path::Path::new))?;
+    let set = match &args.data.data {
+        Some(dir) => model::load_data(Some(dir))?,
+        None => data::load_default(std::env::var_os("ARMOURY_DATA").as_deref().map(Path::new))?,
+    };
     println!("data: {} — {} training / {} test images ({})", set.name, set.train.len(), set.test.len(), set.source);
 
     let model: Arc<Sequential> = Arc::new(cnn(0));
@@ -94,7 +132,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let reports = fit(model.as_ref(), &mut opt, &set.train, None, &cfg, &mut progress::TrainProgress::new())?;
         ("trained here", 3, reports.iter().map(|r| r.seconds).sum::<f64>())
     } else {
-        let weights = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(REFERENCE_WEIGHTS);
+        let weights = Path::new(env!("CARGO_MANIFEST_DIR")).join(REFERENCE_WEIGHTS);
         io::load_module(model.as_ref(), &weights)?;
         println!("full data set not installed: starting from the reference weights {REFERENCE_WEIGHTS}");
         println!("  (3 epochs of Adam in PyTorch on the full 60,000 training images; 0.865 on the full test set)");
@@ -107,8 +145,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("  {}", row.iter().map(|v| format!("{v:>5}")).collect::<String>());
     }
 
-    std::fs::create_dir_all("out")?;
-    let path = std::path::Path::new("out/quickstart-cnn.safetensors");
+    let path = args.save.as_path();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
     io::save_module(model.as_ref(), path)?;
     println!("saved {}", path.display());
 

@@ -1,70 +1,60 @@
 //! Train a reference model on any IDX data set.
 //!
-//! `cargo run --release --example train -- --model cnn|mlp|FILE.onnx [--data DIR] [--epochs N] [--batch-size B]
-//! [--lr LR] [--seed S] [--max-memory SIZE] [--out FILE.safetensors]`
+//! `cargo run --release --example train -- --model cnn|mlp|FILE.onnx [--epochs N] [--out FILE.safetensors]`
+//! (`--help` lists every flag)
 //!
 //! An ONNX model is imported and fine-tuned (its initialisers are the trainable parameters).
 //!
 //! DIR holds `train-*` and `t10k-*` IDX files (plain or .gz); without it, full Fashion-MNIST when found, else the
 //! embedded sample. Prints per-epoch loss and accuracy and ends with one JSON line.
 
-#[path = "support/choice.rs"]
-mod choice;
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/model.rs"]
+mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use std::sync::Arc;
-
-use armoury::nn::{Module, ModuleExt, ReferenceModel};
+use armoury::io;
+use armoury::nn::{Module, ModuleExt};
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{fit, TrainConfig};
-use armoury::{data, io};
+use clap::Parser;
 
+/// Train a reference model (or fine-tune an imported ONNX model) on any IDX data set: loss and accuracy per
+/// epoch, the weights saved, one JSON line.
+#[derive(Parser)]
+#[command(
+    name = "train",
+    after_help = "Example:\n  cargo run --release --example train -- --model cnn --data /usr/share/datasets/fashion-mnist \\\n    \
+                        --epochs 3 --out cnn.safetensors"
+)]
 struct Args {
-    model: choice::ModelChoice,
-    data: Option<PathBuf>,
+    /// The model: a reference architecture (cnn, mlp) or an ONNX file (FILE.onnx), fine-tuned
+    #[arg(long, value_name = "cnn|mlp|FILE.onnx", default_value = "cnn", value_parser = args::model_choice)]
+    model: model::ModelChoice,
+    #[command(flatten)]
+    data: args::DataArgs,
+    /// Passes over the training set
+    #[arg(long, value_name = "N", default_value_t = 3)]
     epochs: usize,
-    batch_size: usize,
+    /// Images per training step
+    #[arg(long, value_name = "B", default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..))]
+    batch_size: u64,
+    /// Adam's learning rate
+    #[arg(long, value_name = "LR", default_value_t = 1e-3)]
     lr: f32,
-    seed: u64,
+    /// Where to save the trained weights (safetensors) [default: not saved]
+    #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-}
-
-fn parse() -> Result<Args, lexopt::Error> {
-    use lexopt::prelude::*;
-    let mut a = Args {
-        model: choice::ModelChoice::Reference(ReferenceModel::Cnn),
-        data: None,
-        epochs: 3,
-        batch_size: 128,
-        lr: 1e-3,
-        seed: 0,
-        out: None,
-    };
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long("model") => a.model = p.value()?.parse()?,
-            Long("data") => a.data = Some(p.value()?.into()),
-            Long("epochs") => a.epochs = p.value()?.parse()?,
-            Long("batch-size") => a.batch_size = p.value()?.parse()?,
-            Long("lr") => a.lr = p.value()?.parse()?,
-            Long("seed") => a.seed = p.value()?.parse()?,
-            Long("max-memory") => cli::set_max_memory(&p.value()?.string()?)?,
-            Long("out") => a.out = Some(p.value()?.into()),
-            Long("help") | Short('h') => {
-                println!("usage: train --model cnn|mlp|FILE.onnx [--data DIR] [--epochs N] [--batch-size B] [--lr LR] [--seed S] [--max-memory SIZE] [--out FILE]");
-                std::process::exit(0);
-            }
-            _ => return Err(arg.unexpected()),
-        }
-    }
-    Ok(a)
+    #[command(flatten)]
+    run: args::RunArgs,
 }
 
 /// The JSON line the example ends with.
@@ -88,11 +78,9 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse()?;
-    let set = match &args.data {
-        Some(dir) => data::load_idx_dir(dir)?,
-        None => data::load_default(None)?,
-    };
+    let args = Args::parse();
+    args.run.apply()?;
+    let set = model::load_data(args.data.data.as_deref())?;
     println!(
         "data: {} — {} training and {} test images of shape {:?}, {} classes ({})",
         set.name,
@@ -104,19 +92,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     let [c, h, w] = set.train.image_shape();
     let model: Arc<dyn Module> = match &args.model {
-        choice::ModelChoice::Reference(r) => {
+        model::ModelChoice::Reference(r) => {
             if (c, h, w) != (1, 28, 28) {
                 return Err(
                     format!("the reference {} takes 1×28×28 images; this data set has {c}×{h}×{w}", r.name()).into()
                 );
             }
-            Arc::new(r.build(args.seed))
+            Arc::new(r.build(args.run.seed))
         }
-        choice::ModelChoice::Onnx(path) => Arc::new(armoury::onnx::OnnxModel::load(path)?),
+        model::ModelChoice::Onnx(path) => Arc::new(armoury::onnx::OnnxModel::load(path)?),
     };
     println!("model: {} ({} parameters)", args.model.name(), model.num_parameters());
     let mut opt = Adam::new(model.parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
-    let cfg = TrainConfig { epochs: args.epochs, batch_size: args.batch_size, seed: args.seed, ..Default::default() };
+    let cfg = TrainConfig {
+        epochs: args.epochs,
+        batch_size: args.batch_size as usize,
+        seed: args.run.seed,
+        ..Default::default()
+    };
     let start = Instant::now();
     let reports =
         fit(model.as_ref(), &mut opt, &set.train, Some(&set.test), &cfg, &mut progress::TrainProgress::new())?;

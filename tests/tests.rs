@@ -17,6 +17,7 @@ mod detectors;
 mod eval;
 mod eval_api;
 mod eval_protect;
+mod examples_cli;
 mod fixtures_xcheck;
 mod fuzzer;
 mod gradcheck;

@@ -59,20 +59,21 @@ fn row(model: &'static str, macs: u64, workload: &'static str, batch: usize, ms:
     Row { model, workload, batch, ms, images_per_s: images, gflops }
 }
 
-/// Forward and forward + input gradient at the given batch sizes.
-pub fn inference(model: ReferenceModel, batches: &[usize], data: &Dataset) -> Result<Vec<Row>> {
+/// Forward and forward + input gradient at the given batch sizes, median of `reps` runs (default: more the
+/// smaller the batch).
+pub fn inference(model: ReferenceModel, batches: &[usize], data: &Dataset, reps: Option<usize>) -> Result<Vec<Row>> {
     let net = model.build(0);
     let clf = ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0))?;
     let mut rows = Vec::new();
     for &b in batches {
         let (x, y) = data.batch(0..b)?;
-        let reps = if b >= 1000 {
+        let reps = reps.unwrap_or(if b >= 1000 {
             9
         } else if b >= 128 {
             21
         } else {
             201
-        };
+        });
         let macs = model.macs_per_image();
         let ms = median_ms(reps, || clf.logits(&x).map(|_| ()))?;
         rows.push(row(model.name(), macs, "forward", b, ms, 1.0));
@@ -82,13 +83,14 @@ pub fn inference(model: ReferenceModel, batches: &[usize], data: &Dataset) -> Re
     Ok(rows)
 }
 
-/// One Adam training step at batch 128, and one full epoch over `train` at batch 128.
-pub fn training(model: ReferenceModel, train: &Dataset, epoch: bool) -> Result<Vec<Row>> {
+/// One Adam training step at batch 128 (median of `reps` runs, default 21), and one full epoch over `train` at
+/// batch 128.
+pub fn training(model: ReferenceModel, train: &Dataset, epoch: bool, reps: Option<usize>) -> Result<Vec<Row>> {
     let net: Sequential = model.build(0);
     let mut opt = Adam::new(net.parameters(), AdamConfig::default())?;
     let (x, y) = train.batch(0..128)?;
     let macs = model.macs_per_image();
-    let ms = median_ms(21, || train_step(&net, &mut opt, &x, &y, None).map(|_| ()))?;
+    let ms = median_ms(reps.unwrap_or(21), || train_step(&net, &mut opt, &x, &y, None).map(|_| ()))?;
     let mut rows = vec![row(model.name(), macs, "train_step", 128, ms, 3.0)];
     if epoch {
         let t = Instant::now();
@@ -100,6 +102,55 @@ pub fn training(model: ReferenceModel, train: &Dataset, epoch: bool) -> Result<V
         }
         let ms = t.elapsed().as_secs_f64() * 1e3;
         rows.push(row(model.name(), macs, "train_epoch", train.len(), ms, 3.0));
+    }
+    Ok(rows)
+}
+
+/// One measured attack.
+#[derive(Clone, Debug)]
+pub struct AttackRow {
+    pub attack: &'static str,
+    pub images: usize,
+    pub seconds: f64,
+    pub robust_accuracy: f32,
+    pub success_rate: f32,
+    pub mean_l2: f32,
+    pub reference_seconds: f64,
+}
+
+/// The attack workloads of the speed baselines (docs/reference.md, speed baselines) on the fixture `cnn`, median
+/// of `reps` runs: FGSM and PGD-40 (ε = 0.1 L∞, 40 steps of 0.01, random start) on 1000 images, CW-L2 (c = 1, κ = 0,
+/// 100 Adam steps) on 100; `reference_seconds` is torchattacks' time for the same run.
+pub fn attacks(weights: &std::path::Path, test: &Dataset, reps: usize) -> armoury::Result<Vec<AttackRow>> {
+    use armoury::{Attack, Goal, ModuleClassifier};
+    use armoury_attacks::{CarliniWagnerL2, Pgd};
+    let net = ReferenceModel::Cnn.build(0);
+    armoury::io::load_module(&net, weights)?;
+    let clf = ModuleClassifier::new(net, &[1, 28, 28], 10, (0.0, 1.0))?;
+    let runs: Vec<(&'static str, Box<dyn Attack>, usize, f64)> = vec![
+        ("fgsm", Box::new(Pgd::fgsm(0.1)), 1000, 0.132),
+        ("pgd40", Box::new(Pgd { step_size: 0.01, steps: 40, ..Pgd::linf(0.1) }), 1000, 5.4),
+        ("cw_l2", Box::new(CarliniWagnerL2::torchattacks()), 100, 0.95),
+    ];
+    let mut rows = Vec::new();
+    for (name, attack, n, reference) in runs {
+        let (x, y) = test.batch(0..n)?;
+        let mut last = None;
+        let ms = median_ms(reps, || {
+            last = Some(attack.run(&clf, &x, &y, &Goal::Untargeted, 0)?);
+            Ok(())
+        })?;
+        let r = last.expect("ran at least once");
+        let l2: Vec<f32> = r.norms.iter().zip(&r.success).filter(|(_, &s)| s).map(|(m, _)| m.l2).collect();
+        rows.push(AttackRow {
+            attack: name,
+            images: n,
+            seconds: ms / 1e3,
+            robust_accuracy: r.robust_accuracy(&y),
+            success_rate: r.success_rate(),
+            mean_l2: if l2.is_empty() { 0.0 } else { l2.iter().sum::<f32>() / l2.len() as f32 },
+            reference_seconds: reference,
+        });
     }
     Ok(rows)
 }

@@ -1,7 +1,7 @@
 //! Loading the model an example attacks: a reference model (loaded from safetensors, or trained here with the
 //! reference recipe) or any ONNX export. Needs the `model` and `progress` support modules beside it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use armoury::data::TrainTest;
@@ -12,52 +12,6 @@ use armoury::train::{fit, TrainConfig};
 use armoury::{io, ModuleClassifier, Result};
 
 use crate::model::ModelChoice;
-
-/// The flags of every example that loads a model: `--model cnn|mlp|FILE.onnx` (a `FILE.safetensors` there is
-/// taken as `--weights FILE` of the cnn), `--weights FILE`, `--bounds lo,hi` and `--data DIR`.
-pub struct ModelFlags {
-    pub model: ModelChoice,
-    pub weights: Option<PathBuf>,
-    pub bounds: (f32, f32),
-    pub data: Option<PathBuf>,
-}
-
-impl Default for ModelFlags {
-    /// The reference cnn, trained here, on [0, 1] inputs and the default data.
-    fn default() -> Self {
-        ModelFlags {
-            model: ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn),
-            weights: None,
-            bounds: (0.0, 1.0),
-            data: None,
-        }
-    }
-}
-
-impl ModelFlags {
-    /// The flags [`ModelFlags::take`] reads.
-    pub const FLAGS: [&'static str; 4] = ["model", "weights", "bounds", "data"];
-
-    /// Reads the value of `--flag`, one of [`ModelFlags::FLAGS`], from `p`.
-    pub fn take(&mut self, flag: &str, p: &mut lexopt::Parser) -> std::result::Result<(), Box<dyn std::error::Error>> {
-        use lexopt::prelude::*;
-        match flag {
-            "model" => {
-                let v = p.value()?.string()?;
-                if v.ends_with(".safetensors") {
-                    self.weights = Some(v.into());
-                } else {
-                    self.model = v.parse()?;
-                }
-            }
-            "weights" => self.weights = Some(p.value()?.into()),
-            "bounds" => self.bounds = crate::model::parse_bounds(&p.value()?.string()?)?,
-            "data" => self.data = Some(p.value()?.into()),
-            _ => return Err(format!("--{flag} is not a model flag").into()),
-        }
-        Ok(())
-    }
-}
 
 /// The model as a shared module plus a classifier over it. A reference model is loaded from `weights` when
 /// given, else trained with the reference recipe (3 epochs of Adam, lr 1e-3, batch 128; docs/reference.md,

@@ -1,0 +1,161 @@
+//! The flag groups several examples share, as clap argument groups, so that every example spells them the same
+//! way and documents them with the same words: the model (`--model`, `--weights`, `--bounds`, `--data`), the
+//! data alone (`--data`), and the run (`--seed`, `--threads`, `--max-memory`). `--out` is each example's own: its
+//! default and what it holds differ.
+//! Needs the `model` support module beside it (for `ModelChoice`).
+
+#![allow(dead_code)] // each example uses some of the groups
+
+use std::path::PathBuf;
+
+use clap::{ArgMatches, Args, Command, FromArgMatches};
+
+use crate::model::ModelChoice;
+
+/// `--model`: a reference architecture (`cnn`, `mlp`) or an ONNX file.
+pub fn model_choice(s: &str) -> Result<ModelChoice, String> {
+    s.parse().map_err(|e: armoury::Error| e.to_string())
+}
+
+/// `--bounds lo,hi`.
+pub fn bounds(s: &str) -> Result<(f32, f32), String> {
+    crate::model::parse_bounds(s).map_err(|_| format!("'{s}' is not lo,hi (e.g. 0,1)"))
+}
+
+/// A flag's value in lower case (names of attacks, defenses, detectors).
+pub fn lower(s: &str) -> Result<String, String> {
+    Ok(s.to_lowercase())
+}
+
+/// A comma-separated list, blanks dropped.
+pub fn list(s: &str) -> Result<Vec<String>, String> {
+    Ok(s.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect())
+}
+
+/// `--model` as written: a model, or a safetensors file that stands for `--weights FILE` of the cnn.
+#[derive(Clone, Debug)]
+enum ModelValue {
+    Model(ModelChoice),
+    Weights(PathBuf),
+}
+
+fn model_value(s: &str) -> Result<ModelValue, String> {
+    if s.ends_with(".safetensors") {
+        Ok(ModelValue::Weights(s.into()))
+    } else {
+        model_choice(s).map(ModelValue::Model)
+    }
+}
+
+/// The flags of `ModelArgs` as clap reads them.
+#[derive(Args, Debug)]
+struct ModelFlags {
+    /// The model: a reference architecture (cnn, mlp), an ONNX file (FILE.onnx), or a safetensors file (the cnn
+    /// with those weights: the same as --weights FILE)
+    #[arg(long, value_name = "cnn|mlp|FILE", default_value = "cnn", value_parser = model_value)]
+    model: ModelValue,
+    /// Weights (safetensors) to load into the model [default: the example's own, described above]
+    #[arg(long, value_name = "FILE")]
+    weights: Option<PathBuf>,
+    /// The model's input range
+    #[arg(long, value_name = "LO,HI", default_value = "0,1", value_parser = bounds)]
+    bounds: (f32, f32),
+    #[command(flatten)]
+    data: DataArgs,
+}
+
+/// The model an example loads: `--model`, `--weights`, `--bounds` and `--data`, with `--model FILE.safetensors`
+/// already turned into `--weights FILE` of the cnn.
+#[derive(Clone, Debug)]
+pub struct ModelArgs {
+    pub model: ModelChoice,
+    pub weights: Option<PathBuf>,
+    pub bounds: (f32, f32),
+    pub data: Option<PathBuf>,
+}
+
+impl FromArgMatches for ModelArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let f = ModelFlags::from_arg_matches(matches)?;
+        let (model, weights) = match (f.model, f.weights) {
+            (ModelValue::Model(m), w) => (m, w),
+            (ModelValue::Weights(w), None) => (ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn), Some(w)),
+            (ModelValue::Weights(_), Some(_)) => {
+                return Err(clap::Error::raw(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    "--model FILE.safetensors names the weights already: give it or --weights, not both",
+                ))
+            }
+        };
+        Ok(ModelArgs { model, weights, bounds: f.bounds, data: f.data.data })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for ModelArgs {
+    fn augment_args(cmd: Command) -> Command {
+        ModelFlags::augment_args(cmd)
+    }
+    fn augment_args_for_update(cmd: Command) -> Command {
+        ModelFlags::augment_args_for_update(cmd)
+    }
+}
+
+/// `--data DIR`.
+#[derive(Args, Clone, Debug)]
+pub struct DataArgs {
+    /// A directory of IDX files (train-* and t10k-*, plain or .gz) [default: full Fashion-MNIST when installed,
+    /// else the embedded sample]
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+}
+
+/// How a run draws and what it may use: `--seed`, `--threads`, `--max-memory`.
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    /// Seed of every random draw (initialisation, data order, attacks' random starts)
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub resources: Resources,
+}
+
+impl RunArgs {
+    /// Applies `--threads` and `--max-memory` ([`Resources::apply`]).
+    pub fn apply(&self) -> Result<(), Box<dyn std::error::Error>> {
+        self.resources.apply()
+    }
+}
+
+/// What a run may use: `--threads`, `--max-memory`.
+#[derive(Args, Clone, Debug)]
+pub struct Resources {
+    /// Worker threads [default: one per core, or $RAYON_NUM_THREADS]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub threads: Option<u64>,
+    /// Memory budget of Armoury's readers and model execution, e.g. 2G or 512M [default: $ARMOURY_MAX_MEMORY,
+    /// else half the machine's memory]
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub max_memory: Option<u64>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    armoury::limits::parse_size(s).map_err(|_| format!("'{s}' is not a size (e.g. 512M, 8G, 1073741824)"))
+}
+
+impl Resources {
+    /// Sets the thread pool's size and the memory budget (`armoury::limits`) for this run; call it before any work.
+    pub fn apply(&self) -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(n) = self.threads {
+            rayon::ThreadPoolBuilder::new().num_threads(n as usize).build_global()?;
+        }
+        if let Some(bytes) = self.max_memory {
+            armoury::limits::set_max_memory(bytes);
+        }
+        Ok(())
+    }
+}
