@@ -103,6 +103,10 @@ struct Args {
     /// interrupted run from its ledger
     #[arg(long, value_name = "DIR", default_value = "out/evaluate")]
     out: PathBuf,
+    /// The classes' names for the report, one per line in class order [default: built in for Fashion-MNIST,
+    /// MNIST and CIFAR-10, else the indices]
+    #[arg(long = "class-names", value_name = "FILE")]
+    class_names: Option<PathBuf>,
     #[command(flatten)]
     resources: args::Resources,
 }
@@ -243,6 +247,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Vec::new()
     };
     let mut report = eval::to_report(clf.as_ref(), &set.test, &tm, &ledger, &summary, verdicts)?;
+    if let Some(path) = &args.class_names {
+        report.set_class_names(armoury::data::read_class_names(path, clf.num_classes())?);
+    }
     protect(&args, &tm, &clf, &set, &ledger, &mut report)?;
     let files = armoury::report::write(&report, &args.out)?;
     armoury::io::write_atomic(&args.out.join("threat-model.json"), serde_json::to_string_pretty(&tm)?.as_bytes())?;

@@ -524,3 +524,22 @@ fn a_single_eps_is_drawn_as_points_with_intervals_not_lines() {
     let html = std::fs::read_to_string(write(&r, &dir).unwrap().html).unwrap();
     assert!(svg_element(&html, "plot-eps-linf").contains("<polygon"), "bands on a grid");
 }
+
+#[test]
+fn class_names_from_a_file_name_the_flips_and_the_examples() {
+    let mut r = synthetic_report();
+    r.class_names.clear();
+    r.class_flips.as_mut().unwrap().classes = (0..10).map(|c| c.to_string()).collect();
+    let dir = scratch("class-names");
+    let names_file = dir.join("names.txt");
+    let names: Vec<String> = (0..10).map(|c| format!("kind-{c}")).collect();
+    std::fs::write(&names_file, names.join("\n")).unwrap();
+    r.set_class_names(armoury::data::read_class_names(&names_file, 10).unwrap());
+    let files = write(&r, &dir).unwrap();
+    let md = std::fs::read_to_string(&files.markdown).unwrap();
+    assert!(md.contains("| kind-3 |"), "the flip matrix's rows are named");
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    let label = r.examples[0].label;
+    assert!(html.contains(&format!("<td class=\"name\">kind-{label}</td>")), "the examples are named");
+    assert!(armoury::data::read_class_names(&names_file, 9).is_err(), "a count other than the model's");
+}

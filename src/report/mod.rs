@@ -330,6 +330,20 @@ impl Report {
     }
 }
 
+impl Report {
+    /// Names the classes (by index) in the class-flip matrix and the examples.
+    pub fn set_class_names(&mut self, names: Vec<String>) {
+        if let Some(f) = &mut self.class_flips {
+            for (c, name) in f.classes.iter_mut().enumerate() {
+                if let Some(n) = names.get(c) {
+                    n.clone_into(name);
+                }
+            }
+        }
+        self.class_names = names;
+    }
+}
+
 /// The files [`write()`] wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReportFiles {
