@@ -10,6 +10,7 @@ mod attacks_table;
 mod common;
 mod coverage;
 mod data;
+mod data_cifar;
 mod defenses_training;
 mod defenses_transforms;
 mod detector;

@@ -18,6 +18,7 @@
 //! # Ok::<(), armoury::Error>(())
 //! ```
 
+mod cifar;
 mod classes;
 mod dataset;
 mod folder;
@@ -25,6 +26,7 @@ mod grid;
 mod idx;
 mod sample;
 
+pub use cifar::{decode_cifar, is_cifar_dir, load_cifar_dir, Cifar};
 pub use classes::{builtin_class_names, read_class_names};
 pub use dataset::{load_idx_dir, Batches, Dataset, TrainTest};
 pub use folder::{load_image_folder, ImageFolderOptions};
