@@ -9,7 +9,7 @@
 //!
 //! `cargo run --release --example bench [-- --quick]`
 
-#[path = "support/bench.rs"]
+#[path = "../benches/support/bench.rs"]
 mod bench;
 #[path = "support/cli.rs"]
 mod cli;
