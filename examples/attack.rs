@@ -13,8 +13,6 @@
 mod cli;
 #[path = "support/load.rs"]
 mod load;
-#[path = "support/model.rs"]
-mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
@@ -22,6 +20,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use armoury::data::{perturbation_image, save_png_grid, GridRow};
+use armoury::load as model;
 use armoury::{Classifier, Goal, Tensor};
 use armoury_attacks::registry::{self, AttackParams};
 use indicatif::{ProgressBar, ProgressStyle};

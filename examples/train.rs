@@ -8,8 +8,6 @@
 //! DIR holds `train-*` and `t10k-*` IDX files (plain or .gz); without it, full Fashion-MNIST when found, else the
 //! embedded sample. Prints per-epoch loss and accuracy and ends with one JSON line.
 
-#[path = "support/choice.rs"]
-mod choice;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/progress.rs"]
@@ -20,6 +18,7 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
+use armoury::load as choice;
 use armoury::nn::{Module, ModuleExt, ReferenceModel};
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{fit, TrainConfig};
