@@ -5,7 +5,7 @@
 //!
 //! The number of classes is the model's output width, never the largest label of the data: a test set without
 //! class 9 still evaluates a ten-class model, and a label the model has no class for is an error naming the
-//! sample ([`check_labels`]).
+//! sample ([`Dataset::check_labels`]).
 //!
 //! ```
 //! use armoury::load::{load_model, ModelChoice, ModelSpec};
@@ -21,12 +21,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::data::{self, Dataset, TrainTest};
+#[cfg(doc)]
+use crate::data::Dataset;
+use crate::data::{self, TrainTest};
+pub use crate::nn::output_classes;
 use crate::nn::{Module, ModuleExt, ReferenceModel};
 use crate::onnx::OnnxModel;
 use crate::optim::{Adam, AdamConfig};
 use crate::train::{fit, TrainCallback, TrainConfig};
-use crate::{io, no_grad, Error, ModuleClassifier, Result, Tensor};
+use crate::{io, Error, ModuleClassifier, Result};
 
 /// A model architecture: a reference model or an ONNX file.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,38 +106,10 @@ pub fn load_data(dir: Option<&Path>) -> Result<TrainTest> {
     }
 }
 
-/// The number of classes of `module` on inputs of shape `[c, h, w]`: the width of its output.
-pub fn output_classes(module: &dyn Module, [c, h, w]: [usize; 3]) -> Result<usize> {
-    let out = no_grad(|| module.forward(&Tensor::zeros(&[1, c, h, w])))?;
-    match out.shape() {
-        [1, k] => Ok(*k),
-        other => Err(Error::invalid(
-            "output_classes",
-            format!("the model's output on one [{c}, {h}, {w}] input has shape {other:?}, not [1, classes]"),
-        )),
-    }
-}
-
-/// Every label of `data` (the split `split`, for the message) is one of the model's `classes`; else an error
-/// naming the first sample whose label is not, and its label.
-pub fn check_labels(data: &Dataset, classes: usize, split: &str) -> Result<()> {
-    match data.labels().iter().position(|&l| l >= classes) {
-        None => Ok(()),
-        Some(i) => Err(Error::invalid(
-            "labels",
-            format!(
-                "{split} sample {i} has label {}, but the model has {classes} classes (0..{})",
-                data.labels()[i],
-                classes.saturating_sub(1)
-            ),
-        )),
-    }
-}
-
 /// The model as a shared module plus a classifier over it, with as many classes as the model has outputs. A
 /// reference model is loaded from `weights` when given, else trained with the reference recipe (3 epochs of Adam,
 /// lr 1e-3, batch 128; docs/reference.md, reference training) on `set.train`, reporting to `progress`. Every
-/// label of both splits must be one of the model's classes ([`check_labels`]).
+/// label of both splits must be one of the model's classes ([`Dataset::check_labels`]).
 pub fn load_model(
     choice: &ModelChoice,
     weights: Option<&Path>,
@@ -155,8 +130,8 @@ pub fn load_model(
         ModelChoice::Reference(r) => Arc::new(r.build(seed)),
     };
     let classes = output_classes(module.as_ref(), shape)?;
-    check_labels(&set.train, classes, "training")?;
-    check_labels(&set.test, classes, "test")?;
+    set.train.check_labels(classes, "training")?;
+    set.test.check_labels(classes, "test")?;
     if let ModelChoice::Reference(_) = choice {
         match weights {
             Some(wf) => io::load_module(module.as_ref(), wf)?,

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use armoury::data::{Dataset, TrainTest};
-use armoury::load::{check_labels, load_model, output_classes, parse_bounds, ModelChoice, ModelSpec};
+use armoury::load::{load_model, output_classes, parse_bounds, ModelChoice, ModelSpec};
 use armoury::nn::ReferenceModel;
 use armoury::train::{EpochReport, TrainCallback};
 use armoury::Classifier;
@@ -69,9 +69,9 @@ fn load_a_label_outside_the_models_classes_is_an_error_naming_it() {
     let weights = fixture("cnn.safetensors");
     let err = load_model(&cnn, Some(&weights), (0.0, 1.0), &set, 0, &mut ()).err().expect("refused").to_string();
     assert!(err.contains("sample 3") && err.contains("255") && err.contains("10 classes"), "{err}");
-    let err = check_labels(&set.test, 10, "test").unwrap_err().to_string();
+    let err = set.test.check_labels(10, "test").unwrap_err().to_string();
     assert!(err.contains("test sample 3 has label 255"), "{err}");
-    assert!(check_labels(&set.test, 256, "test").is_ok());
+    assert!(set.test.check_labels(256, "test").is_ok());
 }
 
 #[derive(Default)]
@@ -93,4 +93,28 @@ fn load_trains_a_reference_model_without_weights() {
     let mlp = ModelChoice::Reference(ReferenceModel::Mlp);
     let (_, clf) = load_model(&mlp, None, (0.0, 1.0), &set, 0, &mut epochs).unwrap();
     assert_eq!((epochs.0, clf.num_classes()), (3, 10));
+}
+
+/// The trainer and its evaluation take the classes from the model too: a training set without class 9 trains
+/// and evaluates a ten-class model (a 10×10 confusion matrix), and a stray label is an error naming it.
+#[test]
+fn load_training_takes_the_classes_from_the_model() {
+    use armoury::optim::{Adam, AdamConfig};
+    use armoury::train::{evaluate, fit, TrainConfig};
+    let mut set = relabelled(&|_, l| if l == 9 { 0 } else { l });
+    set.train = set.train.take(256).unwrap();
+    assert_eq!(set.train.num_classes(), 9);
+    let net = armoury::nn::cnn(0);
+    armoury::io::load_module(&net, fixture("cnn.safetensors")).unwrap();
+    let mut opt = Adam::new(armoury::ModuleExt::parameters(&net), AdamConfig::default()).unwrap();
+    let cfg = TrainConfig { epochs: 1, ..Default::default() };
+    let reports = fit(&net, &mut opt, &set.train, Some(&set.test), &cfg, &mut ()).unwrap();
+    let test = reports[0].test.as_ref().unwrap();
+    assert_eq!(test.confusion.dim(), (10, 10));
+    assert_eq!(evaluate(&net, &set.test, 100).unwrap().confusion.dim(), (10, 10));
+    let stray = relabelled(&|i, l| if i == 5 { 255 } else { l });
+    let err = fit(&net, &mut opt, &stray.train.take(64).unwrap(), None, &cfg, &mut ()).unwrap_err().to_string();
+    assert!(err.contains("training sample 5 has label 255"), "{err}");
+    let err = evaluate(&net, &stray.test, 100).unwrap_err().to_string();
+    assert!(err.contains("evaluation sample 5 has label 255"), "{err}");
 }
