@@ -1,5 +1,5 @@
 //! `cargo bench --bench core [-- [MODEL…] [--batches 1,128,1000] [--budget-ms N] [--export DIR]]`: the benchmark
-//! zoo (`examples/support/bench.rs`) — the reference `cnn` and `mlp`, a VGG-style 3×3 net and a small ResNet on
+//! zoo (`benches/support/bench.rs`) — the reference `cnn` and `mlp`, a VGG-style 3×3 net and a small ResNet on
 //! 32×32 RGB, and a wide MLP — forward, forward + input gradient and an Adam training step at batch 1, 128 and
 //! 1000, as time, images/s, GFLOP/s and the share of the machine's f32 peak measured first (a tight loop of
 //! fused multiply-adds on every thread).
@@ -10,7 +10,7 @@
 //! `--export DIR` writes every model's weights and a check batch for `benches/reference/zoo.py` (PyTorch and
 //! onnxruntime on the same models and weights) and exits.
 
-#[path = "../examples/support/bench.rs"]
+#[path = "support/bench.rs"]
 mod bench;
 
 use bench::Zoo;

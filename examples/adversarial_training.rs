@@ -12,17 +12,15 @@
 mod args;
 #[path = "support/cli.rs"]
 mod cli;
-#[path = "support/model.rs"]
-mod model;
-#[path = "support/svg.rs"]
-mod svg;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use armoury::load as model;
 use armoury::nn::{ModuleExt, ReferenceModel};
 use armoury::optim::{Adam, AdamConfig, LrSchedule};
+use armoury::report::{LineChart, Series};
 use armoury::robustness::RobustnessConfig;
 use armoury::train::{EpochReport, Method, Standard, StepReport, TrainCallback, TrainConfig, Trainer};
 use armoury::{io, Attack, Classifier};
@@ -203,19 +201,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         PathBuf::from(format!("out/{}-{}.safetensors", args.defense, args.m.model.name().replace(['/', '.'], "_")))
     });
     io::save_module(module.as_ref(), &out)?;
-    let series = vec![
-        ("clean".to_string(), summaries.iter().map(|s| s.robust.as_ref().map_or(0.0, |e| e.clean_accuracy)).collect()),
-        (
-            "PGD-40".to_string(),
-            summaries.iter().map(|s| s.robust.as_ref().and_then(|e| e.robust("pgd40")).unwrap_or(0.0)).collect(),
-        ),
-        (
-            "APGD-CE".to_string(),
-            summaries.iter().map(|s| s.robust.as_ref().and_then(|e| e.robust("apgd")).unwrap_or(0.0)).collect(),
-        ),
-    ];
+    let per_epoch = |f: &dyn Fn(&armoury::robustness::RobustEvaluation) -> Option<f32>| -> Vec<f32> {
+        summaries.iter().map(|s| s.robust.as_ref().and_then(f).unwrap_or(0.0)).collect()
+    };
+    let chart = LineChart {
+        title: format!("{} (eps {eps})", method.name()),
+        x_label: "epoch".into(),
+        y_label: "accuracy".into(),
+        y_range: Some((0.0, 1.0)),
+        series: vec![
+            Series::numbered("clean", &per_epoch(&|e| Some(e.clean_accuracy))),
+            Series::numbered("PGD-40", &per_epoch(&|e| e.robust("pgd40"))),
+            Series::numbered("APGD-CE", &per_epoch(&|e| e.robust("apgd"))),
+        ],
+        ..LineChart::default()
+    };
     let svg_path = out.with_extension("svg");
-    svg::write_atomic(&svg_path, &svg::line_chart(&format!("{} (eps {eps})", method.name()), "epoch", &series))?;
+    chart.write(&svg_path)?;
 
     println!("\n{:<28} {:>10}", "figure", "value");
     println!("{:<28} {:>10.4}", "clean accuracy", last.clean_accuracy);

@@ -13,8 +13,6 @@ mod args;
 mod cli;
 #[path = "support/load.rs"]
 mod load;
-#[path = "support/model.rs"]
-mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
@@ -23,6 +21,7 @@ use std::time::Instant;
 
 use armoury::attack::Norm;
 use armoury::data::{perturbation_image, save_png_grid, GridRow};
+use armoury::load as model;
 use armoury::{Classifier, Goal, Tensor};
 use armoury_attacks::registry::{self, AttackParams};
 use clap::Parser;

@@ -11,15 +11,13 @@
 
 #[path = "support/args.rs"]
 mod args;
-#[path = "support/bench.rs"]
+#[path = "../benches/support/bench.rs"]
 mod bench;
 #[path = "support/cli.rs"]
 mod cli;
-#[allow(dead_code)] // what `args` needs of it
-#[path = "support/model.rs"]
-mod model;
 
 use armoury::data::Dataset;
+use armoury::load as model;
 use armoury::nn::ReferenceModel;
 use armoury::Classifier;
 use clap::{Parser, ValueEnum};

@@ -17,7 +17,7 @@
 //! at 1% FPR and reports its detection of the cascade's adversarial examples and the protected pipeline's
 //! accuracy, non-adaptive and under AdaptivePgd; `region` is reported as a defense (adaptive: PGD with EOT through
 //! it), `similarity` watches the cascade's Square attack and Square with query blinding. See
-//! examples/support/protect.rs and guard.rs.
+//! `armoury_defenses::eval`.
 //!
 //! With `--shard i/n` (or `--shards n` and Kubernetes' `JOB_COMPLETION_INDEX` = i) it runs samples
 //! [N·i/n, N·(i+1)/n) only and writes `DIR/ledger-i-of-n.json`; `--merge n` combines the n shard ledgers of DIR
@@ -29,22 +29,10 @@
 mod args;
 #[path = "support/cli.rs"]
 mod cli;
-#[path = "support/detectors.rs"]
-mod detectors;
-#[path = "support/guard.rs"]
-mod guard;
 #[path = "support/load.rs"]
 mod load;
-#[path = "support/magnet.rs"]
-mod magnet;
-#[path = "support/model.rs"]
-mod model;
 #[path = "support/progress.rs"]
 mod progress;
-#[path = "support/protect.rs"]
-mod protect;
-#[path = "support/stateful.rs"]
-mod stateful;
 #[path = "support/steps.rs"]
 mod steps;
 
@@ -53,8 +41,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use armoury::eval::{self, AuditConfig, CascadeRun, Ledger, ThreatModel};
+use armoury::load as model;
 use armoury::Classifier;
 use armoury_attacks::registry::from_spec;
+use armoury_defenses::eval as protect;
 use clap::Parser;
 
 /// How robust is a model: the threat model's cascade (default: AutoAttack's standard L∞ list at ε = 0.1), the
@@ -166,6 +156,8 @@ fn weights(args: &Args, set: &armoury::data::TrainTest) -> Option<PathBuf> {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let args = parse()?;
+    // Every defense and detector name is checked before the cascade runs.
+    protect::check_specs(&args.defenses, &args.detectors)?;
     let mut tm = match &args.threat {
         Some(p) => ThreatModel::load(p)?,
         None => ThreatModel::autoattack_linf(0.1),
@@ -193,10 +185,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let n = args.limit.min(set.test.len());
     // What the figures measure: the model's content (its parameters, and an ONNX file's graph), the samples,
     // the kernel path and the version — a ledger or shard of anything else is refused.
-    let graph = match &args.m.model {
-        model::ModelChoice::Onnx(path) => std::fs::read(path)?,
-        model::ModelChoice::Reference(_) => Vec::new(),
-    };
+    let graph = args.m.model.graph_bytes()?;
     let identity = eval::Identity::new(eval::identity::model_hash(module.as_ref(), &graph), &set.test, n, &set.name)?;
     std::fs::create_dir_all(&args.out)?;
     println!("threat model {} ({}), {} samples", tm.name, &tm.hash()[..12], n);
@@ -215,7 +204,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // A shard writes its ledger and its defenses' and detectors' per-sample results; --merge reports.
         println!("shard {:?}: ledger {}", ledger.range, ledger_path(&args.out, args.shard).display());
         if !(args.defenses.is_empty() && args.detectors.is_empty()) {
-            protect::run_slice(&context(&args, &tm, &clf, &set, &ledger, &|_| {}), &args.defenses, &args.detectors)?;
+            protect::run_slice(
+                &context(&args, &tm, &clf, &set, &ledger, &|_| {}, &|s| println!("{s}")),
+                &args.defenses,
+                &args.detectors,
+            )?;
             println!(
                 "shard {:?}: defenses and detectors {}",
                 ledger.range,
@@ -304,17 +297,20 @@ fn context<'a>(
     set: &'a armoury::data::TrainTest,
     ledger: &'a Ledger,
     progress: &'a (dyn Fn(&eval::Progress) + Sync),
+    notify: &'a (dyn Fn(&str) + Sync),
 ) -> protect::Context<'a> {
     protect::Context {
         model: clf,
         set,
         threat: tm,
         ledger,
+        build: &from_spec,
         out: &args.out,
         shard: args.shard,
         eot: args.eot,
         fit: args.fit,
         progress,
+        notify,
     }
 }
 
@@ -333,7 +329,8 @@ fn protect(
     }
     let bar = steps::StepProgress::new("defenses and detectors");
     let progress = |p: &eval::Progress| bar.update(p);
-    let cx = context(args, tm, clf, set, ledger, &progress);
+    let notify = |s: &str| bar.line(s.to_string());
+    let cx = context(args, tm, clf, set, ledger, &progress, &notify);
     let slices = match args.merge {
         Some(k) => (0..k)
             .map(|i| protect::load_slice(&protect::side_file(&args.out, "protect", Some((i, k)))))
@@ -341,7 +338,8 @@ fn protect(
         None => vec![protect::run_slice(&cx, &args.defenses, &args.detectors)?],
     };
     bar.finish();
-    let (defenses, detectors, stateful) = protect::finalise(&cx, &protect::merge_slices(tm, slices)?)?;
+    let (defenses, detectors, stateful) =
+        protect::finalise(&cx, &protect::merge_slices(tm, &ledger.identity, slices)?)?;
     for d in &defenses {
         println!(
             "defense {}: clean {:.4}, robust {:.4} (adaptive at ε = {}), transfer {:.4}",
@@ -431,7 +429,7 @@ fn print_and_save(
                 "tpr_at_1fpr": round(d.tpr_at_1fpr),
                 "tpr_at_5fpr": round(d.tpr_at_5fpr),
                 "protected_clean_accuracy": round(d.protected_clean_accuracy),
-                "protected_robust_accuracy": round(d.protected_robust_adaptive.map_or(d.protected_robust_non_adaptive, |a| a.min(d.protected_robust_non_adaptive))),
+                "protected_robust_accuracy": round(d.protected_robust_accuracy),
             });
             (d.name.clone(), v)
         })

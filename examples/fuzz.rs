@@ -20,8 +20,6 @@ mod cli;
 mod fuzz_report;
 #[path = "support/load.rs"]
 mod load;
-#[path = "support/model.rs"]
-mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
@@ -32,6 +30,7 @@ use armoury::coverage::{Bounds, ConvNeurons, CoverageConfig, NeuronTaps, Tracker
 use armoury::fuzz::config::MutationConfig;
 use armoury::fuzz::mutate::Group;
 use armoury::fuzz::{FuzzConfig, Fuzzer};
+use armoury::load as model;
 use armoury::{Attack, Classifier};
 use armoury_attacks::registry::{self, AttackParams};
 use clap::Parser;
@@ -237,7 +236,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     fuzz_report::print_table(&report);
     fuzz_report::write_files(&report, &x, &args.out)?;
     let retrain = if args.retrain_epochs > 0 && !report.failures.is_empty() {
-        Some(fuzz_report::retrain(&module, &clf, &report, &set, n, args.retrain_epochs, args.fuzz.seed)?)
+        let cfg =
+            armoury::fuzz::RetrainConfig { epochs: args.retrain_epochs, seed: args.fuzz.seed, ..Default::default() };
+        Some(armoury::fuzz::retrain(&module, &clf, &report, &set, n, &cfg)?)
     } else {
         None
     };

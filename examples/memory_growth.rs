@@ -11,10 +11,8 @@
 mod args;
 #[path = "support/cli.rs"]
 mod cli;
-#[allow(dead_code)] // what `args` needs of it
-#[path = "support/model.rs"]
-mod model;
 
+use armoury::load as model;
 use armoury::nn::{ModuleExt, ReferenceModel};
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{EpochReport, TrainCallback, TrainConfig, Trainer};

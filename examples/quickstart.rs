@@ -15,12 +15,10 @@
 mod args;
 #[path = "support/cli.rs"]
 mod cli;
-#[allow(dead_code)] // what `args` needs of it
-#[path = "support/model.rs"]
-mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
+use armoury::load as model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;

@@ -11,10 +11,8 @@
 mod args;
 #[path = "support/cli.rs"]
 mod cli;
-#[allow(dead_code)] // what `args` needs of it
-#[path = "support/model.rs"]
-mod model;
 
+use armoury::load as model;
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -12,8 +12,6 @@
 mod args;
 #[path = "support/cli.rs"]
 mod cli;
-#[path = "support/model.rs"]
-mod model;
 #[path = "support/progress.rs"]
 mod progress;
 
@@ -22,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use armoury::io;
+use armoury::load as model;
 use armoury::nn::{Module, ModuleExt};
 use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{fit, TrainConfig};

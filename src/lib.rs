@@ -60,6 +60,7 @@ pub mod eval;
 pub mod fuzz;
 pub mod io;
 pub mod limits;
+pub mod load;
 pub mod metrics;
 pub mod nn;
 pub mod onnx;

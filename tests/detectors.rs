@@ -446,3 +446,60 @@ fn detectors_query_blinding_adds_bounded_per_query_noise_and_metrics_from_scores
     let share = ok.iter().filter(|&&c| c).count() as f64 / 20.0;
     assert_eq!(protected_accuracy(clf.as_ref(), &x, &y, true).expect("acc"), share);
 }
+
+/// MagNet assembled from a configuration (`detectors::magnet_pipeline`): the auto-encoders are trained once,
+/// reported to the progress hook (every epoch, and each auto-encoder trained), cached, and loaded from the
+/// cache by the next run with the same settings, which scores the same; a bad part is an error naming it.
+#[test]
+fn magnet_pipeline_trains_caches_and_reports() {
+    use armoury_defenses::detectors::{magnet_pipeline, MagnetConfig, MagnetProgress};
+    use std::sync::Mutex;
+    let model: std::sync::Arc<dyn armoury::Classifier> = std::sync::Arc::new(crate::attack_props::fixture_cnn());
+    let set = armoury::data::sample().unwrap();
+    let dir = std::env::temp_dir().join(format!("armoury-magnet-pipeline-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = MagnetConfig {
+        ae1: (64, 1),
+        ae2: (64, 2),
+        parts: vec!["l1-ii".into(), "jsd10-ii".into()],
+        cache: dir.clone(),
+        ..MagnetConfig::default()
+    };
+    let events = Mutex::new(Vec::new());
+    let hook = |p: &MagnetProgress<'_>| {
+        let kind = match p {
+            MagnetProgress::Loaded { .. } => "loaded",
+            MagnetProgress::Step(_) => "step",
+            MagnetProgress::Epoch(_) => "epoch",
+            MagnetProgress::Trained { .. } => "trained",
+        };
+        events.lock().unwrap().push((kind, p.to_string()));
+    };
+    let mut first = magnet_pipeline(&cfg, &model, &set, &hook).unwrap();
+    let seen = std::mem::take(&mut *events.lock().unwrap());
+    let count = |v: &[(&str, String)], k: &str| v.iter().filter(|e| e.0 == k).count();
+    assert_eq!(count(&seen, "trained"), 2, "II for the parts, I for the reformer: {seen:?}");
+    assert_eq!(count(&seen, "epoch"), 3, "2 epochs of II, 1 of I");
+    assert!(count(&seen, "step") >= 3 && count(&seen, "loaded") == 0);
+    assert!(
+        seen.iter().any(|e| e.1.starts_with("trained MagNet auto-encoder MnistII: 2 epochs on 64 images")),
+        "{seen:?}"
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "both auto-encoders cached");
+
+    let mut second = magnet_pipeline(&cfg, &model, &set, &hook).unwrap();
+    let seen = std::mem::take(&mut *events.lock().unwrap());
+    assert_eq!((count(&seen, "loaded"), count(&seen, "trained")), (2, 0), "{seen:?}");
+    use armoury::Detector;
+    let (fit_x, _) = set.train.batch(0..100).unwrap();
+    assert_eq!(first.fit(&fit_x, 0.05).unwrap(), second.fit(&fit_x, 0.05).unwrap(), "the same threshold");
+    let (x, _) = set.test.batch(0..8).unwrap();
+    assert_eq!(first.score(&x).unwrap(), second.score(&x).unwrap(), "the cached auto-encoders score the same");
+
+    let bad = MagnetConfig { parts: vec!["l3-ii".into()], ..cfg.clone() };
+    let err = magnet_pipeline(&bad, &model, &set, &hook).err().expect("l3").to_string();
+    assert!(err.contains("l3-ii") && err.contains("l1, l2, jsd10 or jsd40"), "{err}");
+    let bad = MagnetConfig { parts: vec!["l1-iii".into()], ..cfg };
+    assert!(magnet_pipeline(&bad, &model, &set, &hook).is_err(), "auto-encoder iii");
+    let _ = std::fs::remove_dir_all(&dir);
+}

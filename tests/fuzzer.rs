@@ -400,3 +400,31 @@ fn fuzz_stops_at_each_budget() {
     assert_eq!(by_target.rounds, 1, "the first round reaches the first round's coverage");
     assert!(by_target.final_coverage.kmnc >= target);
 }
+
+/// Retraining on the failures of the even seeds (`armoury::fuzz::retrain`): it trains on those and their
+/// shrunk versions, measures the odd seeds' failures and the clean images after the seeds, and changes the
+/// model it was given.
+#[test]
+fn fuzz_retrain_on_failures() {
+    let m = armoury::nn::cnn(0);
+    load_module(&m, fixture("cnn.safetensors")).expect("fixture weights load");
+    let module: Arc<dyn Module> = Arc::new(m);
+    let model = ModuleClassifier::new(module.clone(), &[1, 28, 28], 10, (0.0, 1.0)).expect("classifier");
+    let r = run(&model, MutationConfig::default(), Vec::new(), small(1));
+    let even = r.failures.iter().filter(|f| f.seed % 2 == 0);
+    let trained = even.clone().count() + even.filter(|f| f.shrunk.is_some()).count();
+    let held = r.failures.iter().filter(|f| f.seed % 2 == 1).count();
+    assert!(trained > 0 && held > 0, "the fixture run fails on even and odd seeds");
+    let mut set = armoury::data::sample().expect("sample");
+    set.train = set.train.take(256).expect("take");
+    let before = model.logits(&set.test.batch(0..4).expect("batch").0).expect("logits");
+    let cfg = armoury::fuzz::RetrainConfig { epochs: 1, seed: 3, ..Default::default() };
+    let t = armoury::fuzz::retrain(&module, &model, &r, &set, 16, &cfg).expect("retrain");
+    assert_eq!((t.train_fuzzed, t.held_out), (trained, held));
+    for v in [t.fuzzed_before, t.fuzzed_after, t.clean_before, t.clean_after] {
+        assert!((0.0..=1.0).contains(&v), "{t:?}");
+    }
+    assert_eq!(t.fuzzed_before, 0.0, "every held-out failure fooled the model before");
+    let after = model.logits(&set.test.batch(0..4).expect("batch").0).expect("logits");
+    assert_ne!(before, after, "the model was trained");
+}

@@ -95,9 +95,12 @@ fn class_counts_are_limited() {
     let idx = Idx::from_labels(&[(1 << 31) - 1]).unwrap();
     let labels = Idx::decode(&idx.encode(), Path::new("labels.idx")).unwrap().to_labels(Path::new("l")).unwrap();
     assert!(is_resource_limit(&Dataset::new(images.clone(), labels, (1 << 31) - 1 + 1)));
-    // 40,000 classes are allowed, but evaluating them needs a 12.8 GB confusion matrix: over a 4 GiB budget.
+    // 40,000 classes are allowed, but evaluating them needs a 12.8 GB confusion matrix: over a 4 GiB budget (the
+    // classes are the model's: 40,000 outputs).
     let d = Dataset::new(images, vec![39_999], 40_000).unwrap();
-    let model = armoury::nn::Sequential::new().add("flatten", armoury::nn::Flatten);
+    let model = armoury::nn::Sequential::new()
+        .add("flatten", armoury::nn::Flatten)
+        .add("fc", armoury::nn::Linear::new(4, 40_000, true, 0));
     armoury::limits::set_max_memory(4 << 30);
     let r = armoury::train::evaluate(&model, &d, 1);
     assert!(is_resource_limit(&r), "{r:?}");

@@ -108,6 +108,7 @@ fn synthetic_report() -> Report {
         protected_robust_non_adaptive: 0.6,
         adaptive_attack: "AdaptivePgd(eps=0.1, steps=40, step=0.01, λ=1)".into(),
         protected_robust_adaptive: Some(0.05),
+        protected_robust_accuracy: 0.05,
     }];
     let attack = |adaptive: bool, flagged: usize, mean: Option<f64>, evaded: usize| StatefulAttack {
         attack: if adaptive { "square, query blinding".into() } else { "square(queries=5000)".into() },
@@ -542,4 +543,42 @@ fn class_names_from_a_file_name_the_flips_and_the_examples() {
     let label = r.examples[0].label;
     assert!(html.contains(&format!("<td class=\"name\">kind-{label}</td>")), "the examples are named");
     assert!(armoury::data::read_class_names(&names_file, 9).is_err(), "a count other than the model's");
+}
+
+/// Line charts outside the report (training curves, coverage, ROC) go through the same plotters path and are
+/// written atomically.
+#[test]
+fn report_line_chart_is_a_plotters_svg() {
+    use armoury::report::{LineChart, Series};
+    let chart = LineChart {
+        title: "PGD (eps 0.1) & co".into(),
+        x_label: "epoch".into(),
+        y_label: "accuracy".into(),
+        y_range: Some((0.0, 1.0)),
+        series: vec![Series::numbered("clean", &[0.5, 0.7, 0.8]), Series::numbered("PGD-40", &[0.1, 0.2, 0.3])],
+        ..LineChart::default()
+    };
+    let svg = chart.svg("plot-training").unwrap();
+    assert!(svg.starts_with("<svg id=\"plot-training\" class=\"armoury-plot\""), "{}", &svg[..80]);
+    assert!(svg.contains("data-series=\"[&quot;clean&quot;,&quot;PGD-40&quot;]\""), "{}", &svg[..200]);
+    assert!(svg.contains("epoch") && svg.contains("&amp; co") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(Series::numbered("a", &[0.5, 0.25]).points, vec![(1.0, 0.5), (2.0, 0.25)]);
+    let roc = LineChart {
+        series: vec![Series { name: "roc".into(), points: vec![(0.0, 0.0), (0.1, 0.8), (1.0, 1.0)] }],
+        diagonal: true,
+        ..LineChart::default()
+    };
+    let dir = std::env::temp_dir().join(format!("armoury-line-chart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("detect-squeeze-pgd.svg");
+    roc.write(&path).unwrap();
+    let written = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        written.contains("id=\"detect-squeeze-pgd\"") && written.contains("stroke-dasharray")
+            || written.contains("<line")
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "no temporary file left: {leftovers:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(LineChart::default().svg("empty").unwrap().contains("armoury-plot"), "an empty chart draws");
 }

@@ -3,7 +3,7 @@
     cargo bench --bench core -- --export /tmp/zoo      # weights + a check batch per model
     python3 benches/reference/zoo.py /tmp/zoo [MODEL ...] [--batches 1,128,1000] [--budget-ms 1500]
 
-The models are defined here as in examples/support/bench.rs (same layers, same parameter names), loaded from
+The models are defined here as in benches/support/bench.rs (same layers, same parameter names), loaded from
 `<model>.safetensors`, checked against Armoury's logits and input gradient in `<model>_check.safetensors`, then
 timed: forward and forward + input gradient (eval mode, summed cross-entropy) and an Adam training step (train
 mode) in PyTorch, and forward in onnxruntime on an ONNX export (`torch.onnx.export`, dynamic batch). Each time
@@ -89,7 +89,7 @@ def vgg():
 
 
 class Residual(nn.Module):
-    """body(x) + shortcut(x), the identity without a shortcut (as `Residual` in examples/support/bench.rs)."""
+    """body(x) + shortcut(x), the identity without a shortcut (as `Residual` in benches/support/bench.rs)."""
 
     def __init__(self, body, shortcut=None):
         super().__init__()

@@ -13,5 +13,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod detectors;
+pub mod eval;
+pub mod registry;
 pub mod training;
 pub mod transforms;

@@ -1,18 +1,14 @@
-//! The `fuzz` example's output: the summary table, the report files (JSON, coverage SVG, failure grid), the
-//! retraining step on fuzzed failures, and the JSON line.
+//! The `fuzz` example's output: the summary table, the report files (JSON, coverage SVG, failure grid) and the
+//! JSON line (retraining on fuzzed failures is the core's `armoury::fuzz::retrain`).
 
-use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 
 use armoury::coverage::Metric;
-use armoury::data::{save_png_grid, Dataset, GridRow, TrainTest};
+use armoury::data::{save_png_grid, GridRow};
 use armoury::fuzz::mutate::Group;
-use armoury::fuzz::{Failure, FuzzReport};
-use armoury::nn::{Module, ModuleExt};
-use armoury::optim::{Adam, AdamConfig};
-use armoury::{io, Classifier, ModuleClassifier, Result, Tensor};
-use armoury_defenses::training::AdversarialDefense;
+use armoury::fuzz::{Failure, FuzzReport, Retrain};
+use armoury::report::{LineChart, Series};
+use armoury::{io, Result, Tensor};
 
 fn mean(v: impl Iterator<Item = f32>) -> f64 {
     let (s, n) = v.fold((0.0f64, 0usize), |(s, n), x| (s + f64::from(x), n + 1));
@@ -118,7 +114,7 @@ pub fn write_files(r: &FuzzReport, seeds: &Tensor, out: &Path) -> Result<()> {
     });
     let text = serde_json::to_string_pretty(&json).map_err(|e| armoury::Error::invalid("report", e.to_string()))?;
     io::write_atomic(&out.join("report.json"), text.as_bytes())?;
-    io::write_atomic(&out.join("coverage.svg"), coverage_svg(r).as_bytes())?;
+    coverage_chart(r).write(&out.join("coverage.svg"))?;
     if !r.failures.is_empty() {
         let [_, c, h, w] =
             <[usize; 4]>::try_from(seeds.shape()).map_err(|_| armoury::Error::invalid("grid", "not NCHW"))?;
@@ -140,120 +136,18 @@ pub fn write_files(r: &FuzzReport, seeds: &Tensor, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The metric against mutants made, as an SVG line chart.
-fn coverage_svg(r: &FuzzReport) -> String {
-    let (w, h, left, top, right, bottom) = (640.0, 360.0, 70.0, 40.0, 20.0, 50.0);
-    let (pw, ph) = (w - left - right, h - top - bottom);
-    let xmax = r.curve.last().map(|p| p.0).unwrap_or(1).max(1) as f64;
-    let ymax = r.curve.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
-    let px = |x: usize| left + pw * x as f64 / xmax;
-    let py = |y: f64| top + ph * (1.0 - y / ymax);
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
-    );
-    let _ = write!(
-        s,
-        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{} coverage vs mutants</text>"#,
-        left + pw / 2.0,
-        r.metric.name().to_uppercase()
-    );
-    for k in 0..=5 {
-        let (yv, xv) = (ymax * k as f64 / 5.0, (xmax * k as f64 / 5.0).round() as usize);
-        let _ = write!(
-            s,
-            r##"<line x1="{left}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{yv:.3}</text>"##,
-            left + pw,
-            left - 6.0,
-            py(yv) + 4.0,
-            y = py(yv)
-        );
-        let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">{xv}</text>"#, px(xv), top + ph + 18.0);
+/// The metric against mutants made, as a line chart.
+fn coverage_chart(r: &FuzzReport) -> LineChart {
+    LineChart {
+        title: format!("{} coverage vs mutants", r.metric.name().to_uppercase()),
+        x_label: "mutants".into(),
+        y_label: r.metric.name().into(),
+        series: vec![Series {
+            name: r.metric.name().into(),
+            points: r.curve.iter().map(|&(x, y)| (x as f64, y)).collect(),
+        }],
+        ..LineChart::default()
     }
-    let pts: Vec<String> = r.curve.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
-    let _ = write!(
-        s,
-        r##"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="black"/><polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="2"/>"##,
-        pts.join(" ")
-    );
-    let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">mutants</text></svg>"#, left + pw / 2.0, h - 10.0);
-    s
-}
-
-/// What retraining on fuzzed failures did.
-pub struct Retrain {
-    pub train_fuzzed: usize,
-    pub held_out: usize,
-    pub fuzzed_before: f64,
-    pub fuzzed_after: f64,
-    pub clean_before: f64,
-    pub clean_after: f64,
-}
-
-fn accuracy(clf: &dyn Classifier, x: &Tensor, y: &[usize]) -> Result<f64> {
-    let p = clf.predict(x)?;
-    Ok(p.iter().zip(y).filter(|(a, b)| a == b).count() as f64 / y.len().max(1) as f64)
-}
-
-fn stack(images: &[&[f32]], shape: &[usize]) -> Result<Tensor> {
-    let flat: Vec<f32> = images.iter().flat_map(|v| v.iter().copied()).collect();
-    let mut dims = vec![images.len()];
-    dims.extend_from_slice(shape);
-    Tensor::from_vec(flat, &dims)
-}
-
-/// Fine-tunes the model (Adam, lr 1e-4, batch 128, `epochs` passes; each step the defenses crate's
-/// `AdversarialDefense::train_step`) on every clean training image plus the failures (and shrunk
-/// failures, repeated to a sixth of the data) of the
-/// even-numbered seeds, and measures the failures of the odd-numbered seeds (held out: their seeds were never
-/// trained on) and the clean test images after the seeds, before and after.
-pub fn retrain(
-    module: &Arc<dyn Module>,
-    clf: &ModuleClassifier,
-    r: &FuzzReport,
-    set: &TrainTest,
-    n_seeds: usize,
-    epochs: usize,
-    seed: u64,
-) -> Result<Retrain> {
-    let shape = clf.input_shape().to_vec();
-    let (train_f, held_f): (Vec<&Failure>, Vec<&Failure>) = r.failures.iter().partition(|f| f.seed % 2 == 0);
-    let mut fuzz_imgs: Vec<&[f32]> = train_f.iter().map(|f| f.image.as_slice()).collect();
-    fuzz_imgs.extend(train_f.iter().filter_map(|f| f.shrunk.as_ref()).map(|s| s.image.as_slice()));
-    let mut fuzz_labels: Vec<usize> = train_f.iter().map(|f| f.label).collect();
-    fuzz_labels.extend(train_f.iter().filter(|f| f.shrunk.is_some()).map(|f| f.label));
-    let held_x = stack(&held_f.iter().map(|f| f.image.as_slice()).collect::<Vec<_>>(), &shape)?;
-    let held_y: Vec<usize> = held_f.iter().map(|f| f.label).collect();
-    let (clean_x, clean_y) = set.test.batch(n_seeds.min(set.test.len() - 1)..set.test.len())?;
-    let (fuzzed_before, clean_before) = (accuracy(clf, &held_x, &held_y)?, accuracy(clf, &clean_x, &clean_y)?);
-    let clean = set.train.clone();
-    let mut x = vec![clean.images().clone()];
-    let mut y = clean.labels().to_vec();
-    if !fuzz_imgs.is_empty() {
-        // Repeated so that the fuzzed inputs are about a sixth of what each epoch sees.
-        let repeat = (clean.len() / (5 * fuzz_imgs.len())).max(1);
-        let fx = stack(&fuzz_imgs, &shape)?;
-        for _ in 0..repeat {
-            x.push(fx.clone());
-            y.extend(&fuzz_labels);
-        }
-    }
-    let data = Dataset::new(Tensor::concat(&x, 0)?, y, clf.num_classes())?;
-    let mut opt = Adam::new(module.parameters(), AdamConfig { lr: 1e-4, ..AdamConfig::default() })?;
-    for epoch in 0..epochs {
-        let order = armoury::seed::shuffled(data.len(), seed, epoch as u64);
-        for chunk in order.chunks(128) {
-            let b = data.subset(chunk)?;
-            AdversarialDefense::train_step(module.as_ref(), &mut opt, b.images(), b.labels())?;
-        }
-    }
-    Ok(Retrain {
-        train_fuzzed: fuzz_imgs.len(),
-        held_out: held_y.len(),
-        fuzzed_before,
-        fuzzed_after: accuracy(clf, &held_x, &held_y)?,
-        clean_before,
-        clean_after: accuracy(clf, &clean_x, &clean_y)?,
-    })
 }
 
 /// The example's JSON line.

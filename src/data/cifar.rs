@@ -55,7 +55,7 @@ const PIXELS: usize = 3 * 32 * 32;
 /// record, a label outside the variant's classes (naming the record), more images than the memory budget.
 pub fn decode_cifar(bytes: &[u8], variant: Cifar, path: &Path) -> Result<Dataset> {
     let record = variant.label_bytes() + PIXELS;
-    if bytes.is_empty() || bytes.len() % record != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(record) {
         return Err(Error::bad_file(
             path,
             format!(

@@ -123,6 +123,22 @@ impl Dataset {
         Tensor::from_slice(px, &self.image_shape())
     }
 
+    /// Every label is one of a model's `classes`; else an error naming the first sample (`what` names the data,
+    /// e.g. `test`) whose label is not, and its label.
+    pub fn check_labels(&self, classes: usize, what: &str) -> Result<()> {
+        match self.labels.iter().position(|&l| l >= classes) {
+            None => Ok(()),
+            Some(i) => Err(Error::invalid(
+                "labels",
+                format!(
+                    "{what} sample {i} has label {}, but the model has {classes} classes (0..{})",
+                    self.labels[i],
+                    classes.saturating_sub(1)
+                ),
+            )),
+        }
+    }
+
     /// The same samples, declared with `num_classes` classes (at least the largest label + 1).
     pub fn with_num_classes(&self, num_classes: usize) -> Result<Dataset> {
         crate::limits::check_classes("Dataset::with_num_classes", num_classes)?;

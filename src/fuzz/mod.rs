@@ -28,8 +28,11 @@
 
 pub mod config;
 pub mod mutate;
+mod retrain;
 mod round;
 pub mod shrink;
+
+pub use retrain::{retrain, Retrain, RetrainConfig};
 
 use std::collections::BTreeMap;
 use std::time::Instant;

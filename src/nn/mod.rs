@@ -15,6 +15,25 @@ pub use layers::{
 };
 pub use models::{cnn, mlp, ReferenceModel};
 
+/// The shape of `module`'s output on one `[c, h, w]` input of zeros, in evaluation mode and without a graph:
+/// `[1, classes]` for a classifier.
+pub fn output_shape(module: &dyn Module, [c, h, w]: [usize; 3]) -> Result<Vec<usize>> {
+    let out = crate::no_grad(|| module.forward_t(&Tensor::zeros(&[1, c, h, w]), false))?;
+    Ok(out.shape().to_vec())
+}
+
+/// The number of classes of `module` on inputs of shape `[c, h, w]`: the width of its output — never the
+/// largest label of some data. An error when the output is not `[1, classes]`.
+pub fn output_classes(module: &dyn Module, shape: [usize; 3]) -> Result<usize> {
+    match output_shape(module, shape)?[..] {
+        [1, k] => Ok(k),
+        ref other => Err(Error::invalid(
+            "output_classes",
+            format!("the model's output on one {shape:?} input has shape {other:?}, not [1, classes]"),
+        )),
+    }
+}
+
 struct ParamInner {
     tensor: RwLock<Tensor>,
     trainable: bool,

@@ -198,7 +198,7 @@ fn detectors(h: &mut String, r: &Report) {
     if r.detectors.is_empty() {
         return;
     }
-    h.push_str("<h2>Detectors</h2>\n<table id=\"detectors\"><tr><th class=\"name\">detector</th><th>threshold (FPR fitted)</th><th>clean / adversarial scored</th><th>ROC AUC</th><th>TPR at 1% FPR</th><th>TPR at 5% FPR</th><th>protected clean accuracy</th><th>protected robust, non-adaptive</th><th>protected robust, adaptive</th><th class=\"name\">adaptive attack</th></tr>\n");
+    h.push_str("<h2>Detectors</h2>\n<table id=\"detectors\"><tr><th class=\"name\">detector</th><th>threshold (FPR fitted)</th><th>clean / adversarial scored</th><th>ROC AUC</th><th>TPR at 1% FPR</th><th>TPR at 5% FPR</th><th>protected clean accuracy</th><th>protected robust, non-adaptive</th><th>protected robust, adaptive</th><th>protected robust, every attack</th><th class=\"name\">adaptive attack</th></tr>\n");
     for d in &r.detectors {
         let cells: Vec<String> = super::detector_cells(d).iter().map(|c| format!("<td>{c}</td>")).collect();
         let _ = writeln!(

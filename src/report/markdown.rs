@@ -137,8 +137,8 @@ fn defenses(m: &mut String, r: &Report) {
         );
     }
     if !r.detectors.is_empty() {
-        m.push_str("\n## Detectors\n\n| detector | threshold (FPR fitted) | clean / adversarial scored | ROC AUC | TPR at 1% FPR | TPR at 5% FPR | protected clean accuracy | protected robust, non-adaptive | protected robust, adaptive | adaptive attack |\n");
-        m.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+        m.push_str("\n## Detectors\n\n| detector | threshold (FPR fitted) | clean / adversarial scored | ROC AUC | TPR at 1% FPR | TPR at 5% FPR | protected clean accuracy | protected robust, non-adaptive | protected robust, adaptive | protected robust, every attack | adaptive attack |\n");
+        m.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
         for d in &r.detectors {
             let _ = writeln!(
                 m,

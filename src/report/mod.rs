@@ -13,6 +13,7 @@
 //! # Ok::<(), armoury::Error>(())
 //! ```
 
+mod chart;
 mod header;
 mod html;
 mod markdown;
@@ -28,6 +29,8 @@ use crate::data::{perturbation_image, png_grid_bytes, save_png_grid, GridRow};
 use crate::io::write_atomic;
 use crate::metrics::{AttackMetrics, DefenseMetrics};
 use crate::{Error, Result, Tensor};
+
+pub use chart::{LineChart, Series};
 
 /// A proportion (or any estimate) with its confidence interval, e.g. a robust accuracy with its 95% Wilson
 /// interval ([`crate::metrics::wilson`]).
@@ -199,6 +202,11 @@ pub struct DetectorReport {
     pub adaptive_attack: String,
     /// Robust accuracy of the protected pipeline under the adaptive attack; `None` when it was not run.
     pub protected_robust_adaptive: Option<f64>,
+    /// The figure a defender can claim: the share of samples the pipeline gets right (or rejects) under *every*
+    /// attack run — per sample, the non-adaptive and the adaptive attack together (never the smaller of the two
+    /// means, which overstates it when they break different samples).
+    #[serde(default)]
+    pub protected_robust_accuracy: f64,
 }
 
 /// A stateful detector watching the model's query stream (Chen, Carlini & Wagner 2020): how soon it flags a
@@ -524,8 +532,8 @@ fn defense_cells(d: &DefenseReport) -> [String; 9] {
 }
 
 /// The cells of a detector's table row after its name: threshold (FPR), scored, AUC, TPR at 1% and 5%,
-/// protected clean, non-adaptive and adaptive robust accuracy (— when not run).
-fn detector_cells(d: &DetectorReport) -> [String; 8] {
+/// protected clean, non-adaptive, adaptive (— when not run) and worst-case robust accuracy.
+fn detector_cells(d: &DetectorReport) -> [String; 9] {
     let f = |v: f64| format!("{v:.4}");
     [
         // Rounded: an FPR that went through f32 would print as 0.9999999776482582%.
@@ -537,6 +545,7 @@ fn detector_cells(d: &DetectorReport) -> [String; 8] {
         f(d.protected_clean_accuracy),
         f(d.protected_robust_non_adaptive),
         d.protected_robust_adaptive.map_or("not run".to_string(), f),
+        f(d.protected_robust_accuracy),
     ]
 }
 
@@ -644,7 +653,8 @@ fn validate_defenses(r: &Report) -> Result<()> {
     }
     for (k, d) in r.detectors.iter().enumerate() {
         let rates = [d.target_fpr, d.auc, d.tpr_at_1fpr, d.tpr_at_5fpr, d.protected_clean_accuracy];
-        let more = [d.protected_robust_non_adaptive, d.protected_robust_adaptive.unwrap_or(0.0)];
+        let more =
+            [d.protected_robust_non_adaptive, d.protected_robust_adaptive.unwrap_or(0.0), d.protected_robust_accuracy];
         if !d.threshold.is_finite() || rates.iter().chain(&more).any(|v| !(0.0..=1.0).contains(v)) {
             return Err(Error::invalid(
                 "report",

@@ -30,7 +30,7 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(227, 119, 194),
     RGBColor(23, 190, 207),
 ];
-const FONT: &str = "sans-serif";
+pub(super) const FONT: &str = "sans-serif";
 const GREY: RGBColor = RGBColor(190, 190, 190);
 
 /// Draws an element on a drawing area, turning plotters' error into ours.
@@ -40,16 +40,16 @@ macro_rules! draw {
     };
 }
 
-fn colour(i: usize) -> RGBColor {
+pub(super) fn colour(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
-fn plot_error(e: impl std::fmt::Debug) -> Error {
+pub(super) fn plot_error(e: impl std::fmt::Debug) -> Error {
     Error::invalid("report", format!("drawing a plot failed: {e:?}"))
 }
 
 /// Draws with `draw` on a fresh `w × h` SVG canvas and tags the `<svg>` element with its id and series.
-fn render(
+pub(super) fn render(
     id: &str,
     series: Vec<String>,
     (w, h): (u32, u32),
@@ -130,7 +130,7 @@ fn legend(root: &DrawingArea<SVGBackend, Shift>, (x, y): (i32, i32), names: &[&s
 }
 
 /// A range with room around it (a single value gets ±50% or ±1).
-fn padded(lo: f64, hi: f64) -> (f64, f64) {
+pub(super) fn padded(lo: f64, hi: f64) -> (f64, f64) {
     if hi > lo {
         (lo, hi)
     } else if lo == 0.0 {
@@ -205,13 +205,24 @@ fn draw_point_interval<'c, 'a, 'b>(
     chart.draw_series(std::iter::once(Circle::new((x, a.value), 5, col.filled()))).map_err(plot_error)
 }
 
-type XyChart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+pub(super) type XyChart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 /// A chart with x in `x0..x1` and y in [0, 1], its caption, grid and axis descriptions drawn.
 fn xy_chart<'a, 'b>(
     root: &'a DrawingArea<SVGBackend<'b>, Shift>,
     caption: &str,
-    (x0, x1): (f64, f64),
+    x: (f64, f64),
+    x_desc: &str,
+    y_desc: &str,
+) -> Result<XyChart<'a, 'b>> {
+    xy_chart_within(root, caption, (x, (0.0, 1.0)), x_desc, y_desc)
+}
+
+/// A chart with x in `x0..x1` and y in `y0..y1`, its caption, grid and axis descriptions drawn.
+pub(super) fn xy_chart_within<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: &str,
+    ((x0, x1), (y0, y1)): ((f64, f64), (f64, f64)),
     x_desc: &str,
     y_desc: &str,
 ) -> Result<XyChart<'a, 'b>> {
@@ -220,7 +231,7 @@ fn xy_chart<'a, 'b>(
         .margin(14)
         .x_label_area_size(42)
         .y_label_area_size(52)
-        .build_cartesian_2d(x0..x1, 0.0..1.0)
+        .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(plot_error)?;
     chart.configure_mesh().label_style((FONT, 14)).x_desc(x_desc).y_desc(y_desc).draw().map_err(plot_error)?;
     Ok(chart)
@@ -242,20 +253,31 @@ pub(super) fn norm_cdf(norm: &str, dists: &[&NormDistribution]) -> Result<Plot> 
             let col = colour(j);
             let steps = cdf_steps(&d.norms, x1);
             let found = d.norms.iter().flatten().count();
-            chart
-                .draw_series(LineSeries::new(steps, col.stroke_width(2)))
-                .map_err(plot_error)?
-                .label(format!("{} ({found}/{} found)", d.attack, d.norms.len()))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+            line(&mut chart, steps, col, format!("{} ({found}/{} found)", d.attack, d.norms.len()))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(plot_error)
+        legend_lower_right(&mut chart)
     })
+}
+
+/// A line series in colour `col`, with its legend entry `label`.
+pub(super) fn line(chart: &mut XyChart<'_, '_>, points: Vec<(f64, f64)>, col: RGBColor, label: String) -> Result<()> {
+    chart
+        .draw_series(LineSeries::new(points, col.stroke_width(2)))
+        .map_err(plot_error)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+    Ok(())
+}
+
+/// The series' legend in the lower right corner.
+pub(super) fn legend_lower_right<'a, 'b: 'a>(chart: &mut XyChart<'a, 'b>) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)
 }
 
 /// The corners of the empirical CDF's staircase, from (0, 0) to (`end`, found / N).

@@ -165,7 +165,16 @@ impl<'a> Trainer<'a> {
         if replays == 0 {
             return Err(Error::invalid("fit", format!("{}: a method replays each batch at least once", method.name())));
         }
-        let view = ModelView::new(model, &train.image_shape(), train.num_classes(), c.bounds)?;
+        // The classes are the model's output width, never the data's largest label; a model whose output is not
+        // one score per class (an auto-encoder under a reconstruction method) keeps the data's count.
+        let classes = match crate::nn::output_shape(model, train.image_shape())?[..] {
+            [1, k] => {
+                train.check_labels(k, "training")?;
+                k
+            }
+            _ => train.num_classes(),
+        };
+        let view = ModelView::new(model, &train.image_shape(), classes, c.bounds)?;
         let start = match self.resume {
             Some(path) => load_checkpoint(path, model, optimizer, method, c)?,
             None => 0,

@@ -137,8 +137,10 @@ pub fn evaluate(model: &dyn Module, data: &Dataset, batch_size: usize) -> Result
     if batch_size == 0 || data.is_empty() {
         return Err(Error::invalid("evaluate", "batch size and data set must be non-empty"));
     }
-    let k = data.num_classes();
-    crate::limits::check_classes("evaluate: the data set's class count", k)?;
+    // The model's classes (its output width), never the data's largest label.
+    let k = crate::nn::output_classes(model, data.image_shape())?;
+    data.check_labels(k, "evaluation")?;
+    crate::limits::check_classes("evaluate: the model's class count", k)?;
     let cells = (k as u128) * (k as u128) * 8;
     crate::limits::check_bytes(|| format!("evaluate: a {k}×{k} confusion matrix"), cells, crate::limits::max_memory())?;
     let mut confusion = Array2::zeros((k, k));

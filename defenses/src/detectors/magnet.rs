@@ -135,6 +135,17 @@ pub fn train_autoencoder(
     bounds: (f32, f32),
     cfg: &AutoencoderTraining,
 ) -> Result<Vec<f32>> {
+    train_autoencoder_with(ae, images, bounds, cfg, &mut ())
+}
+
+/// [`train_autoencoder`], reporting every step and epoch to `callback` (a progress bar's hook).
+pub fn train_autoencoder_with(
+    ae: &dyn Module,
+    images: &Tensor,
+    bounds: (f32, f32),
+    cfg: &AutoencoderTraining,
+    callback: &mut dyn armoury::train::TrainCallback,
+) -> Result<Vec<f32>> {
     check_batch("train_autoencoder", images)?;
     if !(cfg.noise >= 0.0 && cfg.noise.is_finite()) {
         return Err(Error::invalid("train_autoencoder", format!("noise {} must be finite and ≥ 0", cfg.noise)));
@@ -142,7 +153,7 @@ pub fn train_autoencoder(
     let tc =
         TrainConfig { epochs: cfg.epochs, batch_size: cfg.batch_size, seed: cfg.seed, bounds, ..Default::default() };
     let method = Reconstruction { noise: cfg.noise, bounds };
-    train_unlabelled(ae, images, &method, tc, cfg.lr, cfg.weight_decay)
+    train_unlabelled(ae, images, &method, tc, cfg.lr, cfg.weight_decay, callback)
 }
 
 /// A trained auto-encoder over inputs within `bounds`: inputs are mapped to [0, 1] for the network (whose

@@ -24,6 +24,7 @@ mod ensemble;
 mod features;
 mod logistic;
 mod magnet;
+mod magnet_pipeline;
 mod region;
 mod similarity;
 mod squeeze;
@@ -40,9 +41,10 @@ pub use features::{
 };
 pub use logistic::{Logistic, LogisticTraining};
 pub use magnet::{
-    autoencoder, jensen_shannon, train_autoencoder, Architecture, Autoencoder, AutoencoderTraining, DivergenceDetector,
-    ErrorDetector, MagNet, Upsample2x,
+    autoencoder, jensen_shannon, train_autoencoder, train_autoencoder_with, Architecture, Autoencoder,
+    AutoencoderTraining, DivergenceDetector, ErrorDetector, MagNet, Upsample2x,
 };
+pub use magnet_pipeline::{cache_file, images_epochs, magnet_pipeline, MagnetConfig, MagnetProgress};
 pub use region::RegionClassifier;
 pub use similarity::{
     choose_tap, default_tap, gaussian_encodings, measure_index, train_similarity_encoder, Encoder, IndexConfig,
@@ -86,13 +88,14 @@ pub(crate) fn train_unlabelled(
     config: armoury::train::TrainConfig,
     lr: f32,
     weight_decay: f32,
+    callback: &mut dyn armoury::train::TrainCallback,
 ) -> Result<Vec<f32>> {
     use armoury::optim::{Adam, AdamConfig};
     use armoury::ModuleExt;
     let n = check_batch("train_unlabelled", images)?.0;
     let data = armoury::data::Dataset::new(images.clone(), vec![0; n], 2)?;
     let mut opt = Adam::new(module.parameters(), AdamConfig { lr, weight_decay, ..Default::default() })?;
-    let reports = armoury::train::Trainer::new(config).method(method).fit(module, &mut opt, &data, &mut ())?;
+    let reports = armoury::train::Trainer::new(config).method(method).fit(module, &mut opt, &data, callback)?;
     Ok(reports.iter().map(|r| r.train_loss).collect())
 }
 

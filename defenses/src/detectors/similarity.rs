@@ -218,7 +218,7 @@ pub fn train_similarity_encoder(
     let tc =
         TrainConfig { epochs: cfg.epochs, batch_size: cfg.batch_size, seed: cfg.seed, bounds, ..Default::default() };
     let method = Contrastive { cfg: *cfg, bounds };
-    train_unlabelled(encoder, images, &method, tc, cfg.lr, 0.0)
+    train_unlabelled(encoder, images, &method, tc, cfg.lr, 0.0, &mut ())
 }
 
 /// The neighbour index of [`StatefulDetector`].

@@ -1,0 +1,147 @@
+//! A model and its data by name, as the command lines take them: `cnn`, `mlp` (the reference models,
+//! [`ReferenceModel`]), `FILE.onnx` (any ONNX export) or `FILE.safetensors` (the reference cnn with those
+//! weights); input bounds `lo,hi`; an IDX data directory, else full Fashion-MNIST when installed, else the
+//! embedded sample.
+//!
+//! The number of classes is the model's output width, never the largest label of the data: a test set without
+//! class 9 still evaluates a ten-class model, and a label the model has no class for is an error naming the
+//! sample ([`Dataset::check_labels`]).
+//!
+//! ```
+//! use armoury::load::{load_model, ModelChoice, ModelSpec};
+//! let set = armoury::data::sample()?;
+//! let spec: ModelSpec = "tests/fixtures/cnn.safetensors".parse()?;
+//! assert!(matches!(spec.model, ModelChoice::Reference(_)));
+//! # let spec = ModelSpec { weights: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cnn.safetensors").into()), ..spec };
+//! let (_, clf) = load_model(&spec.model, spec.weights.as_deref(), (0.0, 1.0), &set, 0, &mut ())?;
+//! assert_eq!(armoury::Classifier::num_classes(&clf), 10);
+//! # Ok::<(), armoury::Error>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[cfg(doc)]
+use crate::data::Dataset;
+use crate::data::{self, TrainTest};
+pub use crate::nn::output_classes;
+use crate::nn::{Module, ModuleExt, ReferenceModel};
+use crate::onnx::OnnxModel;
+use crate::optim::{Adam, AdamConfig};
+use crate::train::{fit, TrainCallback, TrainConfig};
+use crate::{io, Error, ModuleClassifier, Result};
+
+/// A model architecture: a reference model or an ONNX file.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelChoice {
+    /// `cnn` or `mlp`.
+    Reference(ReferenceModel),
+    /// `FILE.onnx`.
+    Onnx(PathBuf),
+}
+
+impl std::str::FromStr for ModelChoice {
+    type Err = Error;
+    /// `cnn`, `mlp` or `FILE.onnx`.
+    fn from_str(s: &str) -> Result<Self> {
+        if s.ends_with(".onnx") {
+            Ok(ModelChoice::Onnx(PathBuf::from(s)))
+        } else {
+            Ok(ModelChoice::Reference(s.parse()?))
+        }
+    }
+}
+
+impl ModelChoice {
+    /// `cnn`, `mlp`, or the ONNX file's path.
+    pub fn name(&self) -> String {
+        match self {
+            ModelChoice::Reference(m) => m.name().to_string(),
+            ModelChoice::Onnx(p) => p.display().to_string(),
+        }
+    }
+
+    /// The bytes that identify the model beyond its parameters (an ONNX file's graph; nothing for a reference
+    /// model), for [`crate::eval::identity::model_hash`].
+    pub fn graph_bytes(&self) -> Result<Vec<u8>> {
+        match self {
+            ModelChoice::Onnx(path) => std::fs::read(path).map_err(|e| Error::io(path, e)),
+            ModelChoice::Reference(_) => Ok(Vec::new()),
+        }
+    }
+}
+
+/// A model by spec: the architecture and the weights to load (`None`: a reference model is trained).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    /// The architecture.
+    pub model: ModelChoice,
+    /// A safetensors file of weights.
+    pub weights: Option<PathBuf>,
+}
+
+impl std::str::FromStr for ModelSpec {
+    type Err = Error;
+    /// `cnn|mlp|FILE.onnx` without weights, or `FILE.safetensors`: the reference cnn with those weights.
+    fn from_str(s: &str) -> Result<Self> {
+        if s.ends_with(".safetensors") {
+            return Ok(ModelSpec { model: ModelChoice::Reference(ReferenceModel::Cnn), weights: Some(s.into()) });
+        }
+        Ok(ModelSpec { model: s.parse()?, weights: None })
+    }
+}
+
+/// Parses input bounds `lo,hi`.
+pub fn parse_bounds(s: &str) -> Result<(f32, f32)> {
+    let bad = || Error::invalid("--bounds", format!("'{s}' is not lo,hi"));
+    let (a, b) = s.split_once(',').ok_or_else(bad)?;
+    Ok((a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?))
+}
+
+/// The data set: the IDX directory `dir` if given, else full Fashion-MNIST when found, else the embedded sample.
+pub fn load_data(dir: Option<&Path>) -> Result<TrainTest> {
+    match dir {
+        Some(d) => data::load_idx_dir(d),
+        None => data::load_default(None),
+    }
+}
+
+/// The model as a shared module plus a classifier over it, with as many classes as the model has outputs. A
+/// reference model is loaded from `weights` when given, else trained with the reference recipe (3 epochs of Adam,
+/// lr 1e-3, batch 128; docs/reference.md, reference training) on `set.train`, reporting to `progress`. Every
+/// label of both splits must be one of the model's classes ([`Dataset::check_labels`]).
+pub fn load_model(
+    choice: &ModelChoice,
+    weights: Option<&Path>,
+    bounds: (f32, f32),
+    set: &TrainTest,
+    seed: u64,
+    progress: &mut dyn TrainCallback,
+) -> Result<(Arc<dyn Module>, ModuleClassifier)> {
+    let shape = set.test.image_shape();
+    let module: Arc<dyn Module> = match choice {
+        ModelChoice::Onnx(path) => {
+            let m = OnnxModel::load(path)?;
+            if let Some(wf) = weights {
+                io::load_module(&m, wf)?;
+            }
+            Arc::new(m)
+        }
+        ModelChoice::Reference(r) => Arc::new(r.build(seed)),
+    };
+    let classes = output_classes(module.as_ref(), shape)?;
+    set.train.check_labels(classes, "training")?;
+    set.test.check_labels(classes, "test")?;
+    if let ModelChoice::Reference(_) = choice {
+        match weights {
+            Some(wf) => io::load_module(module.as_ref(), wf)?,
+            None => {
+                let mut opt = Adam::new(module.parameters(), AdamConfig::default())?;
+                let cfg = TrainConfig { epochs: 3, seed, ..Default::default() };
+                fit(module.as_ref(), &mut opt, &set.train.with_num_classes(classes)?, None, &cfg, progress)?;
+            }
+        }
+    }
+    let clf = ModuleClassifier::new(module.clone(), &shape, classes, bounds)?;
+    Ok((module, clf))
+}
