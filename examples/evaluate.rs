@@ -239,7 +239,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         Vec::new()
     };
-    let mut report = eval::to_report(clf.as_ref(), &set.test, &tm, &ledger, &summary, verdicts)?;
+    let mut report = armoury::report::to_report(clf.as_ref(), &set.test, &tm, &ledger, &summary, verdicts)?;
     if let Some(path) = &args.class_names {
         report.set_class_names(armoury::data::read_class_names(path, clf.num_classes())?);
     }

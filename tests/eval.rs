@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use armoury::data;
 use armoury::eval::{
-    audit, ledger_file, load_shards, merge, run_cascade, shard_range, summarise, to_report, AuditConfig, CascadeRun,
-    Identity, Ledger, ThreatModel,
+    audit, ledger_file, load_shards, merge, run_cascade, shard_range, summarise, AuditConfig, CascadeRun, Identity,
+    Ledger, ThreatModel,
 };
 use armoury::{Classifier, Counters, ModuleClassifier, Result, Tensor};
 use armoury_attacks::registry::from_spec;
@@ -131,7 +131,7 @@ fn cascade_ledger_resume_and_shards() {
     assert_eq!(after[2], s.headline().value);
     assert_eq!(s.class_flips.iter().flatten().sum::<u64>() as usize, broken);
     assert!(s.minimal_norms[0].1.iter().flatten().count() > 0, "DeepFool finds minimal perturbations");
-    let report = to_report(&model, &set, &t, &full, &s, Vec::new()).unwrap();
+    let report = armoury::report::to_report(&model, &set, &t, &full, &s, Vec::new()).unwrap();
     assert_eq!(report.threat_model_hash, t.hash());
     assert_eq!(report.robust_accuracy, s.headline());
     assert_eq!(report.per_attack.len(), 3);

@@ -22,6 +22,7 @@ mod examples_cli;
 mod fixtures_xcheck;
 mod fuzzer;
 mod gradcheck;
+mod layers;
 mod load;
 mod metrics;
 mod nn;

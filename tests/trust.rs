@@ -409,7 +409,7 @@ fn the_report_states_what_it_measured() {
     let t = tm();
     let l = run_cascade(&clf, &set, &run(&t, id.clone(), 8, None)).unwrap();
     let s = armoury::eval::summarise(&t, &l, 10);
-    let report = armoury::eval::to_report(&clf, &set, &t, &l, &s, Vec::new()).unwrap();
+    let report = armoury::report::to_report(&clf, &set, &t, &l, &s, Vec::new()).unwrap();
     assert_eq!(report.identity.as_ref(), Some(&id));
     let dir = tmp("report");
     let files = armoury::report::write(&report, &dir).unwrap();

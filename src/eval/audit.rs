@@ -26,13 +26,25 @@
 //! move — about 10⁻⁴ of the change from a 10⁻² move along the same direction, plus rounding — while a model that
 //! redraws its noise changes about as much for either move.
 
+use serde::{Deserialize, Serialize};
+
 use super::cascade::Builder;
 use super::threat::AttackSpec;
 use crate::attack::{Attack, AttackResult, Goal, Norm};
 use crate::classifier::Classifier;
-pub use crate::report::Verdict;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+
+/// One check of the gradient-masking audit, with its verdict and why.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Verdict {
+    /// The check's name, e.g. `"iterative ≥ single-step"`.
+    pub check: String,
+    /// Whether the model passed it.
+    pub pass: bool,
+    /// The figures behind the verdict, in words.
+    pub explanation: String,
+}
 
 /// What the audit attacks with.
 #[derive(Clone, Debug)]

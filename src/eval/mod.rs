@@ -10,7 +10,6 @@
 //!   minimal norms);
 //! - [`run`]: the evaluation as one call on tensors ([`Evaluator`], with defaults for everything but the threat
 //!   model and the attack builder; `armoury_attacks::autoattack` is AutoAttack's standard evaluation in one call);
-//! - [`report`]: the ledger's figures as an [`crate::report::Report`];
 //! - [`audit`]: the gradient-masking audit, one pass/fail verdict with an explanation per check.
 //!
 //! The core takes attacks as `Box<dyn Attack>` from a [`cascade::Builder`]; `armoury_attacks::registry::from_spec`
@@ -19,7 +18,6 @@
 pub mod audit;
 pub mod cascade;
 pub mod identity;
-pub mod report;
 pub mod run;
 pub mod shards;
 pub mod summary;
@@ -30,8 +28,7 @@ pub use cascade::{
     merge, run_cascade, shard_range, step_name, AttackWork, Break, Builder, CascadeRun, Ledger, Progress, SampleRecord,
 };
 pub use identity::{kernel_path, Identity};
-pub use report::{attack_summaries, to_report, worst_case_inputs};
 pub use run::{Evaluation, Evaluator};
 pub use shards::{ledger_file, load_shards};
-pub use summary::{proportion, summarise, AttackLine, Summary};
+pub use summary::{proportion, summarise, worst_case_inputs, AttackLine, Summary};
 pub use threat::{AttackSpec, ThreatModel};

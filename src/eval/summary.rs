@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::cascade::Ledger;
 use super::threat::ThreatModel;
-use crate::report::Interval;
+use crate::data::Dataset;
+use crate::metrics::Interval;
+use crate::{Error, Result, Tensor};
 
 /// `k` of `n` with its 95% Wilson interval ([`crate::metrics::wilson`]); no samples give 0 in [0, 1].
 pub fn proportion(k: usize, n: usize) -> Interval {
@@ -115,4 +117,25 @@ pub fn summarise(tm: &ThreatModel, ledger: &Ledger, classes: usize) -> Summary {
         minimal_norms,
         robust_with_faults: count(&|s| s.robust_at(last, None) && s.gradient_faults > 0),
     }
+}
+
+/// The cascade's worst-case input per sample of a ledger, in ledger order: its adversarial example when the
+/// cascade broke it (at any ε), else the clean image; with the labels and which samples were broken. What a
+/// defense or detector is evaluated on non-adaptively.
+///
+/// Errors: a record whose index is not in `data`, an adversarial example of another size.
+pub fn worst_case_inputs(ledger: &Ledger, data: &Dataset) -> Result<(Tensor, Vec<usize>, Vec<bool>)> {
+    let [c, h, w] = data.image_shape();
+    let mut values = Vec::with_capacity(ledger.records.len() * c * h * w);
+    let (mut labels, mut broken) = (Vec::new(), Vec::new());
+    for r in &ledger.records {
+        let clean = data
+            .image(r.index)
+            .ok_or_else(|| Error::invalid("worst_case_inputs", format!("sample {} is not in the data", r.index)))?;
+        let adv = r.broken.as_ref().and(r.adversarial.as_deref());
+        values.extend_from_slice(adv.unwrap_or(clean));
+        labels.push(r.label);
+        broken.push(adv.is_some());
+    }
+    Ok((Tensor::from_vec(values, &[labels.len(), c, h, w])?, labels, broken))
 }

@@ -25,9 +25,8 @@ pub use self::defense::{
     black_defense_metrics, defense_metrics, BlackDefenseMetrics, BlackDefenseRecord, DefenseMetrics,
 };
 pub use self::neuron::{activation_sensitivity, neuron_sensitivity, LayerSensitivity};
-pub use self::radar::{attack_radar, defense_radar, radar};
+pub use self::radar::{attack_radar, defense_radar, radar, Radar, RadarSeries};
 pub use self::ssim::{ssim, ssim_batch, ssim_slices, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW};
-pub use crate::report::Interval;
 
 use serde::{Deserialize, Serialize};
 
@@ -89,4 +88,23 @@ pub struct AttackMetrics {
     /// Noise-tolerance estimation (NTE, Luo et al. 2018): average gap between the adversarial class's
     /// probability and the largest other one.
     pub nte: f64,
+}
+
+/// A proportion (or any estimate) with its confidence interval, e.g. a robust accuracy with its 95% Wilson
+/// interval ([`wilson`]).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Interval {
+    /// The estimate.
+    pub value: f64,
+    /// Lower end of the interval.
+    pub lo: f64,
+    /// Upper end of the interval.
+    pub hi: f64,
+}
+
+impl Interval {
+    /// An estimate without uncertainty: `lo = hi = value`.
+    pub fn exact(value: f64) -> Interval {
+        Interval { value, lo: value, hi: value }
+    }
 }

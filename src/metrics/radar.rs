@@ -3,8 +3,26 @@
 //! [`attack_radar`] for the cascade's attacks, [`defense_radar`] for defenses (DefenseEvaluate's metrics).
 
 use super::{AttackMetrics, DefenseMetrics};
-use crate::report::{Radar, RadarSeries};
 use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// One polygon of a radar chart.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RadarSeries {
+    /// The legend entry.
+    pub name: String,
+    /// One value in [0, 1] per axis.
+    pub values: Vec<f64>,
+}
+
+/// A radar chart of normalised metrics (MindArmour's `RadarMetric`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Radar {
+    /// The axes' names, clockwise from the top.
+    pub axes: Vec<String>,
+    /// The polygons.
+    pub series: Vec<RadarSeries>,
+}
 
 /// A validated [`Radar`]: at least 3 axes, at least one series, each with one value per axis, every value
 /// finite and in [0, 1] (normalise before: a radar chart compares shapes, so its axes must share a scale).

@@ -14,11 +14,15 @@
 //! ```
 
 mod chart;
+mod evaluation;
 mod header;
 mod html;
 mod markdown;
 mod plots;
 
+pub use crate::eval::Verdict;
+pub use crate::metrics::{Interval, Radar, RadarSeries};
+pub use evaluation::{attack_summaries, to_report, EXAMPLES};
 pub use header::Header;
 
 use std::path::{Path, PathBuf};
@@ -31,36 +35,6 @@ use crate::metrics::{AttackMetrics, DefenseMetrics};
 use crate::{Error, Result, Tensor};
 
 pub use chart::{LineChart, Series};
-
-/// A proportion (or any estimate) with its confidence interval, e.g. a robust accuracy with its 95% Wilson
-/// interval ([`crate::metrics::wilson`]).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Interval {
-    /// The estimate.
-    pub value: f64,
-    /// Lower end of the interval.
-    pub lo: f64,
-    /// Upper end of the interval.
-    pub hi: f64,
-}
-
-impl Interval {
-    /// An estimate without uncertainty: `lo = hi = value`.
-    pub fn exact(value: f64) -> Interval {
-        Interval { value, lo: value, hi: value }
-    }
-}
-
-/// One check of the gradient-masking audit, with its verdict and why.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Verdict {
-    /// The check's name, e.g. `"iterative ≥ single-step"`.
-    pub check: String,
-    /// Whether the model passed it.
-    pub pass: bool,
-    /// The figures behind the verdict, in words.
-    pub explanation: String,
-}
 
 /// One attack of a cascade: robust accuracy after it (cumulative, in cascade order) and its cost.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -110,24 +84,6 @@ pub struct ClassFlips {
     pub classes: Vec<String>,
     /// `counts[true][adversarial prediction]`.
     pub counts: Vec<Vec<u64>>,
-}
-
-/// One polygon of a radar chart.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct RadarSeries {
-    /// The legend entry.
-    pub name: String,
-    /// One value in [0, 1] per axis.
-    pub values: Vec<f64>,
-}
-
-/// A radar chart of normalised metrics (MindArmour's `RadarMetric`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Radar {
-    /// The axes' names, clockwise from the top.
-    pub axes: Vec<String>,
-    /// The polygons.
-    pub series: Vec<RadarSeries>,
 }
 
 /// An example adversarial image with its clean original.

@@ -97,7 +97,7 @@ impl DefenseSlice {
         let cascade: Vec<bool> = self.ledger.records.iter().map(|r| r.robust_at(last, None)).collect();
         let robust = survived_all(&[&cascade, &self.transfer_ok])?;
         let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
-        let mut per_attack = eval::attack_summaries(&summary, 0);
+        let mut per_attack = armoury::report::attack_summaries(&summary, 0);
         per_attack.push(AttackSummary {
             attack: "the undefended cascade's worst-case inputs (transferred)".into(),
             robust_accuracy_after: wilson(count(&robust), n, Z95)?,

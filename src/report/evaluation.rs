@@ -3,11 +3,9 @@
 //! matrix, MindArmour's attack metrics and radar chart of the cascade after each attack, the audit's verdicts and
 //! the first adversarial examples.
 
-use super::cascade::Ledger;
-use super::summary::Summary;
-use super::threat::ThreatModel;
 use crate::classifier::Classifier;
 use crate::data::{builtin_class_names, Dataset};
+use crate::eval::{Ledger, Summary, ThreatModel};
 use crate::metrics::{attack_metrics, attack_radar, AttackMetrics};
 use crate::report::{AttackSummary, ClassFlips, EpsCurve, ExampleImage, Header, NormDistribution, Report, Verdict};
 use crate::tensor::Tensor;
@@ -106,27 +104,6 @@ pub fn attack_summaries(s: &Summary, eps_index: usize) -> Vec<AttackSummary> {
             seconds: a.seconds,
         })
         .collect()
-}
-
-/// The cascade's worst-case input per sample of a ledger, in ledger order: its adversarial example when the
-/// cascade broke it (at any ε), else the clean image; with the labels and which samples were broken. What a
-/// defense or detector is evaluated on non-adaptively.
-///
-/// Errors: a record whose index is not in `data`, an adversarial example of another size.
-pub fn worst_case_inputs(ledger: &Ledger, data: &Dataset) -> Result<(Tensor, Vec<usize>, Vec<bool>)> {
-    let [c, h, w] = data.image_shape();
-    let mut values = Vec::with_capacity(ledger.records.len() * c * h * w);
-    let (mut labels, mut broken) = (Vec::new(), Vec::new());
-    for r in &ledger.records {
-        let clean = data.image(r.index).ok_or_else(|| {
-            crate::Error::invalid("worst_case_inputs", format!("sample {} is not in the data", r.index))
-        })?;
-        let adv = r.broken.as_ref().and(r.adversarial.as_deref());
-        values.extend_from_slice(adv.unwrap_or(clean));
-        labels.push(r.label);
-        broken.push(adv.is_some());
-    }
-    Ok((Tensor::from_vec(values, &[labels.len(), c, h, w])?, labels, broken))
 }
 
 /// MindArmour's attack metrics of the cascade after each attack, at the headline ε: over the correctly
