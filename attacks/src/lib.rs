@@ -99,3 +99,8 @@ pub use score::{GenAttack, Nes, NesSetting, ParticleSwarm, SimBA, SimbaBasis, Sp
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/evaluation.md")]
 pub struct EvaluationDocs;
+
+/// README.md's Rust examples, run as doctests so the front page stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDocs;
