@@ -5,25 +5,11 @@
 //! `cargo run --release --example evaluate -- [--model cnn|mlp|FILE.safetensors|FILE.onnx] [--limit N]
 //! [--shard i/n | --shards n] [--merge n] [--out DIR]` (`--help` lists every flag)
 //!
-//! `--data sample` takes the embedded sample even when the full data set is installed. Without `--weights` a
-//! reference model starts from the shipped reference weights (tests/fixtures/cnn.safetensors) on the embedded
-//! sample, and is trained here with the reference recipe on any other data (never Fashion-MNIST weights on other
-//! data). Progress: a bar naming the attack and ε on a terminal; one line per finished step in a log.
-//!
-//! `--defense` (repeatable; bit-depth, median, mean, gaussian, jpeg, tv, noise) puts an input transformation in
-//! front of the model and attacks the defended model with the same cascade through its BPDA/EOT gradients
-//! (`--eot` draws for random ones, default 8) at the headline ε; the report adds DefenseEvaluate's metrics and
-//! their radar chart. `--detector` (repeatable) fits a detector on `--fit` clean training images (default 1000)
-//! at 1% FPR and reports its detection of the cascade's adversarial examples and the protected pipeline's
-//! accuracy, non-adaptive and under AdaptivePgd; `region` is reported as a defense (adaptive: PGD with EOT through
-//! it), `similarity` watches the cascade's Square attack and Square with query blinding. See
-//! `armoury_defenses::eval`.
-//!
-//! With `--shard i/n` (or `--shards n` and Kubernetes' `JOB_COMPLETION_INDEX` = i) it runs samples
-//! [N·i/n, N·(i+1)/n) only and writes `DIR/ledger-i-of-n.json`; `--merge n` combines the n shard ledgers of DIR
-//! into the unsharded result (bit-identical records and figures) and reports it. Defenses and detectors shard
-//! too: each shard writes its samples' results to `DIR/protect-i-of-n.json`, which `--merge n` combines. A ledger is also the run's
-//! state file: rerunning the same command after an interruption continues where it stopped.
+//! Without `--weights` a reference model starts from the shipped reference weights on the embedded sample and is
+//! trained here on any other data. `--defense`/`--detector` add defenses and detectors evaluated beside the
+//! cascade (`armoury_defenses::eval`); `--shard`/`--merge` split a run over a cluster (deploy/README.md). A ledger
+//! is also the run's state file: rerunning the same command continues an interrupted run. docs/evaluation.md has
+//! the details; `--help` every flag.
 
 #[path = "support/args.rs"]
 mod args;
@@ -40,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use armoury::eval::{self, AuditConfig, CascadeRun, Ledger, ThreatModel};
+use armoury::eval::{self, AuditConfig, Ledger, ThreatModel};
 use armoury::load as model;
 use armoury::Classifier;
 use armoury_attacks::registry::from_spec;
@@ -220,22 +206,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let summary = eval::summarise(&tm, &ledger, clf.num_classes());
     let verdicts = if args.audit {
         let (x, y) = set.test.batch(0..n.min(200))?;
-        let norm = tm.norm()?;
         let eps = *tm.eps.last().unwrap_or(&0.1) as f32;
         eprintln!("audit: gradient-masking checks on {} samples at ε = {eps}", x.shape()[0]);
-        let audit_start = Instant::now();
-        let last = std::sync::Mutex::new(String::new());
-        let build = |spec: &eval::AttackSpec, norm, e| {
-            let step = format!("{} at ε = {e}", spec.label());
-            if let Ok(mut last) = last.lock() {
-                if *last != step {
-                    eprintln!("audit: {step} ({:.1} s)", audit_start.elapsed().as_secs_f64());
-                    *last = step;
-                }
-            }
-            from_spec(spec, norm, e)
-        };
-        eval::audit(clf.as_ref(), &x, &y, &build, &AuditConfig::new(norm, eps))?
+        let t = Instant::now();
+        let say = |step: &str| eprintln!("audit: {step} ({:.1} s)", t.elapsed().as_secs_f64());
+        let build = eval::announcing(&from_spec, &say);
+        eval::audit(clf.as_ref(), &x, &y, &build, &AuditConfig::new(tm.norm()?, eps))?
     } else {
         Vec::new()
     };
@@ -246,7 +222,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     protect(&args, &tm, &clf, &set, &ledger, &mut report)?;
     let files = armoury::report::write(&report, &args.out)?;
     armoury::io::write_atomic(&args.out.join("threat-model.json"), serde_json::to_string_pretty(&tm)?.as_bytes())?;
-    print_and_save(&tm, &summary, &report, &files.html, start.elapsed().as_secs_f64())
+    println!("\n{}\nreport: {}", armoury::report::summary_table(&report), files.html.display());
+    let mut line = armoury::report::json_line(&report);
+    line["example"] = "evaluate".into();
+    line["seconds"] = ((start.elapsed().as_secs_f64() * 100.0).round() / 100.0).into();
+    line["report"] = files.html.display().to_string().into();
+    println!("{line}");
+    Ok(())
 }
 
 /// The undefended cascade of the run's samples (a shard's, or all), or the merge of the shards' ledgers.
@@ -266,25 +248,17 @@ fn cascade(
         merged.save(&ledger_path(&args.out, None))?;
         return Ok(merged);
     }
-    let range = match args.shard {
-        Some((i, k)) => eval::shard_range(n, i, k)?,
-        None => (0, n),
-    };
     let bar = steps::StepProgress::new("cascade");
     let progress = |p: &eval::Progress| bar.update(p);
-    let run = CascadeRun {
-        threat: tm,
-        build: &from_spec,
-        model_name,
-        identity: identity.clone(),
-        range,
-        total_samples: n,
-        chunk: tm.batch_size,
-        state: Some(ledger_path(&args.out, args.shard)),
-        max_steps: None,
-        progress: Some(&progress),
-    };
-    let l = eval::run_cascade(clf, &set.test, &run)?;
+    let mut run = eval::Evaluator::new(tm.clone(), &from_spec)
+        .identity(identity.clone())
+        .model_name(model_name)
+        .state(ledger_path(&args.out, args.shard))
+        .progress(&progress);
+    if let Some((i, k)) = args.shard {
+        run = run.shard(i, k);
+    }
+    let l = run.run_dataset(clf, &set.test.take(n)?, &set.name)?.ledger;
     bar.finish();
     Ok(l)
 }
@@ -340,136 +314,11 @@ fn protect(
     bar.finish();
     let (defenses, detectors, stateful) =
         protect::finalise(&cx, &protect::merge_slices(tm, &ledger.identity, slices)?)?;
-    for d in &defenses {
-        println!(
-            "defense {}: clean {:.4}, robust {:.4} (adaptive at ε = {}), transfer {:.4}",
-            d.name, d.clean_accuracy.value, d.robust_accuracy.value, d.eps, d.transfer_accuracy.value
-        );
-    }
-    for d in &detectors {
-        println!(
-            "detector {}: AUC {:.4}, TPR@1% {:.4}, TPR@5% {:.4}; protected clean {:.4}, robust {:.4} (non-adaptive), \
-             {} (adaptive)",
-            d.name,
-            d.auc,
-            d.tpr_at_1fpr,
-            d.tpr_at_5fpr,
-            d.protected_clean_accuracy,
-            d.protected_robust_non_adaptive,
-            d.protected_robust_adaptive.map_or("not run".into(), |v| format!("{v:.4}")),
-        );
-    }
-    for d in &stateful {
-        for a in &d.attacks {
-            println!(
-                "{} vs {}: {} of {} attacked samples flagged, mean queries to the first flag {}, {} fooled unflagged; \
-                 benign streams flagged {} of {}",
-                d.name,
-                a.attack,
-                a.flagged,
-                a.attacked,
-                a.mean_queries_to_flag.map_or("—".into(), |q| format!("{q:.1}")),
-                a.evaded,
-                d.benign_flagged,
-                d.benign_streams
-            );
-        }
-    }
     report.defenses.extend(defenses);
     report.detectors.extend(detectors);
     report.stateful.extend(stateful);
-    Ok(())
-}
-
-fn print_and_save(
-    tm: &ThreatModel,
-    s: &eval::Summary,
-    r: &armoury::report::Report,
-    report: &std::path::Path,
-    seconds: f64,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let verdicts = &r.audit;
-    let eps = *tm.eps.last().unwrap_or(&0.0);
-    let mut md = format!(
-        "# Robustness of {}\n\nthreat model `{}` (sha256 {}), ε = {eps} ({}), {} samples\n\n| after | robust accuracy | \
-         95% CI | broken | gradients/sample | queries/sample | seconds |\n|---|---|---|---|---|---|---|\n| clean | {:.4} \
-         | [{:.4}, {:.4}] | | | | |\n",
-        s.model, tm.name, s.threat_model_hash, tm.norm, s.samples, s.clean_accuracy.value, s.clean_accuracy.lo,
-        s.clean_accuracy.hi
-    );
-    for a in &s.per_attack {
-        let r = a.robust_after.last().expect("one ε at least");
-        md += &format!(
-            "| {} | {:.4} | [{:.4}, {:.4}] | {} | {:.1} | {:.1} | {:.2} |\n",
-            a.attack, r.value, r.lo, r.hi, a.broken, a.mean_gradients, a.mean_queries, a.seconds
-        );
+    for line in armoury::report::protection_lines(report) {
+        println!("{line}");
     }
-    md += "\n## Gradient-masking audit\n\n| check | verdict | explanation |\n|---|---|---|\n";
-    for v in verdicts {
-        md += &format!("| {} | {} | {} |\n", v.check, if v.pass { "pass" } else { "FAIL" }, v.explanation);
-    }
-    println!("\n{md}\nreport: {}", report.display());
-    let round = |v: f64| (v * 1e4).round() / 1e4;
-    let head = s.headline();
-    let per_attack: serde_json::Map<String, serde_json::Value> = s
-        .per_attack
-        .iter()
-        .map(|a| (a.attack.clone(), round(a.robust_after.last().map_or(0.0, |p| p.value)).into()))
-        .collect();
-    let audit: serde_json::Map<String, serde_json::Value> =
-        verdicts.iter().map(|v| (v.check.clone(), (if v.pass { "pass" } else { "fail" }).into())).collect();
-    let defenses: serde_json::Map<String, serde_json::Value> =
-        r.defenses.iter().map(|d| (d.name.clone(), round(d.robust_accuracy.value).into())).collect();
-    let detectors: serde_json::Map<String, serde_json::Value> = r
-        .detectors
-        .iter()
-        .map(|d| {
-            let v = serde_json::json!({
-                "auc": round(d.auc),
-                "tpr_at_1fpr": round(d.tpr_at_1fpr),
-                "tpr_at_5fpr": round(d.tpr_at_5fpr),
-                "protected_clean_accuracy": round(d.protected_clean_accuracy),
-                "protected_robust_accuracy": round(d.protected_robust_accuracy),
-            });
-            (d.name.clone(), v)
-        })
-        .collect();
-    let mut line = serde_json::json!({
-        "example": "evaluate",
-        "model": s.model,
-        "clean_accuracy": round(s.clean_accuracy.value),
-        "robust_accuracy": round(head.value),
-        "robust_accuracy_ci": [round(head.lo), round(head.hi)],
-        "per_attack": per_attack,
-        "audit": audit,
-        "identity": r.identity,
-        "seconds": (seconds * 100.0).round() / 100.0,
-        "report": report.display().to_string(),
-    });
-    if !defenses.is_empty() {
-        line["defenses"] = defenses.into();
-    }
-    if !detectors.is_empty() {
-        line["detectors"] = detectors.into();
-    }
-    let stateful: serde_json::Map<String, serde_json::Value> = r
-        .stateful
-        .iter()
-        .map(|d| {
-            let share = |a: &armoury::report::StatefulAttack| round(a.flagged as f64 / a.attacked.max(1) as f64);
-            let attack = |adaptive: bool| d.attacks.iter().find(|a| a.adaptive == adaptive);
-            let v = serde_json::json!({
-                "flagged": attack(false).map(share),
-                "mean_queries_to_flag": attack(false).and_then(|a| a.mean_queries_to_flag).map(|q| (q * 10.0).round() / 10.0),
-                "flagged_adaptive": attack(true).map(share),
-                "benign_flag_rate": round(d.benign_flagged as f64 / d.benign_streams.max(1) as f64),
-            });
-            ("similarity".to_string(), v)
-        })
-        .collect();
-    if !stateful.is_empty() {
-        line["stateful"] = stateful.into();
-    }
-    println!("{line}");
     Ok(())
 }

@@ -582,3 +582,24 @@ fn report_line_chart_is_a_plotters_svg() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(LineChart::default().svg("empty").unwrap().contains("armoury-plot"), "an empty chart draws");
 }
+
+#[test]
+fn the_json_line_and_the_terminal_lines_state_the_reports_figures() {
+    let r = synthetic_report();
+    let line = armoury::report::json_line(&r);
+    assert_eq!(line["clean_accuracy"], 0.885);
+    assert_eq!(line["robust_accuracy"], 0.105);
+    assert_eq!(line["per_attack"]["apgd-t"], 0.13);
+    assert_eq!(line["audit"]["unbounded ε → 0"], "fail");
+    assert_eq!(line["defenses"]["MedianFilter(size=3)"], (r.defenses[0].robust_accuracy.value * 1e4).round() / 1e4);
+    let d = &line["detectors"]["FeatureSqueezing(BitDepth(bits=4), MedianFilter(size=3))"];
+    assert_eq!(d["protected_robust_accuracy"], (r.detectors[0].protected_robust_accuracy * 1e4).round() / 1e4);
+    assert_eq!(line["stateful"]["similarity"]["flagged"], 0.75, "120 of 160");
+    assert!(line.get("seconds").is_none(), "the command adds its own fields");
+    let table = armoury::report::summary_table(&r);
+    assert!(table.contains("threat model `autoattack-standard-linf`") && table.contains("ε = 0.1 (L∞), 200 samples"));
+    assert!(table.contains("| apgd-t | 0.1300 |"), "{table}");
+    let lines = armoury::report::protection_lines(&r);
+    assert_eq!(lines.len(), 2 + 1 + 2, "two defenses, one detector, two stateful attacks");
+    assert!(lines[2].starts_with("detector FeatureSqueezing") && lines[2].contains("per sample"));
+}

@@ -70,6 +70,25 @@ impl AuditConfig {
     }
 }
 
+/// `build`, telling `notify` the name of each attack it builds (`pgd(steps=20) at ε = 0.1`), once for a run of
+/// the same attack: the audit's progress, as it builds every attack it runs through its builder.
+pub fn announcing<'a>(
+    build: &'a Builder<'a>,
+    notify: &'a (dyn Fn(&str) + Sync),
+) -> impl Fn(&AttackSpec, Norm, f32) -> Result<Box<dyn Attack>> + Sync + 'a {
+    let last = std::sync::Mutex::new(String::new());
+    move |spec, norm, eps| {
+        let step = format!("{} at ε = {eps}", spec.label());
+        if let Ok(mut last) = last.lock() {
+            if *last != step {
+                notify(&step);
+                *last = step;
+            }
+        }
+        build(spec, norm, eps)
+    }
+}
+
 /// `unbounded-eps` fails when PGD over the whole input box leaves more than this share correct.
 pub const UNBOUNDED_MAX_ACCURACY: f64 = 0.05;
 /// `gradients-finite` fails when more than this share of the attacked samples had degenerate gradients.

@@ -23,7 +23,7 @@ pub mod shards;
 pub mod summary;
 pub mod threat;
 
-pub use audit::{audit, AuditConfig, Verdict};
+pub use audit::{announcing, audit, AuditConfig, Verdict};
 pub use cascade::{
     merge, run_cascade, shard_range, step_name, AttackWork, Break, Builder, CascadeRun, Ledger, Progress, SampleRecord,
 };

@@ -17,6 +17,7 @@ mod chart;
 mod evaluation;
 mod header;
 mod html;
+mod line;
 mod markdown;
 mod plots;
 
@@ -24,6 +25,7 @@ pub use crate::eval::Verdict;
 pub use crate::metrics::{Interval, Radar, RadarSeries};
 pub use evaluation::{attack_summaries, to_report, EXAMPLES};
 pub use header::Header;
+pub use line::{json_line, protection_lines, summary_table};
 
 use std::path::{Path, PathBuf};
 
