@@ -51,15 +51,8 @@ struct Args {
     /// Evaluate the first N test images
     #[arg(long, value_name = "N", default_value_t = 1000)]
     limit: usize,
-    /// Run shard i of n only (samples [N·i/n, N·(i+1)/n)) and write DIR/ledger-i-of-n.json
-    #[arg(long, value_name = "i/n", value_parser = parse_shard)]
-    shard: Option<(usize, usize)>,
-    /// Run shard $JOB_COMPLETION_INDEX of n (a Kubernetes indexed job): --shard $JOB_COMPLETION_INDEX/n
-    #[arg(long, value_name = "n", conflicts_with = "shard")]
-    shards: Option<usize>,
-    /// Combine the n shard ledgers (and defense/detector side files) of --out into the unsharded result
-    #[arg(long, value_name = "n")]
-    merge: Option<usize>,
+    #[command(flatten)]
+    shards: args::ShardArgs,
     /// Skip the gradient-masking audit
     #[arg(long = "no-audit", action = clap::ArgAction::SetFalse)]
     audit: bool,
@@ -97,33 +90,15 @@ Examples:
   evaluate --model /data/model.safetensors --threat-model /data/threat-model.json --shard 3/8 --out /data/out
   evaluate --model /data/model.safetensors --threat-model /data/threat-model.json --merge 8 --out /data/out";
 
-fn parse_shard(s: &str) -> Result<(usize, usize), String> {
-    let bad = || format!("'{s}' is not i/n (e.g. 3/8)");
-    let (i, n) = s.split_once('/').ok_or_else(bad)?;
-    Ok((i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?))
-}
-
-/// The flags, with `--shards n` turned into `--shard i/n` from `JOB_COMPLETION_INDEX` and `--threads` and
-/// `--max-memory` applied.
+/// The flags, with `--threads` and `--max-memory` applied.
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
-    let mut a = Args::parse();
+    let a = Args::parse();
     a.resources.apply()?;
-    if let Some(n) = a.shards {
-        let i: usize = std::env::var("JOB_COMPLETION_INDEX")
-            .map_err(|_| "--shards needs JOB_COMPLETION_INDEX (or use --shard i/n)")?
-            .parse()
-            .map_err(|e| format!("--shards: JOB_COMPLETION_INDEX: {e}"))?;
-        a.shard = Some((i, n));
-    }
     Ok(a)
 }
 
 fn main() -> std::process::ExitCode {
     cli::finish(run())
-}
-
-fn ledger_path(out: &std::path::Path, shard: Option<(usize, usize)>) -> PathBuf {
-    eval::ledger_file(out, shard)
 }
 
 /// The weights to load: `--weights` when given; for a reference model without them, the shipped reference
@@ -152,19 +127,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         tm.eps = vec![e];
         tm.check()?;
     }
-    // `--data sample`: the embedded sample even when the full data set is installed.
-    let set = match args.m.data.as_deref() {
-        Some(d) if d == std::path::Path::new("sample") => armoury::data::sample()?,
-        d => model::load_data(d)?,
-    };
+    let set = model::load_data(args.m.data.as_deref())?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
     let weights = weights(&args, &set);
     let (module, clf) = load::load_model(&args.m.model, weights.as_deref(), args.m.bounds, &set, tm.seed)?;
-    let model_name = match (&args.m.model, &weights) {
-        (_, Some(w)) => format!("{} ({})", args.m.model.name(), w.display()),
-        (model::ModelChoice::Onnx(_), None) => args.m.model.name(),
-        (_, None) => format!("{} (trained here)", args.m.model.name()),
-    };
+    let model_name = args.m.model.describe(weights.as_deref());
     if args.limit == 0 {
         return Err("--limit 0 evaluates no sample: nothing would be measured".into());
     }
@@ -175,20 +142,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let identity = eval::Identity::new(eval::identity::model_hash(module.as_ref(), &graph), &set.test, n, &set.name)?;
     std::fs::create_dir_all(&args.out)?;
     println!("threat model {} ({}), {} samples", tm.name, &tm.hash()[..12], n);
-    println!(
-        "model {} (sha256 {}), data {} (sha256 {}), kernels {}, armoury {}",
-        model_name,
-        &identity.model_hash[..12],
-        identity.data,
-        &identity.data_hash[..12],
-        identity.kernel,
-        identity.version
-    );
+    println!("{model_name}: {identity}");
     let ledger = cascade(&args, &tm, &clf, &set, model_name, &identity, n)?;
     let clf: Arc<dyn Classifier> = Arc::new(clf);
-    if args.shard.is_some() {
+    if args.shards.shard.is_some() {
         // A shard writes its ledger and its defenses' and detectors' per-sample results; --merge reports.
-        println!("shard {:?}: ledger {}", ledger.range, ledger_path(&args.out, args.shard).display());
+        println!("shard {:?}: ledger {}", ledger.range, eval::ledger_file(&args.out, args.shards.shard).display());
         if !(args.defenses.is_empty() && args.detectors.is_empty()) {
             protect::run_slice(
                 &context(&args, &tm, &clf, &set, &ledger, &|_| {}, &|s| println!("{s}")),
@@ -198,7 +157,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "shard {:?}: defenses and detectors {}",
                 ledger.range,
-                protect::side_file(&args.out, "protect", args.shard).display()
+                protect::side_file(&args.out, "protect", args.shards.shard).display()
             );
         }
         return Ok(());
@@ -241,11 +200,11 @@ fn cascade(
     identity: &eval::Identity,
     n: usize,
 ) -> Result<Ledger, Box<dyn std::error::Error>> {
-    if let Some(k) = args.merge {
+    if let Some(k) = args.shards.merge {
         // Every shard must have finished: else one error naming all unfinished ones (a scheduler reruns those).
         let shards = eval::load_shards(&args.out, k, tm)?;
         let merged = eval::merge(tm, identity, shards)?;
-        merged.save(&ledger_path(&args.out, None))?;
+        merged.save(&eval::ledger_file(&args.out, None))?;
         return Ok(merged);
     }
     let bar = steps::StepProgress::new("cascade");
@@ -253,9 +212,9 @@ fn cascade(
     let mut run = eval::Evaluator::new(tm.clone(), &from_spec)
         .identity(identity.clone())
         .model_name(model_name)
-        .state(ledger_path(&args.out, args.shard))
+        .state(eval::ledger_file(&args.out, args.shards.shard))
         .progress(&progress);
-    if let Some((i, k)) = args.shard {
+    if let Some((i, k)) = args.shards.shard {
         run = run.shard(i, k);
     }
     let l = run.run_dataset(clf, &set.test.take(n)?, &set.name)?.ledger;
@@ -280,7 +239,7 @@ fn context<'a>(
         ledger,
         build: &from_spec,
         out: &args.out,
-        shard: args.shard,
+        shard: args.shards.shard,
         eot: args.eot,
         fit: args.fit,
         progress,
@@ -305,7 +264,7 @@ fn protect(
     let progress = |p: &eval::Progress| bar.update(p);
     let notify = |s: &str| bar.line(s.to_string());
     let cx = context(args, tm, clf, set, ledger, &progress, &notify);
-    let slices = match args.merge {
+    let slices = match args.shards.merge {
         Some(k) => (0..k)
             .map(|i| protect::load_slice(&protect::side_file(&args.out, "protect", Some((i, k)))))
             .collect::<Result<Vec<_>, _>>()?,

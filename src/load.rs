@@ -61,6 +61,16 @@ impl ModelChoice {
         }
     }
 
+    /// The model as a report names it: with its weights file, `(trained here)` for a reference model without
+    /// one, the file alone for an ONNX model.
+    pub fn describe(&self, weights: Option<&Path>) -> String {
+        match (self, weights) {
+            (_, Some(w)) => format!("{} ({})", self.name(), w.display()),
+            (ModelChoice::Onnx(_), None) => self.name(),
+            (ModelChoice::Reference(_), None) => format!("{} (trained here)", self.name()),
+        }
+    }
+
     /// The bytes that identify the model beyond its parameters (an ONNX file's graph; nothing for a reference
     /// model), for [`crate::eval::identity::model_hash`].
     pub fn graph_bytes(&self) -> Result<Vec<u8>> {
@@ -98,9 +108,13 @@ pub fn parse_bounds(s: &str) -> Result<(f32, f32)> {
     Ok((a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?))
 }
 
-/// The data set: the IDX directory `dir` if given, else full Fashion-MNIST when found, else the embedded sample.
+/// The data set: `dir` if given — a CIFAR-10/100 binary directory ([`data::load_cifar_dir`], CIFAR-100 with its
+/// fine labels), an IDX directory, or `sample` for the embedded sample —, else full Fashion-MNIST when found, else
+/// the embedded sample.
 pub fn load_data(dir: Option<&Path>) -> Result<TrainTest> {
     match dir {
+        Some(d) if d == Path::new("sample") => data::sample(),
+        Some(d) if data::is_cifar_dir(d) => data::load_cifar_dir(d, data::Cifar::HundredFine),
         Some(d) => data::load_idx_dir(d),
         None => data::load_default(None),
     }

@@ -159,3 +159,67 @@ impl Resources {
         Ok(())
     }
 }
+
+/// `i/n`.
+fn shard(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("'{s}' is not i/n (e.g. 3/8)");
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    Ok((i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?))
+}
+
+/// Sharding a run over a cluster: `--shard i/n`, `--shards n` (a Kubernetes indexed job's
+/// `$JOB_COMPLETION_INDEX` is i), `--merge n`.
+#[derive(Clone, Debug)]
+pub struct ShardArgs {
+    /// The shard this process runs (`None`: everything).
+    pub shard: Option<(usize, usize)>,
+    /// Combine the n shards' results instead of running.
+    pub merge: Option<usize>,
+}
+
+#[derive(Args)]
+struct ShardFlags {
+    /// Run shard i of n only (samples [N·i/n, N·(i+1)/n)) and write DIR/ledger-i-of-n.json
+    #[arg(long, value_name = "i/n", value_parser = shard)]
+    shard: Option<(usize, usize)>,
+    /// Run shard $JOB_COMPLETION_INDEX of n (a Kubernetes indexed job): --shard $JOB_COMPLETION_INDEX/n
+    #[arg(long, value_name = "n", conflicts_with = "shard")]
+    shards: Option<usize>,
+    /// Combine the n shard ledgers (and defense/detector side files) of --out into the unsharded result
+    #[arg(long, value_name = "n")]
+    merge: Option<usize>,
+}
+
+impl FromArgMatches for ShardArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let f = ShardFlags::from_arg_matches(m)?;
+        let shard = match f.shards {
+            Some(n) => {
+                let i = std::env::var("JOB_COMPLETION_INDEX").ok().and_then(|v| v.parse().ok()).ok_or_else(|| {
+                    clap::Error::raw(
+                        clap::error::ErrorKind::ValueValidation,
+                        "--shards needs JOB_COMPLETION_INDEX set to this shard's index (or use --shard i/n)\n",
+                    )
+                })?;
+                Some((i, n))
+            }
+            None => f.shard,
+        };
+        Ok(ShardArgs { shard, merge: f.merge })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for ShardArgs {
+    fn augment_args(cmd: Command) -> Command {
+        ShardFlags::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        ShardFlags::augment_args_for_update(cmd)
+    }
+}

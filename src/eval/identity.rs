@@ -34,6 +34,22 @@ pub struct Identity {
     pub version: String,
 }
 
+impl std::fmt::Display for Identity {
+    /// `model sha256 0e380cfc427a, data fashion-mnist (sha256 cb19a2782362), kernels avx512, armoury 0.1.0`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let short = |h: &str| h.chars().take(12).collect::<String>();
+        write!(
+            f,
+            "model sha256 {}, data {} (sha256 {}), kernels {}, armoury {}",
+            short(&self.model_hash),
+            self.data,
+            short(&self.data_hash),
+            self.kernel,
+            self.version
+        )
+    }
+}
+
 impl Identity {
     /// The identity of an evaluation of the model hashed as `model_hash` on samples `0..n` of `data`, on this
     /// process's kernel path and crate version.
