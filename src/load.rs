@@ -120,6 +120,29 @@ pub fn load_data(dir: Option<&Path>) -> Result<TrainTest> {
     }
 }
 
+/// `C×H×W`.
+fn dims(shape: &[usize]) -> String {
+    shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("×")
+}
+
+/// Refuses data whose images are not the shape the model takes, in the user's terms ("the model expects
+/// 3×224×224 images; the data are 1×28×28"): `expected` is what the model declares (`None`: a free axis).
+fn check_input_shape(choice: &ModelChoice, expected: &[Option<usize>], data: [usize; 3]) -> Result<()> {
+    if expected.iter().zip(data).all(|(e, d)| e.is_none_or(|e| e == d)) {
+        return Ok(());
+    }
+    let want: Vec<String> = expected.iter().map(|e| e.map_or("?".to_string(), |e| e.to_string())).collect();
+    Err(Error::invalid(
+        "model and data",
+        format!(
+            "{} expects {} images; the data are {} (a model for other images, or resize the data to its input)",
+            choice.name(),
+            want.join("×"),
+            dims(&data)
+        ),
+    ))
+}
+
 /// The model as a shared module plus a classifier over it, with as many classes as the model has outputs. A
 /// reference model is loaded from `weights` when given, else trained with the reference recipe (3 epochs of Adam,
 /// lr 1e-3, batch 128; docs/reference.md, reference training) on `set.train`, reporting to `progress`. Every
@@ -136,12 +159,18 @@ pub fn load_model(
     let module: Arc<dyn Module> = match choice {
         ModelChoice::Onnx(path) => {
             let m = OnnxModel::load(path)?;
+            if m.input_dims().len() == 4 {
+                check_input_shape(choice, &m.input_dims()[1..], shape)?;
+            }
             if let Some(wf) = weights {
                 io::load_module(&m, wf)?;
             }
             Arc::new(m)
         }
-        ModelChoice::Reference(r) => Arc::new(r.build(seed)),
+        ModelChoice::Reference(r) => {
+            check_input_shape(choice, &[Some(1), Some(28), Some(28)], shape)?;
+            Arc::new(r.build(seed))
+        }
     };
     let classes = output_classes(module.as_ref(), shape)?;
     set.train.check_labels(classes, "training")?;

@@ -118,3 +118,22 @@ fn load_training_takes_the_classes_from_the_model() {
     let err = evaluate(&net, &stray.test, 100).unwrap_err().to_string();
     assert!(err.contains("evaluation sample 5 has label 255"), "{err}");
 }
+
+/// Data of another shape than the model takes is refused at load, in the user's terms — for a reference model
+/// and for an ONNX model's declared input — and CIFAR directories load through the same call.
+#[test]
+fn load_refuses_data_of_another_shape_naming_both() {
+    let dir = std::env::temp_dir().join(format!("armoury-load-cifar-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = |label: u8| std::iter::once(label).chain((0..3072).map(|i| (i % 251) as u8)).collect::<Vec<u8>>();
+    std::fs::write(dir.join("data_batch_1.bin"), [record(1), record(2)].concat()).unwrap();
+    std::fs::write(dir.join("test_batch.bin"), [record(3)].concat()).unwrap();
+    let set = armoury::load::load_data(Some(&dir)).unwrap();
+    assert_eq!((set.name.as_str(), set.test.image_shape()), ("cifar-10", [3, 32, 32]));
+    for choice in [ModelChoice::Reference(ReferenceModel::Cnn), ModelChoice::Onnx(fixture("cnn.onnx"))] {
+        let err = load_model(&choice, None, (0.0, 1.0), &set, 0, &mut ()).err().expect("refused").to_string();
+        assert!(err.contains("expects 1×28×28 images; the data are 3×32×32"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(armoury::load::load_data(Some(std::path::Path::new("sample"))).unwrap().name, "fashion-mnist-sample");
+}
