@@ -3,7 +3,7 @@
 // Test tables read best with `&[x.clone()]`; the clone is of a small test array.
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
-use armoury::nn::{BatchNorm, Module};
+use armoury::nn::{BatchNorm, Module, Normalize};
 use armoury::{no_grad, Conv2dParams, Pool2dParams, Reduction, Result, Tensor};
 use ndarray::{Array2, ArrayD, IxDyn};
 use rand::{Rng, SeedableRng};
@@ -239,6 +239,8 @@ fn normalisation_and_softmax() {
     bn.bias.set(uniform(&[3], -0.5, 0.5, 2)).unwrap();
     check("batch_norm_train", &[x.clone()], &|t| bn.forward_t(&t[0], true));
     check("batch_norm_eval", &[x.clone()], &|t| bn.forward_t(&t[0], false));
+    let norm = Normalize::new(&[0.485, 0.456, 0.406], &[0.229, 0.224, 0.225]).unwrap();
+    check("normalize", &[x.clone()], &|t| norm.forward(&t[0]));
     let bn1 = BatchNorm::new(5);
     check("batch_norm1d_train", &[uniform(&[6, 5], -1.0, 1.0, 3)], &|t| bn1.forward_t(&t[0], true));
     let z = uniform(&[3, 6], -3.0, 3.0, 22);

@@ -145,3 +145,19 @@ fn batch_norm_folds_into_the_conv_before_in_eval_mode() {
         assert_eq!(taps[0].to_vec(), bn_out);
     }
 }
+
+/// Per-channel normalisation inside the model: hand-computed values, buffers saved with the weights (and so in
+/// the model's identity), and bad settings refused.
+#[test]
+fn normalize_is_per_channel_and_saved_with_the_model() {
+    use armoury::nn::Normalize;
+    let n = Normalize::new(&[0.5, 0.25], &[0.5, 2.0]).unwrap();
+    let x = armoury::Tensor::from_vec(vec![1.0, 0.0, 0.25, 0.75, 0.5, 1.0, 0.0, 0.25], &[1, 2, 2, 2]).unwrap();
+    let y = n.forward(&x).unwrap().to_vec();
+    assert_eq!(y, vec![1.0, -1.0, -0.5, 0.5, 0.125, 0.375, -0.125, 0.0]);
+    let names: Vec<String> = n.named_params().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(names, vec!["mean", "std"]);
+    assert!(n.named_params().iter().all(|(_, p)| !p.is_trainable()), "buffers, not trained");
+    assert!(n.forward(&armoury::Tensor::from_vec(vec![0.0; 3], &[1, 3]).unwrap()).is_err(), "3 channels, not 2");
+    assert!(Normalize::new(&[0.5], &[0.0]).is_err() && Normalize::new(&[0.5, 0.5], &[1.0]).is_err());
+}

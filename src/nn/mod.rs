@@ -2,6 +2,7 @@
 
 mod layers;
 mod models;
+mod normalize;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -14,6 +15,7 @@ pub use layers::{
     Sigmoid, Softmax, Tanh,
 };
 pub use models::{cnn, mlp, ReferenceModel};
+pub use normalize::Normalize;
 
 /// The shape of `module`'s output on one `[c, h, w]` input of zeros, in evaluation mode and without a graph:
 /// `[1, classes]` for a classifier.
