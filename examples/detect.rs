@@ -27,7 +27,7 @@ use armoury::load as model;
 use armoury::{Classifier, Tensor};
 use armoury_attacks::registry;
 use armoury_defenses::detectors::{self as magnet, AdaptivePgd};
-use armoury_defenses::eval::detect::{self, DetectEvaluation, DetectRun, SimilarityRun, ATTACK_BATCH};
+use armoury_defenses::eval::detect::{self, DetectRun, SimilarityRun, ATTACK_BATCH};
 use armoury_defenses::registry::DetectorBuild;
 use clap::Parser;
 
@@ -150,22 +150,21 @@ fn evaluate(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> 
             println!("{p}");
         }
     };
-    // `magnet-PART` is MagNet with that one part (the registry's); `magnet` has the --magnet-parts.
-    let magnet = magnet::MagnetConfig {
-        ae1: args.ae1,
-        ae2: args.ae2,
-        lr: args.ae_lr,
-        parts: args.magnet_parts.clone(),
-        seed: args.seed,
-        cache: args.out.clone(),
-    };
     let build = DetectorBuild {
         model: clf,
         set,
         fit: args.fit,
         layers: &layers,
         attack: &combiner_attack,
-        magnet,
+        // `magnet-PART` is MagNet with that one part (the registry's); `magnet` has the --magnet-parts.
+        magnet: magnet::MagnetConfig {
+            ae1: args.ae1,
+            ae2: args.ae2,
+            lr: args.ae_lr,
+            parts: args.magnet_parts.clone(),
+            seed: args.seed,
+            cache: args.out.clone(),
+        },
         magnet_progress: &magnet_progress,
     };
     let adaptive =
@@ -179,11 +178,7 @@ fn evaluate(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> 
         seed: args.seed,
         notify: &|line: &str| println!("{line}"),
     })?;
-    report(args, &e, start.elapsed().as_secs_f64())
-}
-
-fn report(args: &Args, e: &DetectEvaluation, seconds: f64) -> Res<()> {
-    let (name, m) = (e.name.as_str(), &e.metrics);
+    let (name, m, seconds) = (e.name.as_str(), &e.metrics, start.elapsed().as_secs_f64());
     let adaptive = e.protected_robust_adaptive.map_or("not run".into(), |v| format!("{v:.4}"));
     println!("\n{:<44} {:>10}", format!("{name} vs {} (ε = {})", args.attack, args.eps), "value");
     let rows = [
