@@ -1,7 +1,9 @@
 //! Defenses and detectors in an evaluation (`armoury_defenses::eval`, what the `evaluate` example runs): three
 //! shards' side files merge to the figures of the unsharded run, bit for bit, for a defense, a per-input
 //! detector, the region classifier and the stateful query detector; a merge refuses a side file of another
-//! evaluation; and the robust figures are per-sample worst cases over every attack.
+//! evaluation; and the robust figures are per-sample worst cases over every attack. One detector on its own
+//! (`armoury_defenses::eval::detect`, what the `detect` example runs): the figures the example printed before
+//! its evaluation moved into the library, and its helpers on hand-checked values.
 
 use std::sync::Arc;
 
@@ -9,6 +11,7 @@ use armoury::eval::{merge, run_cascade, shard_range, CascadeRun, Ledger, SampleR
 use armoury::Classifier;
 use armoury_attacks::registry::from_spec;
 use armoury_defenses::eval as protect;
+use armoury_defenses::eval::detect;
 
 use crate::attack_props::fixture_cnn;
 
@@ -212,4 +215,97 @@ fn eval_protect_detector_robust_accuracy_is_per_sample_over_every_attack() {
     assert!(protect::GuardSlice { adaptive_ok: Some(vec![true]), ..g }.report().is_err(), "lengths differ");
     assert_eq!(protect::survived_all(&[&[true, false], &[false, true]]).unwrap(), vec![false, false]);
     assert_eq!(protect::survived_all(&[&[true, true], &[true, false]]).unwrap(), vec![true, false]);
+}
+
+/// `detect --detector squeeze --attack fgsm --adaptive --limit 100` printed, on the fixture cnn and the first
+/// 1000 training / 100 test images of Fashion-MNIST (the embedded sample's), before its evaluation moved into
+/// `eval::detect`: `"auc":0.6636,"tpr_at_1fpr":0.0,"tpr_at_5fpr":0.0602,"protected_clean_accuracy":0.84,
+/// "protected_robust_accuracy":0.08`.
+#[test]
+fn eval_protect_detect_squeeze_fgsm_matches_the_example() {
+    use armoury_attacks::registry::{by_name, default_goal, detection_params, run_in_batches};
+    use armoury_defenses::detectors::{AdaptivePgd, MagnetConfig};
+    use armoury_defenses::registry::DetectorBuild;
+    let model: Arc<dyn Classifier> = Arc::new(fixture_cnn());
+    let set = armoury::data::sample().unwrap();
+    let fgsm = by_name("fgsm", &detection_params("fgsm", 0.1)).unwrap();
+    let attack = |x: &armoury::Tensor, y: &[usize]| {
+        run_in_batches(fgsm.as_ref(), model.as_ref(), (x, y), &default_goal("fgsm", 0), 0, detect::ATTACK_BATCH)
+    };
+    let lines = std::sync::Mutex::new(Vec::new());
+    let run = detect::DetectRun {
+        detector: "squeeze",
+        build: DetectorBuild {
+            model: &model,
+            set: &set,
+            fit: 1000,
+            layers: &protect::guard::LAYERS,
+            attack: &attack,
+            magnet: MagnetConfig::default(),
+            magnet_progress: &|_| {},
+        },
+        limit: 100,
+        attack: &attack,
+        adaptive: Some(AdaptivePgd { eps: 0.1, ..AdaptivePgd::default() }),
+        seed: 0,
+        notify: &|l: &str| lines.lock().unwrap().push(l.to_string()),
+    };
+    let e = detect::evaluate(&run).unwrap();
+    let round = |v: f64| (v * 1e4).round() / 1e4;
+    let figures = [e.metrics.auc, e.metrics.tpr_at_1fpr, e.metrics.tpr_at_5fpr, e.protected_clean];
+    assert_eq!(figures.map(round), [0.6636, 0.0, 0.0602, 0.84]);
+    assert_eq!(round(e.protected_robust_accuracy), 0.08);
+    assert_eq!((e.fit_samples, e.fooled), (1000, 83), "TPR 0.0602 = 5 of 83 fooling examples");
+    let adaptive = e.protected_robust_adaptive.unwrap();
+    assert!(e.protected_robust_accuracy <= adaptive.min(e.protected_robust_non_adaptive));
+    assert!(lines.lock().unwrap()[0].starts_with("detector feature-squeezing: threshold"));
+    let chart = e.metrics.roc_chart("ROC".into(), &e.name);
+    assert_eq!((chart.series[0].points.clone(), chart.diagonal), (e.metrics.roc.clone(), true));
+}
+
+/// The attack helpers of the `detect` example's attacks and the rejection scale, on hand-checked values.
+#[test]
+fn eval_protect_detect_helpers_by_hand() {
+    use armoury_attacks::registry::{by_name, default_goal, detection_params, run_in_batches};
+    let p = detection_params("pgd", 0.2);
+    assert_eq!((p.eps, p.steps, p.step_size, p.queries), (0.2, Some(40), Some(0.01), None));
+    assert_eq!(detection_params("square", 0.1).queries, Some(200));
+    assert_eq!(detection_params("fgsm", 0.1), armoury_attacks::registry::AttackParams::default());
+    assert!(matches!(default_goal("jsma", 3), armoury::Goal::RandomTarget { seed: 3 }));
+    assert!(matches!(default_goal("pgd", 3), armoury::Goal::Untargeted));
+    // Batches of 3 give what one batch gives (FGSM is deterministic).
+    let model = fixture_cnn();
+    let (x, y) = armoury::data::sample().unwrap().test.batch(0..7).unwrap();
+    let fgsm = by_name("fgsm", &detection_params("fgsm", 0.1)).unwrap();
+    let goal = armoury::Goal::Untargeted;
+    let whole = fgsm.run(&model, &x, &y, &goal, 0).unwrap().adversarial;
+    let batched = run_in_batches(fgsm.as_ref(), &model, (&x, &y), &goal, 0, 3).unwrap();
+    assert_eq!(batched.shape(), whole.shape());
+    assert_eq!(batched.to_vec(), whole.to_vec());
+    // Median of [0, 1, 2, 3, 4] is 2: τ = 4 gives 1 / (4 − 2); a threshold not above the median gives 1.
+    assert_eq!(protect::guard::rejection_scale(&[4.0, 0.0, 3.0, 1.0, 2.0], 4.0), 0.5);
+    assert_eq!(protect::guard::rejection_scale(&[0.0, 1.0, 2.0], 1.0), 1.0);
+    assert_eq!(protect::guard::rejection_scale(&[0.0, 1.0, f32::NAN], f32::INFINITY), 1.0);
+    assert_eq!(protect::guard::rejection_scale(&[], 1.0), 1.0);
+}
+
+/// The stateful detector's figures of one run, on hand-made samples: 3 of 4 attacked, flagged at queries 5 and
+/// 150 (1-based: 6 and 151), one not flagged; 1 of 20 benign streams flagged.
+#[test]
+fn eval_protect_detect_similarity_figures_by_hand() {
+    let w = |attacked, first_flag| protect::Watched { attacked, first_flag, fooled: true };
+    let e = detect::SimilarityEvaluation {
+        tap: "fc1_relu".into(),
+        threshold: -1.0,
+        calibration_streams: 10,
+        calibration_per_second: 1.0,
+        benign_streams: 20,
+        benign_flagged: 1,
+        watched: vec![w(true, Some(5)), w(true, Some(150)), w(true, None), w(false, None)],
+        attack_seconds: 0.0,
+    };
+    assert_eq!(e.attacked(), 3);
+    assert_eq!((e.flagged_within(100), e.flagged()), (1.0 / 3.0, 2.0 / 3.0));
+    assert_eq!((e.mean_queries_to_flag(), e.benign_flag_rate()), (Some(78.5), 0.05));
+    assert_eq!(protect::stateful::mean_queries_to_flag(&e.watched[2..]), None);
 }

@@ -10,7 +10,7 @@
 //! # Ok::<(), armoury::Error>(())
 //! ```
 
-use armoury::{Attack, Error, Result};
+use armoury::{Attack, Classifier, Error, Goal, Result, Tensor};
 
 use crate::{
     Apgd, ApgdTargeted, BoundaryAttack, CarliniWagnerL2, DeepFool, ElasticNet, Epsilon, Fab, GenAttack, HopSkipJump,
@@ -140,6 +140,51 @@ pub fn names_for(norm: Norm) -> Vec<&'static str> {
         .into_iter()
         .filter(|n| build(n, &p).and_then(|a| a.budget_kind()).and_then(|b| b.norm()) == Some(norm))
         .collect()
+}
+
+/// The settings a detector is evaluated against with attack `name` at budget `eps` (the `detect` example's
+/// `--attack`): PGD-40 of step 0.01 for `pgd`, 200 queries per sample for the query attacks `hsj`, `nes` and
+/// `square`, every other setting the attack's own.
+pub fn detection_params(name: &str, eps: f32) -> AttackParams {
+    let mut params = AttackParams { eps, ..AttackParams::default() };
+    match name {
+        "pgd" => {
+            params.steps = Some(40);
+            params.step_size = Some(0.01);
+        }
+        "hsj" | "nes" | "square" => params.queries = Some(200),
+        _ => {}
+    }
+    params
+}
+
+/// The goal attack `name` is run for by default: JSMA is targeted by definition (a random target other than
+/// the label, drawn from `seed`), every other attack untargeted.
+pub fn default_goal(name: &str, seed: u64) -> Goal {
+    if name.eq_ignore_ascii_case("jsma") {
+        Goal::RandomTarget { seed }
+    } else {
+        Goal::Untargeted
+    }
+}
+
+/// The adversarial inputs of `attack` on `x` (true labels `y`) against `model`, run on `batch` samples at a time
+/// (bounding memory) with the same `goal` and `seed` for every batch, concatenated in sample order.
+pub fn run_in_batches(
+    attack: &dyn Attack,
+    model: &dyn Classifier,
+    (x, y): (&Tensor, &[usize]),
+    goal: &Goal,
+    seed: u64,
+    batch: usize,
+) -> Result<Tensor> {
+    let (n, batch) = (y.len(), batch.max(1));
+    let mut parts = Vec::new();
+    for s in (0..n).step_by(batch) {
+        let e = (s + batch).min(n);
+        parts.push(attack.run(model, &x.narrow(0, s, e - s)?, &y[s..e], goal, seed)?.adversarial);
+    }
+    Tensor::concat(&parts, 0)
 }
 
 /// The attack of a threat model's entry at budget `eps` in `norm` (the evaluator's [`armoury::eval::Builder`]):

@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 use armoury::detector::{roc_auc, roc_curve, tpr_at_fpr};
+use armoury::report::{LineChart, Series};
 use armoury::seed::sample_seed;
 use armoury::{Classifier, Detector, Error, Reduction, Result, Tensor};
 use rand::{Rng, SeedableRng};
@@ -40,6 +41,20 @@ impl DetectionMetrics {
             tpr_at_5fpr: tpr_at_fpr(negatives, positives, 0.05)?.0,
             roc: roc_curve(negatives, positives)?,
         })
+    }
+
+    /// The ROC curve as a chart titled `title`: false-positive rate against true-positive rate on [0, 1], the
+    /// curve named `name`, with the diagonal of a detector that guesses.
+    pub fn roc_chart(&self, title: String, name: &str) -> LineChart {
+        LineChart {
+            title,
+            x_label: "false-positive rate".into(),
+            y_label: "true-positive rate".into(),
+            x_range: Some((0.0, 1.0)),
+            y_range: Some((0.0, 1.0)),
+            series: vec![Series { name: name.to_string(), points: self.roc.clone() }],
+            diagonal: true,
+        }
     }
 }
 

@@ -176,6 +176,23 @@ pub(super) fn inputs(cx: &Context<'_>) -> Result<(Tensor, Vec<usize>, Tensor, Ve
     Ok((clean, labels, worst, broken))
 }
 
+/// The rejection logit's scale for [`Guarded::with_scale`]: one logit per (τ − median clean score), so that the
+/// adaptive attack's loss sees the detector's margin on the classifier's scale; 1 when that margin is not a
+/// positive finite number (`clean_scores`: the detector's scores of clean images; `tau`: its threshold).
+pub fn rejection_scale(clean_scores: &[f32], tau: f32) -> f32 {
+    let mut s = clean_scores.to_vec();
+    if s.is_empty() {
+        return 1.0;
+    }
+    let mid = s.len() / 2;
+    let margin = tau - *s.select_nth_unstable_by(mid, f32::total_cmp).1;
+    if margin.is_finite() && margin > 0.0 {
+        1.0 / margin
+    } else {
+        1.0
+    }
+}
+
 fn guard_slice(cx: &Context<'_>, spec: &str) -> Result<DetectorSlice> {
     let eps = cx.eps()? as f32;
     // LID's and Mahalanobis' combiners are fitted on training images attacked by PGD-40 at the headline ε.
@@ -201,12 +218,7 @@ fn guard_slice(cx: &Context<'_>, spec: &str) -> Result<DetectorSlice> {
     let mut d = registry::detector(&b, name)?;
     let (fit_x, _) = cx.set.train.batch(0..cx.fit.min(cx.set.train.len() / 2))?;
     let tau = d.fit(&fit_x, TARGET_FPR as f32)?;
-    // The rejection logit's scale: one logit per (τ − median clean score), so that the adaptive attack's loss
-    // sees the detector's margin on the classifier's scale.
-    let mut clean_scores = d.score(&fit_x)?;
-    let mid = clean_scores.len() / 2;
-    let median = *clean_scores.select_nth_unstable_by(mid, f32::total_cmp).1;
-    let scale = if tau - median > 0.0 && (tau - median).is_finite() { 1.0 / (tau - median) } else { 1.0 };
+    let scale = rejection_scale(&d.score(&fit_x)?, tau);
 
     let (clean, labels, worst, broken) = inputs(cx)?;
     let fooled: Vec<usize> = (0..broken.len()).filter(|&i| broken[i]).collect();

@@ -16,11 +16,13 @@
 //!   attack run against the defense: the adaptive cascade *and* the transferred worst-case input.
 //! - a detector ([`crate::registry::DETECTORS`]): per-input detectors and the region classifier ([`guard`]) and
 //!   the stateful query detector ([`stateful`]).
+//! - one detector on its own against one attack, outside a cascade ([`detect`], the `detect` example).
 //!
 //! The attacks come from the caller as the cascade's [`Builder`] (the attacks crate's `registry::from_spec`),
 //! so this crate needs no attack's concrete type.
 
 mod defense;
+pub mod detect;
 pub mod guard;
 pub mod stateful;
 

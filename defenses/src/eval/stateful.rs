@@ -134,6 +134,13 @@ pub fn watch(
     Ok((out, d))
 }
 
+/// The mean number of queries up to and including the first flagged one, over the samples flagged (`None`:
+/// none flagged).
+pub fn mean_queries_to_flag(watched: &[Watched]) -> Option<f64> {
+    let firsts: Vec<usize> = watched.iter().filter_map(|w| w.first_flag).collect();
+    (!firsts.is_empty()).then(|| firsts.iter().map(|&f| (f + 1) as f64).sum::<f64>() / firsts.len() as f64)
+}
+
 /// The cascade's Square settings (its `square` entry, else Square's defaults) at the headline ε.
 fn square(cx: &Context<'_>) -> Result<(Box<dyn Attack>, String)> {
     let spec =
@@ -195,17 +202,13 @@ impl StatefulSlice {
         let attacks = self
             .attacks
             .iter()
-            .map(|(attack, adaptive, w)| {
-                let firsts: Vec<usize> = w.iter().filter_map(|w| w.first_flag).collect();
-                StatefulAttack {
-                    attack: attack.clone(),
-                    adaptive: *adaptive,
-                    attacked: w.iter().filter(|w| w.attacked).count(),
-                    flagged: firsts.len(),
-                    mean_queries_to_flag: (!firsts.is_empty())
-                        .then(|| firsts.iter().map(|&f| (f + 1) as f64).sum::<f64>() / firsts.len() as f64),
-                    evaded: w.iter().filter(|w| w.attacked && w.fooled && w.first_flag.is_none()).count(),
-                }
+            .map(|(attack, adaptive, w)| StatefulAttack {
+                attack: attack.clone(),
+                adaptive: *adaptive,
+                attacked: w.iter().filter(|w| w.attacked).count(),
+                flagged: w.iter().filter(|w| w.first_flag.is_some()).count(),
+                mean_queries_to_flag: mean_queries_to_flag(w),
+                evaded: w.iter().filter(|w| w.attacked && w.fooled && w.first_flag.is_none()).count(),
             })
             .collect();
         StatefulReport {
