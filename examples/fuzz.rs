@@ -77,14 +77,14 @@ struct Args {
     config: Option<PathBuf>,
     /// The adversarial mutations, by attack name (listed below), comma-separated
     #[arg(long, value_name = "A,…", default_value = "fgsm,pgd,mdifgsm", value_parser = args::list)]
-    attacks: Vec<String>,
+    attacks: std::vec::Vec<String>, // one value split by args::list (a bare `Vec` is clap's repeated flag)
     /// The mutation groups: pixel, affine, adversarial, comma-separated
     #[arg(long, value_name = "G,…", default_value = "pixel,affine,adversarial", value_parser = groups)]
-    groups: Vec<Group>,
+    groups: std::vec::Vec<Group>,
     /// The activations whose neurons are covered, comma-separated [default: the cnn's conv1_relu, pool1,
     /// conv2_relu, pool2, fc1_relu and fc2; another model's every layer]
     #[arg(long, value_name = "T,…", value_parser = args::list)]
-    taps: Option<Vec<String>>,
+    taps: Option<std::vec::Vec<String>>,
     /// A convolution's neurons per position, not per channel mean
     #[arg(long)]
     per_position: bool,

@@ -89,3 +89,43 @@ fn quickstart_keeps_an_existing_model_file() {
     assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The examples whose flags take comma-separated lists run with their defaults (clap reads a bare `Vec` field as
+/// a repeated flag and panicked on every run of `detect` and `fuzz` before any work), each ending with its JSON
+/// line.
+#[test]
+fn list_flags_parse_and_the_examples_run_end_to_end() {
+    if examples().is_none() {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("armoury-examples-run-{}", std::process::id()));
+    let dir = |name: &str| out.join(name).display().to_string();
+    let runs: [(&str, Vec<String>); 2] = [
+        (
+            "detect",
+            ["--detector", "squeeze", "--attack", "fgsm", "--limit", "10", "--fit", "50", "--out"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([dir("detect")])
+                .collect(),
+        ),
+        (
+            "fuzz",
+            ["--data", "sample", "--seeds", "4", "--iterations", "4", "--bounds-images", "100"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(["--retrain-epochs".into(), "0".into(), "--out".into(), dir("fuzz")])
+                .collect(),
+        ),
+    ];
+    for (name, args) in runs {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = run(&example(name).unwrap(), &args);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{name}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        let last = stdout.lines().last().unwrap_or_default();
+        let line: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{name}: {e}: {last}"));
+        assert_eq!(line["example"], name);
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
