@@ -353,7 +353,7 @@ pub(super) fn per_attack(clean: Interval, attacks: &[AttackSummary]) -> Result<P
         let mut chart = ChartBuilder::on(root)
             .caption("Accuracy after each attack of the cascade (cumulative), 95% intervals", (FONT, 18))
             .margin(14)
-            .x_label_area_size(42)
+            .x_label_area_size(56)
             .y_label_area_size(52)
             .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..1.0)
             .map_err(plot_error)?;
@@ -370,6 +370,7 @@ pub(super) fn per_attack(clean: Interval, attacks: &[AttackSummary]) -> Result<P
             .label_style((FONT, 14))
             .x_labels(names.len() + 1)
             .x_label_formatter(&label)
+            .x_desc("clean, then after each attack of the cascade")
             .y_desc("accuracy")
             .draw()
             .map_err(plot_error)?;
