@@ -308,7 +308,7 @@ fn image_folder() {
     assert_eq!(px[0], 200.0 / 255.0); // R plane
     assert_eq!(px[24], 100.0 / 255.0); // G plane
     assert_eq!(px[48 + 5], 50.0 / 255.0); // B plane, x = 5
-    let gray = ImageFolderOptions { size: Some((3, 5)), channels: 1 };
+    let gray = ImageFolderOptions { size: Some((3, 5)), channels: 1, ..Default::default() };
     let (g, _) = data::load_image_folder(&root, gray).unwrap();
     assert_eq!(g.image_shape(), [1, 5, 3]);
     assert!(g.images().value().iter().all(|&v| (0.0..=1.0).contains(&v)));
@@ -324,6 +324,36 @@ fn image_folder() {
     let empty = tmp.path("empty");
     std::fs::create_dir(&empty).unwrap();
     assert!(data::load_image_folder(&empty, gray).is_err());
+}
+
+/// torchvision's evaluation transform on an image folder: the shorter side resized (aspect kept), then the
+/// centre cut out at torchvision's offsets; an image smaller than the crop is an error naming it.
+#[test]
+fn image_folder_resize_shorter_side_and_center_crop() {
+    let tmp = TempDir::new("crop");
+    let root = tmp.path("imgs");
+    std::fs::create_dir_all(root.join("only")).unwrap();
+    // 7×4: pixel (x, y) has red 10·x + y.
+    let img = image::RgbImage::from_fn(7, 4, |x, y| image::Rgb([(10 * x + y) as u8, 0, 0]));
+    img.save(root.join("only").join("a.png")).unwrap();
+    // The centre 3×2 of 7×4: left = round(4 / 2) = 2, top = round(2 / 2) = 1.
+    let crop = ImageFolderOptions { center_crop: Some((3, 2)), ..Default::default() };
+    let (d, _) = data::load_image_folder(&root, crop).unwrap();
+    assert_eq!(d.image_shape(), [3, 2, 3]);
+    let red: Vec<f32> = d.image(0).unwrap()[..6].iter().map(|v| (v * 255.0).round()).collect();
+    assert_eq!(red, vec![21.0, 31.0, 41.0, 22.0, 32.0, 42.0]);
+    // Shorter side 2: 7×4 → ⌊2·7/4⌋ × 2 = 3×2, then a 2×2 centre.
+    let both = ImageFolderOptions { shorter_side: Some(2), center_crop: Some((2, 2)), ..Default::default() };
+    assert_eq!(data::load_image_folder(&root, both).unwrap().0.image_shape(), [3, 2, 2]);
+    let tall = ImageFolderOptions { shorter_side: Some(8), ..Default::default() };
+    assert_eq!(data::load_image_folder(&root, tall).unwrap().0.image_shape(), [3, 8, 14]);
+    let imagenet = data::load_image_folder(&root, ImageFolderOptions::imagenet()).unwrap().0;
+    assert_eq!(imagenet.image_shape(), [3, 224, 224], "448×256, then the 224×224 centre");
+    let wide = ImageFolderOptions { center_crop: Some((8, 2)), ..Default::default() };
+    let err = data::load_image_folder(&root, wide).unwrap_err().to_string();
+    assert!(err.contains("a.png is 7x4, smaller than the 8x2 centre crop"), "{err}");
+    let zero = ImageFolderOptions { shorter_side: Some(0), ..Default::default() };
+    assert!(data::load_image_folder(&root, zero).is_err());
 }
 
 #[test]

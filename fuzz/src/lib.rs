@@ -116,8 +116,11 @@ pub fn image_folder(data: &[u8]) {
         std::fs::create_dir_all(&d).expect("creating the scratch folder");
         std::fs::write(d.join(if opt & 4 == 0 { "0.png" } else { "0.jpg" }), bytes).expect("writing the scratch file");
     }
-    let options =
-        ImageFolderOptions { size: (opt & 1 == 1).then_some((8, 8)), channels: if opt & 2 == 0 { 1 } else { 3 } };
+    let options = ImageFolderOptions {
+        size: (opt & 1 == 1).then_some((8, 8)),
+        channels: if opt & 2 == 0 { 1 } else { 3 },
+        ..Default::default()
+    };
     let _ = load_image_folder(&dir, options);
     for class in ["a", "b"] {
         let _ = std::fs::remove_dir_all(dir.join(class));

@@ -18,13 +18,62 @@ pub struct ImageFolderOptions {
     pub size: Option<(u32, u32)>,
     /// 1 for grayscale (luma), 3 for RGB; alpha is dropped.
     pub channels: usize,
+    /// Resize so that the shorter side has this length, keeping the aspect ratio (torchvision's `Resize(int)`:
+    /// the longer side becomes `⌊side · long / short⌋`); after `size`, if both are given.
+    pub shorter_side: Option<u32>,
+    /// Then cut the `(width, height)` centre out (torchvision's `CenterCrop`: offsets rounded as it rounds them);
+    /// an image smaller than the crop is an error.
+    pub center_crop: Option<(u32, u32)>,
+}
+
+impl ImageFolderOptions {
+    /// torchvision's ImageNet evaluation transform: the shorter side resized to 256, the 224×224 centre, RGB.
+    pub fn imagenet() -> ImageFolderOptions {
+        ImageFolderOptions { shorter_side: Some(256), center_crop: Some((224, 224)), ..Default::default() }
+    }
 }
 
 impl Default for ImageFolderOptions {
     /// Original size, RGB.
     fn default() -> Self {
-        ImageFolderOptions { size: None, channels: 3 }
+        ImageFolderOptions { size: None, channels: 3, shorter_side: None, center_crop: None }
     }
+}
+
+/// `size`, then `shorter_side`, then `center_crop` of `options` applied to one image.
+fn geometry<P>(
+    mut img: image::ImageBuffer<P, Vec<u8>>,
+    options: &ImageFolderOptions,
+    path: &Path,
+) -> Result<image::ImageBuffer<P, Vec<u8>>>
+where
+    P: image::Pixel<Subpixel = u8> + 'static,
+{
+    if let Some((w, h)) = options.size {
+        img = image::imageops::resize(&img, w, h, FilterType::Triangle);
+    }
+    if let Some(side) = options.shorter_side {
+        let (w, h) = img.dimensions();
+        let (short, long) = (w.min(h) as u64, w.max(h) as u64);
+        let other = (side as u64 * long / short.max(1)) as u32;
+        let (nw, nh) = if w <= h { (side, other) } else { (other, side) };
+        if (nw, nh) != (w, h) {
+            img = image::imageops::resize(&img, nw, nh, FilterType::Triangle);
+        }
+    }
+    if let Some((cw, ch)) = options.center_crop {
+        let (w, h) = img.dimensions();
+        if cw > w || ch > h {
+            return Err(Error::invalid(
+                OP,
+                format!("{} is {w}x{h}, smaller than the {cw}x{ch} centre crop", path.display()),
+            ));
+        }
+        let left = ((w - cw) as f64 / 2.0).round() as u32;
+        let top = ((h - ch) as f64 / 2.0).round() as u32;
+        img = image::imageops::crop_imm(&img, left, top, cw, ch).to_image();
+    }
+    Ok(img)
 }
 
 /// Loads a folder with one sub-folder per class (`dir/cat/*.png`, `dir/dog/*.jpg`, …) and returns the data set
@@ -39,14 +88,17 @@ impl Default for ImageFolderOptions {
 /// `size` is `None`.
 pub fn load_image_folder(dir: impl AsRef<Path>, options: ImageFolderOptions) -> Result<(Dataset, Vec<String>)> {
     let dir = dir.as_ref();
-    let ImageFolderOptions { size, channels } = options;
+    let ImageFolderOptions { size, channels, shorter_side, center_crop } = options;
     if channels != 1 && channels != 3 {
         return Err(Error::invalid(OP, format!("channels must be 1 or 3, got {channels}")));
     }
-    if let Some((w, h)) = size {
+    if let Some((w, h)) = size.or(center_crop) {
         if w == 0 || h == 0 {
-            return Err(Error::invalid(OP, format!("size must be positive, got {w}x{h}")));
+            return Err(Error::invalid(OP, format!("sizes must be positive, got {w}x{h}")));
         }
+    }
+    if shorter_side == Some(0) {
+        return Err(Error::invalid(OP, "shorter_side must be positive"));
     }
     let classes = sorted_entries(dir, |p| p.is_dir())?;
     if classes.is_empty() {
@@ -63,7 +115,7 @@ pub fn load_image_folder(dir: impl AsRef<Path>, options: ImageFolderOptions) -> 
             return Err(Error::invalid(OP, format!("{}: no PNG or JPEG images", class_dir.display())));
         }
         for file in files {
-            let (w, h) = load_one(&file, size, channels, &mut pixels)?;
+            let (w, h) = load_one(&file, &options, &mut pixels)?;
             let bytes = pixels.len() as u128 * 4;
             crate::limits::check_bytes(
                 || format!("{}: the images so far", dir.display()),
@@ -92,8 +144,9 @@ pub fn load_image_folder(dir: impl AsRef<Path>, options: ImageFolderOptions) -> 
     Ok((Dataset::new(images, labels, classes.len())?, names))
 }
 
-/// Decodes one image, converts and resizes it, appends its pixels (C×H×W) and returns (width, height).
-fn load_one(path: &Path, size: Option<(u32, u32)>, channels: usize, out: &mut Vec<f32>) -> Result<(u32, u32)> {
+/// Decodes one image, converts it, resizes and crops it ([`geometry`]), appends its pixels (C×H×W) and returns
+/// (width, height).
+fn load_one(path: &Path, options: &ImageFolderOptions, out: &mut Vec<f32>) -> Result<(u32, u32)> {
     let mut reader = ImageReader::open(path).and_then(|r| r.with_guessed_format()).map_err(|e| Error::io(path, e))?;
     // The decoder refuses an image whose declared size needs more than the memory budget (a 100000×100000 PNG
     // header is a few bytes).
@@ -101,18 +154,12 @@ fn load_one(path: &Path, size: Option<(u32, u32)>, channels: usize, out: &mut Ve
     limits.max_alloc = Some(crate::limits::max_memory());
     reader.limits(limits);
     let img = reader.decode().map_err(|source| Error::Image { path: path.into(), source })?;
-    if channels == 1 {
-        let mut g = img.to_luma8();
-        if let Some((w, h)) = size {
-            g = image::imageops::resize(&g, w, h, FilterType::Triangle);
-        }
+    if options.channels == 1 {
+        let g = geometry(img.to_luma8(), options, path)?;
         out.extend(g.as_raw().iter().map(|&v| f32::from(v) / 255.0));
         Ok(g.dimensions())
     } else {
-        let mut rgb = img.to_rgb8();
-        if let Some((w, h)) = size {
-            rgb = image::imageops::resize(&rgb, w, h, FilterType::Triangle);
-        }
+        let rgb = geometry(img.to_rgb8(), options, path)?;
         let raw = rgb.as_raw();
         for c in 0..3 {
             out.extend(raw.iter().skip(c).step_by(3).map(|&v| f32::from(v) / 255.0));
