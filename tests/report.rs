@@ -573,9 +573,11 @@ fn report_line_chart_is_a_plotters_svg() {
     let path = dir.join("detect-squeeze-pgd.svg");
     roc.write(&path).unwrap();
     let written = std::fs::read_to_string(&path).unwrap();
+    // Named after its file, with the chance diagonal drawn (dashed, or as a line element).
     assert!(
-        written.contains("id=\"detect-squeeze-pgd\"") && written.contains("stroke-dasharray")
-            || written.contains("<line")
+        written.contains("id=\"detect-squeeze-pgd\"")
+            && (written.contains("stroke-dasharray") || written.contains("<line")),
+        "{written}"
     );
     let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(leftovers.len(), 1, "no temporary file left: {leftovers:?}");

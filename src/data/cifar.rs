@@ -102,6 +102,27 @@ fn read(paths: &[PathBuf], variant: Cifar) -> Result<Dataset> {
     decode_cifar(&bytes, variant, &paths[0])
 }
 
+/// Where a directory's CIFAR files are: CIFAR-10's training batches and test batch, or CIFAR-100's two files.
+enum Layout {
+    Ten { dir: PathBuf, test: PathBuf },
+    Hundred { dir: PathBuf, train: PathBuf, test: PathBuf },
+}
+
+/// The CIFAR layout of `dir` or of its `cifar-10-batches-bin` / `cifar-100-binary` subdirectory, as the archives
+/// unpack.
+fn layout(dir: &Path) -> Option<Layout> {
+    [dir.to_path_buf(), dir.join("cifar-10-batches-bin"), dir.join("cifar-100-binary")].into_iter().find_map(|d| {
+        let (test10, train, test) = (d.join("test_batch.bin"), d.join("train.bin"), d.join("test.bin"));
+        if test10.is_file() {
+            Some(Layout::Ten { dir: d, test: test10 })
+        } else if train.is_file() && test.is_file() {
+            Some(Layout::Hundred { dir: d, train, test })
+        } else {
+            None
+        }
+    })
+}
+
 /// Loads CIFAR-10 (`data_batch_1.bin` … `data_batch_5.bin`, `test_batch.bin`) or CIFAR-100 (`train.bin`,
 /// `test.bin`, with `labels` choosing fine or coarse) from `dir` (or its `cifar-10-batches-bin` /
 /// `cifar-100-binary` subdirectory, as the archives unpack). A CIFAR-10 directory with fewer training batches
@@ -110,9 +131,8 @@ fn read(paths: &[PathBuf], variant: Cifar) -> Result<Dataset> {
 /// Errors: no CIFAR files in `dir` (naming what was looked for), and [`decode_cifar`]'s.
 pub fn load_cifar_dir(dir: impl AsRef<Path>, hundred_labels: Cifar) -> Result<TrainTest> {
     let dir = dir.as_ref();
-    for d in [dir.to_path_buf(), dir.join("cifar-10-batches-bin"), dir.join("cifar-100-binary")] {
-        let test10 = d.join("test_batch.bin");
-        if test10.is_file() {
+    match layout(dir) {
+        Some(Layout::Ten { dir: d, test }) => {
             let train: Vec<PathBuf> =
                 (1..=5).map(|k| d.join(format!("data_batch_{k}.bin"))).filter(|p| p.is_file()).collect();
             if train.is_empty() {
@@ -121,24 +141,21 @@ pub fn load_cifar_dir(dir: impl AsRef<Path>, hundred_labels: Cifar) -> Result<Tr
                     d.display()
                 )]));
             }
-            let (train, test) = (read(&train, Cifar::Ten)?, read(&[test10], Cifar::Ten)?);
-            return TrainTest::new(train, test, Cifar::Ten.name(), d.display().to_string());
+            let (train, test) = (read(&train, Cifar::Ten)?, read(&[test], Cifar::Ten)?);
+            TrainTest::new(train, test, Cifar::Ten.name(), d.display().to_string())
         }
-        let (train, test) = (d.join("train.bin"), d.join("test.bin"));
-        if train.is_file() && test.is_file() {
+        Some(Layout::Hundred { dir: d, train, test }) => {
             let v = if hundred_labels == Cifar::Ten { Cifar::HundredFine } else { hundred_labels };
-            return TrainTest::new(read(&[train], v)?, read(&[test], v)?, v.name(), d.display().to_string());
+            TrainTest::new(read(&[train], v)?, read(&[test], v)?, v.name(), d.display().to_string())
         }
+        None => Err(Error::DataNotFound(vec![format!(
+            "{} (no CIFAR-10 data_batch_K.bin + test_batch.bin, nor CIFAR-100 train.bin + test.bin)",
+            dir.display()
+        )])),
     }
-    Err(Error::DataNotFound(vec![format!(
-        "{} (no CIFAR-10 data_batch_K.bin + test_batch.bin, nor CIFAR-100 train.bin + test.bin)",
-        dir.display()
-    )]))
 }
 
 /// Whether `dir` holds a CIFAR binary data set ([`load_cifar_dir`] would find it).
 pub fn is_cifar_dir(dir: &Path) -> bool {
-    [dir.to_path_buf(), dir.join("cifar-10-batches-bin"), dir.join("cifar-100-binary")]
-        .iter()
-        .any(|d| d.join("test_batch.bin").is_file() || (d.join("train.bin").is_file() && d.join("test.bin").is_file()))
+    layout(dir).is_some()
 }

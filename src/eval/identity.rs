@@ -34,10 +34,19 @@ pub struct Identity {
     pub version: String,
 }
 
+/// A hash shortened for reading: its first 12 hex digits (`(none recorded)` when empty).
+pub fn short_hash(hash: &str) -> String {
+    if hash.is_empty() {
+        "(none recorded)".to_string()
+    } else {
+        hash.chars().take(12).collect()
+    }
+}
+
 impl std::fmt::Display for Identity {
     /// `model sha256 0e380cfc427a, data fashion-mnist (sha256 cb19a2782362), kernels avx512, armoury 0.1.0`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let short = |h: &str| h.chars().take(12).collect::<String>();
+        let short = short_hash;
         write!(
             f,
             "model sha256 {}, data {} (sha256 {}), kernels {}, armoury {}",
@@ -66,7 +75,7 @@ impl Identity {
     /// The first field in which `saved` (what a ledger or shard recorded) differs from `self` (this run), as a
     /// sentence for an error message; `None` when they are the same evaluation.
     pub fn difference(&self, saved: &Identity) -> Option<String> {
-        let short = |h: &str| if h.is_empty() { "(none recorded)".to_string() } else { h.chars().take(12).collect() };
+        let short = short_hash;
         if saved.model_hash != self.model_hash {
             return Some(format!(
                 "the model differs (content hash {} recorded, {} now: other weights or another model file)",
@@ -110,7 +119,8 @@ pub fn kernel_path() -> &'static str {
     }
 }
 
-fn hex(d: impl AsRef<[u8]>) -> String {
+/// Lower-case hex of bytes (a digest).
+pub(crate) fn hex(d: impl AsRef<[u8]>) -> String {
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -28,7 +28,7 @@ use super::identity::Identity;
 use super::summary::{summarise, Summary};
 use super::threat::ThreatModel;
 use crate::data::Dataset;
-use crate::{Classifier, Error, Result, Tensor};
+use crate::{Classifier, Result, Tensor};
 
 /// What an evaluation measured: the per-sample ledger and its figures.
 #[derive(Clone, Debug)]
@@ -135,23 +135,17 @@ impl<'a> Evaluator<'a> {
     /// Errors: shapes that disagree, a label outside the model's classes, data outside the model's bounds, an
     /// invalid threat model, an attack of another norm, a state file of another evaluation.
     pub fn run(&self, model: &dyn Classifier, x: &Tensor, y: &[usize]) -> Result<Evaluation> {
-        let n = x.shape().first().copied().unwrap_or(0);
-        if n != y.len() {
-            return Err(Error::invalid("evaluation", format!("{n} images but {} labels", y.len())));
-        }
-        let classes = model.num_classes();
-        if let Some((i, &label)) = y.iter().enumerate().find(|&(_, &l)| l >= classes) {
-            return Err(Error::invalid(
-                "evaluation labels",
-                format!("sample {i} has label {label}, but the model has {classes} classes (0..{})", classes - 1),
-            ));
-        }
-        let data = Dataset::new(x.detach(), y.to_vec(), classes)?;
+        // Declared with enough classes to hold every label; `run_dataset` checks them against the model's.
+        let declared = y.iter().map(|&l| l + 1).max().unwrap_or(0).max(model.num_classes());
+        let data = Dataset::new(x.detach(), y.to_vec(), declared)?;
         self.run_dataset(model, &data, "tensors")
     }
 
     /// Runs (or resumes) the evaluation of `model` on every sample of `data` (named `data_name` in the report).
+    ///
+    /// Errors: a label outside the model's classes (naming the sample), and [`Evaluator::run`]'s.
     pub fn run_dataset(&self, model: &dyn Classifier, data: &Dataset, data_name: &str) -> Result<Evaluation> {
+        data.check_labels(model.num_classes(), "evaluation")?;
         let n = data.len();
         let identity = match &self.identity {
             Some(id) => id.clone(),
@@ -197,5 +191,5 @@ fn behaviour_hash(model: &dyn Classifier, data: &Dataset) -> Result<String> {
         }
         s = e;
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(super::identity::hex(h.finalize()))
 }

@@ -42,11 +42,8 @@ pub fn to_report(
         .map(|(attack, norms)| NormDistribution { attack: attack.clone(), norm: tm.norm.clone(), norms: norms.clone() })
         .collect();
     let classes = s.class_flips.len();
-    let class_names = builtin_class_names(&ledger.identity.data, classes).unwrap_or_default();
-    let class_flips = Some(ClassFlips {
-        classes: (0..classes).map(|c| class_names.get(c).cloned().unwrap_or_else(|| c.to_string())).collect(),
-        counts: s.class_flips.clone(),
-    });
+    let class_flips =
+        Some(ClassFlips { classes: (0..classes).map(|c| c.to_string()).collect(), counts: s.class_flips.clone() });
     let attack_metrics = cascade_metrics(model, data, ledger, s, last)?;
     let radar = if attack_metrics.is_empty() { None } else { Some(attack_radar(&attack_metrics)?) };
     let [c, h, w] = data.image_shape();
@@ -64,13 +61,13 @@ pub fn to_report(
             attack: label(b.attack_index),
         })
         .collect();
-    Ok(Report {
+    let mut report = Report {
         title: format!("Robustness of {} under {}", s.model, tm.name),
         model: s.model.clone(),
         threat_model_hash: s.threat_model_hash.clone(),
         identity: Some(ledger.identity.clone()),
         header: Some(Header::now(&ledger.identity.data, tm)),
-        class_names,
+        class_names: Vec::new(),
         seed: tm.seed,
         samples: s.samples,
         clean_accuracy: s.clean_accuracy,
@@ -87,7 +84,11 @@ pub fn to_report(
         defense_radar: None,
         detectors: Vec::new(),
         stateful: Vec::new(),
-    })
+    };
+    if let Some(names) = builtin_class_names(&ledger.identity.data, classes) {
+        report.set_class_names(names);
+    }
+    Ok(report)
 }
 
 /// Each attack of the summary's cascade at ε number `eps_index`: robust accuracy after it with its interval,

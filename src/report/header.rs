@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::Report;
+use crate::eval::identity::short_hash as short;
 
 /// What an evaluation measured, beyond the figures (see the module doc).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -51,11 +52,6 @@ pub(super) fn norm_symbol(norm: &str) -> &str {
         "l1" => "L1",
         other => other,
     }
-}
-
-/// A hash shortened for reading (the full one follows in the details).
-fn short(hash: &str) -> String {
-    hash.chars().take(12).collect()
 }
 
 /// A cell of the header: plain text, or code (a hash or a name to copy).
