@@ -1,13 +1,7 @@
-//! Detect adversarial examples, and evaluate the detector honestly (`armoury_defenses::eval::detect`).
-//!
-//! `cargo run --release --example detect -- --detector magnet|squeeze|region|ensemble|lid|mahalanobis|similarity
-//! --attack fgsm|pgd|cw|jsma|hsj|nes|square --eps 0.1 [--adaptive]` (`--help` lists every flag)
-//!
-//! Fits the detector on clean training images at 1% FPR, attacks the first N test images, and reports ROC AUC,
-//! TPR at 1% / 5% FPR and the protected pipeline's clean and robust accuracy (detected or correct), with
-//! `--adaptive` also under PGD on the detector in front of the model. `similarity` watches query attacks (one
-//! image at a time) and benign streams with the stateful detector instead. Writes an SVG ROC curve and ends with
-//! one JSON line.
+//! Detect adversarial examples, and evaluate the detector honestly (`armoury_defenses::eval::detect`): fitted at
+//! 1% FPR on clean training images, against `--attack` on the first N test images (and with `--adaptive` PGD on
+//! the detector in front of the model); `similarity` watches query attacks and benign streams. Prints a table,
+//! writes an SVG ROC curve and ends with one JSON line; `--help` lists every flag.
 
 #[path = "support/args.rs"]
 mod args;
@@ -63,18 +57,8 @@ struct Args {
     /// Fit the detector on N clean training images
     #[arg(long, value_name = "N", default_value_t = 1000)]
     fit: usize,
-    /// MagNet: the auto-encoders' learning rate
-    #[arg(long, value_name = "LR", default_value_t = magnet::MagnetConfig::default().lr)]
-    ae_lr: f32,
-    /// MagNet: auto-encoder I trained on N images for E epochs (MagnetConfig's default)
-    #[arg(long, value_name = "N,E", default_value = "20000,10", value_parser = images_epochs)]
-    ae1: (usize, usize),
-    /// MagNet: auto-encoder II trained on N images for E epochs (MagnetConfig's default)
-    #[arg(long, value_name = "N,E", default_value = "60000,20", value_parser = images_epochs)]
-    ae2: (usize, usize),
-    /// MagNet: the detector parts, comma-separated (MagnetConfig's default)
-    #[arg(long, value_name = "P,…", default_value = "l1-ii,jsd10-ii,jsd40-ii", value_parser = args::list)]
-    magnet_parts: std::vec::Vec<String>, // one value, split by args::list (a bare `Vec` is clap's repeated flag)
+    #[command(flatten)]
+    magnet: args::MagnetArgs,
     /// similarity: the false-positive rate its threshold is fitted at
     #[arg(long, value_name = "F", default_value_t = 0.005)]
     sim_fpr: f32,
@@ -103,10 +87,6 @@ Examples:
   cargo run --release --example detect -- --detector magnet --attack pgd --eps 0.1 --limit 500 --adaptive
   cargo run --release --example detect -- --detector similarity --attack hsj --limit 100";
 
-fn images_epochs(s: &str) -> Result<(usize, usize), String> {
-    magnet::images_epochs(s).map_err(|e| e.to_string())
-}
-
 /// The flags, with the fixture cnn's weights as the default when the file is there.
 fn parse() -> Res<Args> {
     let mut a = Args::parse();
@@ -115,6 +95,14 @@ fn parse() -> Res<Args> {
         a.m.weights = Some(fixture);
     }
     Ok(a)
+}
+
+/// A titled two-column table of figures.
+fn table(title: &str, rows: &[(&str, String)]) {
+    println!("\n{title:<44} {:>10}", "value");
+    for (k, v) in rows {
+        println!("{k:<48} {v:>10}");
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -157,14 +145,7 @@ fn evaluate(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> 
         layers: &layers,
         attack: &combiner_attack,
         // `magnet-PART` is MagNet with that one part (the registry's); `magnet` has the --magnet-parts.
-        magnet: magnet::MagnetConfig {
-            ae1: args.ae1,
-            ae2: args.ae2,
-            lr: args.ae_lr,
-            parts: args.magnet_parts.clone(),
-            seed: args.seed,
-            cache: args.out.clone(),
-        },
+        magnet: args.magnet.config(args.seed, &args.out),
         magnet_progress: &magnet_progress,
     };
     let adaptive =
@@ -180,7 +161,6 @@ fn evaluate(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> 
     })?;
     let (name, m, seconds) = (e.name.as_str(), &e.metrics, start.elapsed().as_secs_f64());
     let adaptive = e.protected_robust_adaptive.map_or("not run".into(), |v| format!("{v:.4}"));
-    println!("\n{:<44} {:>10}", format!("{name} vs {} (ε = {})", args.attack, args.eps), "value");
     let rows = [
         ("undefended clean accuracy", format!("{:.4}", e.undefended_clean)),
         ("undefended robust accuracy", format!("{:.4}", e.undefended_robust)),
@@ -195,9 +175,7 @@ fn evaluate(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> 
         ("score images/s", format!("{:.0}", e.score_per_second)),
         ("seconds", format!("{seconds:.1}")),
     ];
-    for (k, v) in rows {
-        println!("{k:<48} {v:>10}");
-    }
+    table(&format!("{name} vs {} (ε = {})", args.attack, args.eps), &rows);
     std::fs::create_dir_all(&args.out)?;
     let svg = args.out.join(format!("detect-{}-{}.svg", args.detector, args.attack));
     let title = format!("{name} vs {} (ε = {}): AUC {:.3}", args.attack, args.eps, m.auc);
@@ -241,7 +219,6 @@ fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()
     let (within_rate, benign_rate) = (e.flagged_within(100), e.benign_flag_rate());
     let mean_q = e.mean_queries_to_flag().unwrap_or(f64::NAN);
     let seconds = start.elapsed().as_secs_f64();
-    println!("\n{:<44} {:>10}", format!("similarity vs {} ({} attacked images)", args.attack, e.attacked()), "value");
     let join = |f: &dyn Fn(&magnet::IndexMeasurement) -> String| costs.iter().map(f).collect::<Vec<_>>().join(" / ");
     let rows = [
         ("detected within the first 100 queries", format!("{within_rate:.4}")),
@@ -254,9 +231,7 @@ fn similarity(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()
         ("index recall of the 20 nearest at 1k / 10k / 100k", join(&|c| format!("{:.2}", c.recall))),
         ("seconds", format!("{seconds:.1}")),
     ];
-    for (k, v) in rows {
-        println!("{k:<48} {v:>10}");
-    }
+    table(&format!("similarity vs {} ({} attacked images)", args.attack, e.attacked()), &rows);
     let round = |v: f64| (v * 1e4).round() / 1e4;
     let line = serde_json::json!({
         "example": "detect",

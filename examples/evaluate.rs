@@ -148,19 +148,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if args.shards.shard.is_some() {
         // A shard writes its ledger and its defenses' and detectors' per-sample results; --merge reports.
         println!("shard {:?}: ledger {}", ledger.range, eval::ledger_file(&args.out, args.shards.shard).display());
-        if !(args.defenses.is_empty() && args.detectors.is_empty()) {
-            protect::run_slice(
-                &context(&args, &tm, &clf, &set, &ledger, &|_| {}, &|s| println!("{s}")),
-                &args.defenses,
-                &args.detectors,
-            )?;
-            println!(
-                "shard {:?}: defenses and detectors {}",
-                ledger.range,
-                protect::side_file(&args.out, "protect", args.shards.shard).display()
-            );
-        }
-        return Ok(());
+        return protect(&args, &tm, &clf, &set, &ledger, None);
     }
     let summary = eval::summarise(&tm, &ledger, clf.num_classes());
     let verdicts = if args.audit {
@@ -178,7 +166,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.class_names {
         report.set_class_names(armoury::data::read_class_names(path, clf.num_classes())?);
     }
-    protect(&args, &tm, &clf, &set, &ledger, &mut report)?;
+    protect(&args, &tm, &clf, &set, &ledger, Some(&mut report))?;
     let files = armoury::report::write(&report, &args.out)?;
     armoury::io::write_atomic(&args.out.join("threat-model.json"), serde_json::to_string_pretty(&tm)?.as_bytes())?;
     println!("\n{}\nreport: {}", armoury::report::summary_table(&report), files.html.display());
@@ -222,57 +210,41 @@ fn cascade(
     Ok(l)
 }
 
-/// What the defenses and detectors of the command line are evaluated with.
-fn context<'a>(
-    args: &'a Args,
-    tm: &'a ThreatModel,
-    clf: &'a Arc<dyn Classifier>,
-    set: &'a armoury::data::TrainTest,
-    ledger: &'a Ledger,
-    progress: &'a (dyn Fn(&eval::Progress) + Sync),
-    notify: &'a (dyn Fn(&str) + Sync),
-) -> protect::Context<'a> {
-    protect::Context {
-        model: clf,
-        set,
-        threat: tm,
-        ledger,
-        build: &from_spec,
-        out: &args.out,
-        shard: args.shards.shard,
-        eot: args.eot,
-        fit: args.fit,
-        progress,
-        notify,
-    }
-}
-
-/// The defenses and detectors of the command line — run here on every sample, or merged from the shards' side
-/// files with `--merge` — added to the report.
+/// The defenses and detectors of the command line — run here on every sample (a shard: on its samples, into its
+/// side file), or merged from the shards' side files with `--merge` — added to the report.
 fn protect(
     args: &Args,
     tm: &ThreatModel,
     clf: &Arc<dyn Classifier>,
     set: &armoury::data::TrainTest,
     ledger: &Ledger,
-    report: &mut armoury::report::Report,
+    report: Option<&mut armoury::report::Report>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if args.defenses.is_empty() && args.detectors.is_empty() {
         return Ok(());
     }
     let bar = steps::StepProgress::new("defenses and detectors");
-    let progress = |p: &eval::Progress| bar.update(p);
-    let notify = |s: &str| bar.line(s.to_string());
-    let cx = context(args, tm, clf, set, ledger, &progress, &notify);
-    let slices = match args.shards.merge {
-        Some(k) => (0..k)
-            .map(|i| protect::load_slice(&protect::side_file(&args.out, "protect", Some((i, k)))))
-            .collect::<Result<Vec<_>, _>>()?,
-        None => vec![protect::run_slice(&cx, &args.defenses, &args.detectors)?],
+    let (progress, notify) = (|p: &eval::Progress| bar.update(p), |s: &str| bar.line(s.to_string()));
+    let (shard, eot, fit, out) = (args.shards.shard, args.eot, args.fit, &args.out);
+    let cx = protect::Context {
+        model: clf,
+        set,
+        threat: tm,
+        ledger,
+        build: &from_spec,
+        out,
+        shard,
+        eot,
+        fit,
+        progress: &progress,
+        notify: &notify,
     };
+    let figures = protect::evaluate(&cx, &args.defenses, &args.detectors, args.shards.merge)?;
     bar.finish();
-    let (defenses, detectors, stateful) =
-        protect::finalise(&cx, &protect::merge_slices(tm, &ledger.identity, slices)?)?;
+    let (Some((defenses, detectors, stateful)), Some(report)) = (figures, report) else {
+        println!("shard {:?}: defenses and detectors {}", ledger.range, cx.file("protect").display());
+        return Ok(());
+    };
     report.defenses.extend(defenses);
     report.detectors.extend(detectors);
     report.stateful.extend(stateful);

@@ -108,6 +108,9 @@ fn eval_protect_shards_merge_to_the_unsharded_figures() {
     let sharded =
         protect::finalise(&cx(merged_ledger, None), &protect::merge_slices(&tm, &id, slices).unwrap()).unwrap();
     assert_eq!(timeless(&sharded), timeless(&unsharded));
+    // The one call the `evaluate` example makes for `--merge 3`: the same figures.
+    let merged = protect::evaluate(&cx(merged_ledger, None), &defenses, &detectors, Some(3)).unwrap().unwrap();
+    assert_eq!(timeless(&merged), timeless(&unsharded));
 
     // The figures are those of each part: the median filter's cascade and the region classifier as defenses,
     // feature squeezing as a detector, the similarity detector with its two attacks on the 24 samples.

@@ -223,3 +223,38 @@ impl Args for ShardArgs {
         ShardFlags::augment_args_for_update(cmd)
     }
 }
+
+fn images_epochs(s: &str) -> Result<(usize, usize), String> {
+    armoury_defenses::detectors::images_epochs(s).map_err(|e| e.to_string())
+}
+
+/// MagNet's auto-encoders and detector parts (`MagnetConfig`).
+#[derive(Args, Clone, Debug)]
+pub struct MagnetArgs {
+    /// MagNet: the auto-encoders' learning rate
+    #[arg(long, value_name = "LR", default_value_t = armoury_defenses::detectors::MagnetConfig::default().lr)]
+    ae_lr: f32,
+    /// MagNet: auto-encoder I trained on N images for E epochs (MagnetConfig's default)
+    #[arg(long, value_name = "N,E", default_value = "20000,10", value_parser = images_epochs)]
+    ae1: (usize, usize),
+    /// MagNet: auto-encoder II trained on N images for E epochs (MagnetConfig's default)
+    #[arg(long, value_name = "N,E", default_value = "60000,20", value_parser = images_epochs)]
+    ae2: (usize, usize),
+    /// MagNet: the detector parts, comma-separated (MagnetConfig's default)
+    #[arg(long, value_name = "P,…", default_value = "l1-ii,jsd10-ii,jsd40-ii", value_parser = list)]
+    magnet_parts: std::vec::Vec<String>, // one value, split by `list` (a bare `Vec` is clap's repeated flag)
+}
+
+impl MagnetArgs {
+    /// The configuration, its auto-encoders seeded by `seed` and cached in `cache`.
+    pub fn config(&self, seed: u64, cache: &std::path::Path) -> armoury_defenses::detectors::MagnetConfig {
+        armoury_defenses::detectors::MagnetConfig {
+            ae1: self.ae1,
+            ae2: self.ae2,
+            lr: self.ae_lr,
+            parts: self.magnet_parts.clone(),
+            seed,
+            cache: cache.to_path_buf(),
+        }
+    }
+}

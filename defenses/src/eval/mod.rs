@@ -222,10 +222,7 @@ pub fn merge_slices(tm: &ThreatModel, identity: &Identity, mut slices: Vec<Slice
 
 /// The figures of the whole evaluation's slice (`cx.ledger`: the undefended cascade of every sample): the
 /// defenses (and the region classifier, a defense), the per-input detectors and the stateful ones.
-pub fn finalise(
-    cx: &Context<'_>,
-    slice: &Slice,
-) -> Result<(Vec<DefenseReport>, Vec<DetectorReport>, Vec<StatefulReport>)> {
+pub fn finalise(cx: &Context<'_>, slice: &Slice) -> Result<Figures> {
     let (labels, classes, eps) = (cx.labels(), cx.model.num_classes(), cx.eps()?);
     let mut defenses = Vec::new();
     for d in &slice.defenses {
@@ -240,6 +237,29 @@ pub fn finalise(
         }
     }
     Ok((defenses, detectors, stateful))
+}
+
+/// The reports of the defenses (the region classifier among them), the per-input detectors and the stateful
+/// detectors.
+pub type Figures = (Vec<DefenseReport>, Vec<DetectorReport>, Vec<StatefulReport>);
+
+/// The figures of the defenses and detectors beside the cascade, as one call: run on the context's samples (a
+/// shard writes its side file and gets `None`: its `--merge` step reports), or, with `merge = Some(n)`, read from
+/// the n shards' side files; then merged (identity-checked) and finalised.
+pub fn evaluate(
+    cx: &Context<'_>,
+    defenses: &[String],
+    detectors: &[String],
+    merge: Option<usize>,
+) -> Result<Option<Figures>> {
+    let slices = match merge {
+        Some(k) => (0..k).map(|i| load_slice(&side_file(cx.out, "protect", Some((i, k))))).collect::<Result<_>>()?,
+        None => vec![run_slice(cx, defenses, detectors)?],
+    };
+    if cx.shard.is_some() && merge.is_none() {
+        return Ok(None);
+    }
+    finalise(cx, &merge_slices(cx.threat, &cx.ledger.identity, slices)?).map(Some)
 }
 
 /// `[rows, classes]` probabilities of a slice.
