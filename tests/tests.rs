@@ -27,6 +27,7 @@ mod load;
 mod metrics;
 mod nn;
 mod onnx;
+mod onnx_zoo;
 mod ops;
 mod registry;
 mod reliability;
