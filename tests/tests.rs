@@ -20,6 +20,7 @@ mod eval_api;
 mod eval_protect;
 mod examples_cli;
 mod fixtures_xcheck;
+mod fuser;
 mod fuzzer;
 mod gradcheck;
 mod layers;

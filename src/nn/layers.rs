@@ -6,7 +6,7 @@ use ndarray::{ArrayD, IxDyn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Module, Param};
+use super::{Layer, Module, Param};
 use crate::ops::{Conv2dParams, Pool2dParams};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -52,6 +52,10 @@ impl Module for Linear {
             Some(b) => y.add(&b.tensor()),
             None => Ok(y),
         }
+    }
+
+    fn describe(&self) -> Layer {
+        Layer::Linear { weight: self.weight.tensor(), bias: self.bias.as_ref().map(Param::tensor) }
     }
 
     fn mode_independent(&self) -> bool {
@@ -108,35 +112,8 @@ impl Module for Conv2d {
         x.conv2d(&self.weight.tensor(), b.as_ref(), self.params)
     }
 
-    fn forward_relu(&self, x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
-        let b = self.bias.as_ref().map(Param::tensor);
-        Some(x.conv2d_relu(&self.weight.tensor(), b.as_ref(), self.params))
-    }
-
-    fn forward_relu_max_pool2(&self, x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
-        let b = self.bias.as_ref().map(Param::tensor);
-        Some(x.conv2d_relu_max_pool2(&self.weight.tensor(), b.as_ref(), self.params))
-    }
-
-    /// W' = W·scale (per output channel), b' = b·scale + shift.
-    fn forward_folded(&self, x: &Tensor, scale: &Tensor, shift: &Tensor, relu: bool) -> Option<Result<Tensor>> {
-        let o = self.weight.shape()[0];
-        if scale.shape() != [o] || shift.shape() != [o] {
-            return None;
-        }
-        let folded = || -> Result<Tensor> {
-            let w = self.weight.tensor().mul(&scale.reshape(&[o, 1, 1, 1])?)?;
-            let b = match &self.bias {
-                Some(b) => b.tensor().mul(scale)?.add(shift)?,
-                None => shift.clone(),
-            };
-            if relu {
-                x.conv2d_relu(&w, Some(&b), self.params)
-            } else {
-                x.conv2d(&w, Some(&b), self.params)
-            }
-        };
-        Some(folded())
+    fn describe(&self) -> Layer {
+        Layer::Conv { weight: self.weight.tensor(), bias: self.bias.as_ref().map(Param::tensor), params: self.params }
     }
 
     fn mode_independent(&self) -> bool {
@@ -157,8 +134,8 @@ impl Module for MaxPool2d {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         x.max_pool2d(self.0)
     }
-    fn max_pool(&self) -> Option<Pool2dParams> {
-        Some(self.0)
+    fn describe(&self) -> Layer {
+        Layer::MaxPool(self.0)
     }
     fn mode_independent(&self) -> bool {
         true
@@ -196,7 +173,7 @@ impl Module for Flatten {
 }
 
 macro_rules! activation {
-    ($(#[$doc:meta])* $name:ident, |$x:ident| $body:expr, $relu:expr) => {
+    ($(#[$doc:meta])* $name:ident, |$x:ident| $body:expr, $describe:expr) => {
         $(#[$doc])*
         pub struct $name;
         impl Module for $name {
@@ -207,19 +184,19 @@ macro_rules! activation {
                 true
             }
             fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
-            fn is_relu(&self) -> bool {
-                $relu
+            fn describe(&self) -> Layer {
+                $describe
             }
         }
     };
 }
 
 activation!(/// max(x, 0).
-    ReLU, |x| x.relu(), true);
+    ReLU, |x| x.relu(), Layer::Relu);
 activation!(/// The logistic sigmoid.
-    Sigmoid, |x| x.sigmoid(), false);
+    Sigmoid, |x| x.sigmoid(), Layer::Opaque);
 activation!(/// tanh.
-    Tanh, |x| x.tanh(), false);
+    Tanh, |x| x.tanh(), Layer::Opaque);
 
 /// x for x > 0, else slope·x.
 pub struct LeakyReLU(pub f32);
@@ -324,14 +301,15 @@ impl Module for BatchNorm {
         x.sub(&mean)?.mul(&inv_std)?.mul(&gamma)?.add(&beta)
     }
 
-    /// scale = γ/√(running var + ε), shift = β − running mean·scale.
-    fn eval_affine(&self) -> Option<Result<(Tensor, Tensor)>> {
-        let affine = || -> Result<(Tensor, Tensor)> {
-            let scale = self.running_var.tensor().add_scalar(self.eps).powf(-0.5).mul(&self.weight.tensor())?;
-            let shift = self.bias.tensor().sub(&self.running_mean.tensor().mul(&scale)?)?;
-            Ok((scale, shift))
-        };
-        Some(affine())
+    /// Its evaluation-mode affine map, which the fuser folds into the convolution before it.
+    fn describe(&self) -> Layer {
+        Layer::BatchNorm {
+            weight: self.weight.tensor(),
+            bias: self.bias.tensor(),
+            running_mean: self.running_mean.tensor(),
+            running_var: self.running_var.tensor(),
+            eps: self.eps,
+        }
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {

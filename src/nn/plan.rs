@@ -1,0 +1,343 @@
+//! The one fuser. A layer says what it is ([`Module::describe`](super::Module::describe) returns a [`Layer`]);
+//! [`plan`] turns a run of layers into [`Step`]s, fusing the patterns that have one kernel; [`Fused::run`] runs a
+//! fused step from the layers' descriptions. A native [`Sequential`](super::Sequential) plans over its children
+//! (and an imported ONNX graph, once it moves onto this planner, over its chains of nodes): the same network runs
+//! the same kernels whichever front end built it.
+//!
+//! The rules (tinygrad's scheduler works the same way: a value read elsewhere is realised, and fusion stops
+//! there):
+//! - a step runs *through* the output of layer `i` (computes the next layer without handing that output out)
+//!   only when the front end says it is [`Output::Open`]: read by layer `i + 1` alone and asked for by nobody (no
+//!   tap, not the result) — so a tapped value is always handed out, and a tap inside a would-be fused step makes
+//!   the step run unfused there;
+//! - a BatchNorm folds into the convolution before it only in evaluation mode (in training it normalises with the
+//!   batch's statistics, which no weights can hold), and not when its own output is tapped (the tap is then the
+//!   BatchNorm's own value);
+//! - a fused step computes what its layers compute one after another, to rounding (bit for bit for the fused
+//!   ReLU and pooling), with gradients reaching the same parameters (folded weights are built from the
+//!   parameters on the graph).
+//!
+//! # Adding a fused step (a new kernel)
+//! 1. If the pattern needs a layer the planner cannot see yet, add a [`Layer`] variant and its [`Kind`]: the native
+//!    layer returns it from `describe`, and the ONNX importer maps its node to it (`Kind` at load, `Layer` from the
+//!    node's input values at run time, both in `src/onnx/`).
+//! 2. Add a [`Fused`] variant naming the pattern, match it in [`plan`] (every output the step runs through must be
+//!    [`Output::Open`]; ask `train` where evaluation mode matters), and run it in [`Fused::run`] with one kernel call.
+//! 3. Test it on both front ends (tests/fuser.rs): the plan contains the step, its values and input gradients equal
+//!    the layer-by-layer ones within rounding, a tap inside it and training mode (where it matters) run unfused.
+
+use std::ops::Range;
+
+use crate::ops::{Conv2dParams, Pool2dParams};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// What a layer is, as the planner sees it: the layers it can fuse, with the values a fused kernel needs (built
+/// from the layer's parameters, so gradients reach them), and [`Layer::Opaque`] for everything else. A
+/// description must compute what the layer's evaluation-mode forward computes.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Layer {
+    /// `conv2d(x, weight, bias, params)` ([`crate::nn::Conv2d`], ONNX `Conv` with symmetric padding).
+    Conv {
+        /// [O, C/groups, kh, kw].
+        weight: Tensor,
+        /// [O].
+        bias: Option<Tensor>,
+        /// Stride, padding, dilation, groups.
+        params: Conv2dParams,
+    },
+    /// `x·weightᵀ + bias` ([`crate::nn::Linear`]).
+    Linear {
+        /// [out, in].
+        weight: Tensor,
+        /// [out].
+        bias: Option<Tensor>,
+    },
+    /// Batch normalisation over axis 1; in evaluation mode the per-channel affine map
+    /// `(x − running_mean)/√(running_var + eps)·weight + bias` ([`crate::nn::BatchNorm`], ONNX
+    /// `BatchNormalization`).
+    BatchNorm {
+        /// γ [C].
+        weight: Tensor,
+        /// β [C].
+        bias: Tensor,
+        /// [C].
+        running_mean: Tensor,
+        /// [C].
+        running_var: Tensor,
+        /// Added to the variance.
+        eps: f32,
+    },
+    /// max(x, 0).
+    Relu,
+    /// Max pooling with this window.
+    MaxPool(Pool2dParams),
+    /// `x + other`, `other` a second value of the graph of the same shape (a residual connection: ONNX `Add`).
+    Add {
+        /// The other operand.
+        other: Tensor,
+    },
+    /// Anything else: it runs on its own, through its own forward.
+    Opaque,
+}
+
+/// What kind of layer a [`Layer`] is, without its values: what [`plan`] decides on (an importer knows it at load,
+/// before any value exists).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    /// [`Layer::Conv`].
+    Conv,
+    /// [`Layer::Linear`].
+    Linear,
+    /// [`Layer::BatchNorm`].
+    BatchNorm,
+    /// [`Layer::Relu`].
+    Relu,
+    /// [`Layer::MaxPool`] with its window.
+    MaxPool(Pool2dParams),
+    /// [`Layer::Add`].
+    Add,
+    /// [`Layer::Opaque`].
+    Opaque,
+}
+
+impl Layer {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Layer::Conv { .. } => Kind::Conv,
+            Layer::Linear { .. } => Kind::Linear,
+            Layer::BatchNorm { .. } => Kind::BatchNorm,
+            Layer::Relu => Kind::Relu,
+            Layer::MaxPool(p) => Kind::MaxPool(*p),
+            Layer::Add { .. } => Kind::Add,
+            Layer::Opaque => Kind::Opaque,
+        }
+    }
+}
+
+/// How a [`Step`] runs its layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fused {
+    /// One layer on its own, through its own forward (a module's `forward_t`, a node's op).
+    Single,
+    /// A convolution, with the BatchNorm after it folded into its weights and bias (`bn`, evaluation mode only:
+    /// W' = W·scale per output channel, b' = b·scale + shift), then a ReLU (`relu`), then a 2×2 max pooling of
+    /// stride 2 (`pool`, after a ReLU only): one [`Tensor::conv2d`], [`Tensor::conv2d_relu`] or
+    /// [`Tensor::conv2d_relu_max_pool2`].
+    Conv {
+        /// A BatchNorm folded in.
+        bn: bool,
+        /// A ReLU fused.
+        relu: bool,
+        /// A 2×2 max pooling fused after the ReLU.
+        pool: bool,
+    },
+    /// A residual add and the ReLU after it. It runs as the add then the ReLU until an add-and-ReLU kernel exists
+    /// (issue 32): the step marks the one place that kernel goes.
+    AddRelu,
+}
+
+/// One step of a plan: the layers `start..start + len` of the run, computed as `fused` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The first layer.
+    pub start: usize,
+    /// How many layers.
+    pub len: usize,
+    /// How they run.
+    pub fused: Fused,
+}
+
+impl Step {
+    /// The layers it runs.
+    pub fn layers(&self) -> Range<usize> {
+        self.start..self.start + self.len
+    }
+
+    /// The last layer it runs: the one whose output it produces.
+    pub fn last(&self) -> usize {
+        self.start + self.len - 1
+    }
+}
+
+/// One step of a model's plan by the names of its layers (a [`Sequential`](super::Sequential)'s children): what
+/// [`Sequential::plan`](super::Sequential::plan) shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fusion {
+    /// How the layers run.
+    pub fused: Fused,
+    /// Their names, in order.
+    pub layers: Vec<String>,
+}
+
+/// What the rest of a computation needs of one layer's output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Read by the next layer alone and asked for by nobody: a step may run through it without handing it out.
+    Open,
+    /// Read elsewhere too, or the result: a step must end on it and hand it out.
+    Kept,
+    /// Asked for by a tap: a step must end on it, and a BatchNorm's tapped output is computed by the BatchNorm
+    /// itself (not folded), so it is exactly what the BatchNorm makes of the convolution's output.
+    Tapped,
+}
+
+/// The 2×2 max pooling of stride 2 (no padding, floor) that [`Tensor::conv2d_relu_max_pool2`] fuses.
+fn is_max_pool2(kind: Kind) -> bool {
+    kind == Kind::MaxPool(Pool2dParams::square(2))
+}
+
+/// Splits the run of layers `kinds`, layer `i + 1` reading the output of layer `i`, into steps, in order, covering
+/// every layer once. `outputs[i]` says what else needs the output of layer `i` (missing entries are
+/// [`Output::Kept`]); `train`: training mode (no BatchNorm folds).
+pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
+    let at = |i: usize| kinds.get(i).copied().unwrap_or(Kind::Opaque);
+    let out = |i: usize| outputs.get(i).copied().unwrap_or(Output::Kept);
+    let open = |i: usize| out(i) == Output::Open;
+    let mut steps = Vec::with_capacity(kinds.len());
+    let mut i = 0;
+    while i < kinds.len() {
+        let (len, fused) = match at(i) {
+            Kind::Conv => {
+                let mut j = i + 1;
+                let bn = !train && open(i) && at(j) == Kind::BatchNorm && out(j) != Output::Tapped;
+                j += usize::from(bn);
+                let relu = open(j - 1) && at(j) == Kind::Relu;
+                j += usize::from(relu);
+                let pool = relu && open(j - 1) && is_max_pool2(at(j));
+                j += usize::from(pool);
+                match (bn, relu, pool) {
+                    // A convolution alone: its own forward is the same op.
+                    (false, false, false) => (1, Fused::Single),
+                    _ => (j - i, Fused::Conv { bn, relu, pool }),
+                }
+            }
+            Kind::Add if open(i) && at(i + 1) == Kind::Relu => (2, Fused::AddRelu),
+            _ => (1, Fused::Single),
+        };
+        steps.push(Step { start: i, len, fused });
+        i += len;
+    }
+    steps
+}
+
+/// The error for descriptions that do not fit the step planned for them (a front end's mistake, not a user's).
+fn mismatch(fused: Fused) -> Error {
+    Error::invalid("nn::plan", format!("the layers described do not fit the planned step {fused:?}"))
+}
+
+/// Folds the evaluation-mode BatchNorm `bn` into a layer whose output channels are the rows of `weight` (the
+/// first axis): `scale = weight_bn/√(running_var + eps)`, `shift = bias_bn − running_mean·scale`, then
+/// `W' = W·scale` per row and `b' = b·scale + shift`.
+fn fold(weight: &Tensor, bias: Option<&Tensor>, bn: &Layer) -> Result<(Tensor, Tensor)> {
+    let Layer::BatchNorm { weight: gamma, bias: beta, running_mean, running_var, eps } = bn else {
+        return Err(mismatch(Fused::Conv { bn: true, relu: false, pool: false }));
+    };
+    let o = weight.shape().first().copied().unwrap_or(0);
+    for t in [gamma, beta, running_mean, running_var] {
+        if t.shape() != [o] {
+            return Err(Error::ShapeMismatch { op: "batch_norm", expected: vec![o], got: t.shape().to_vec() });
+        }
+    }
+    let scale = running_var.add_scalar(*eps).powf(-0.5).mul(gamma)?;
+    let shift = beta.sub(&running_mean.mul(&scale)?)?;
+    let mut rows = vec![1; weight.rank()];
+    rows[0] = o;
+    let w = weight.mul(&scale.reshape(&rows)?)?;
+    let b = match bias {
+        Some(b) => b.mul(&scale)?.add(&shift)?,
+        None => shift,
+    };
+    Ok((w, b))
+}
+
+impl Fused {
+    /// Runs a fused step on its input `x`, given the descriptions of its layers in order (as many as the step
+    /// has). [`Fused::Single`] is not run here: the front end runs the layer through its own forward.
+    pub fn run(self, x: &Tensor, layers: &[Layer]) -> Result<Tensor> {
+        match (self, layers) {
+            (Fused::Conv { bn, relu, pool }, [Layer::Conv { weight, bias, params }, rest @ ..]) => {
+                let (w, b) = match rest.first() {
+                    Some(norm) if bn => {
+                        let (w, b) = fold(weight, bias.as_ref(), norm)?;
+                        (w, Some(b))
+                    }
+                    _ => (weight.clone(), bias.clone()),
+                };
+                match (relu, pool) {
+                    (true, true) => x.conv2d_relu_max_pool2(&w, b.as_ref(), *params),
+                    (true, false) => x.conv2d_relu(&w, b.as_ref(), *params),
+                    (false, _) => x.conv2d(&w, b.as_ref(), *params),
+                }
+            }
+            (Fused::AddRelu, [Layer::Add { other }, Layer::Relu]) => Ok(x.add(other)?.relu()),
+            _ => Err(mismatch(self)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of `kinds` with the outputs listed in `kept` and `tapped` not open (the last is the result).
+    fn steps(kinds: &[Kind], kept: &[usize], tapped: &[usize], train: bool) -> Vec<(usize, usize, Fused)> {
+        let outputs: Vec<Output> = (0..kinds.len())
+            .map(|i| match i {
+                _ if tapped.contains(&i) => Output::Tapped,
+                _ if kept.contains(&i) || i + 1 == kinds.len() => Output::Kept,
+                _ => Output::Open,
+            })
+            .collect();
+        plan(kinds, &outputs, train).into_iter().map(|s| (s.start, s.len, s.fused)).collect()
+    }
+
+    const POOL2: Kind = Kind::MaxPool(Pool2dParams {
+        kernel: (2, 2),
+        stride: (2, 2),
+        padding: (0, 0),
+        ceil_mode: false,
+        count_include_pad: true,
+    });
+    const ALONE: Fused = Fused::Single;
+
+    fn conv(bn: bool, relu: bool, pool: bool) -> Fused {
+        Fused::Conv { bn, relu, pool }
+    }
+
+    #[test]
+    fn conv_batchnorm_relu_pool_is_one_step_in_evaluation_mode() {
+        let k = [Kind::Conv, Kind::BatchNorm, Kind::Relu, POOL2, Kind::Opaque];
+        assert_eq!(steps(&k, &[], &[], false), vec![(0, 4, conv(true, true, true)), (4, 1, ALONE)]);
+        // Training: the BatchNorm runs on its own, and so do the ReLU and pooling after it (no kernel fuses them).
+        let each: Vec<_> = (0..5).map(|i| (i, 1, ALONE)).collect();
+        assert_eq!(steps(&k, &[], &[], true), each);
+        // A BatchNorm output read elsewhere: folded, and handed out.
+        assert_eq!(steps(&k, &[1], &[], false)[0], (0, 2, conv(true, false, false)));
+        // A tapped BatchNorm output is the BatchNorm's own.
+        assert_eq!(steps(&k, &[], &[1], false)[..2], [(0, 1, ALONE), (1, 1, ALONE)]);
+        // A convolution output read elsewhere or tapped: nothing folds into it.
+        assert_eq!(steps(&k, &[0], &[], false)[0], (0, 1, ALONE));
+        assert_eq!(steps(&k, &[], &[0], false)[0], (0, 1, ALONE));
+        // A tapped ReLU output: the pooling runs on its own.
+        assert_eq!(steps(&k, &[], &[2], false)[..2], [(0, 3, conv(true, true, false)), (3, 1, ALONE)]);
+    }
+
+    #[test]
+    fn relu_and_pool_fuse_in_training_and_only_the_two_by_two_pool() {
+        assert_eq!(POOL2, Kind::MaxPool(Pool2dParams::square(2)));
+        let k = [Kind::Conv, Kind::Relu, POOL2];
+        assert_eq!(steps(&k, &[], &[], true), vec![(0, 3, conv(false, true, true))]);
+        let k = [Kind::Conv, Kind::Relu, Kind::MaxPool(Pool2dParams::square(3))];
+        assert_eq!(steps(&k, &[], &[], false)[0], (0, 2, conv(false, true, false)));
+        // A pooling straight after the convolution has no kernel.
+        assert_eq!(steps(&[Kind::Conv, POOL2], &[], &[], false), vec![(0, 1, ALONE), (1, 1, ALONE)]);
+        let k = [Kind::Add, Kind::Relu, Kind::Linear, Kind::Relu];
+        assert_eq!(steps(&k, &[], &[], false), vec![(0, 2, Fused::AddRelu), (2, 1, ALONE), (3, 1, ALONE)]);
+        assert_eq!(steps(&k, &[0], &[], false)[0], (0, 1, ALONE), "the sum read elsewhere");
+    }
+}
