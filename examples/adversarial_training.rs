@@ -149,10 +149,10 @@ fn build_method(args: &Args, train: &armoury::data::Dataset) -> Result<Box<dyn M
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     args.run.apply()?;
-    let set = model::load_data(args.m.data.as_deref())?;
+    let set = args.m.load_data()?;
     let train = match args.train_limit {
-        Some(n) => set.train.take(n)?,
-        None => set.train.clone(),
+        Some(n) => set.training("adversarial training")?.take(n)?,
+        None => set.training("adversarial training")?.clone(),
     };
     println!("data: {} — {} training / {} test images ({})", set.name, train.len(), set.test.len(), set.source);
     let module = match &args.m.model {

@@ -118,7 +118,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     args.run.apply()?;
     let params = args.params();
-    let set = model::load_data(args.m.data.as_deref())?;
+    let set = args.m.load_data()?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
     let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.run.seed)?;
     let attack = registry::by_name(&args.name, &params)?;
@@ -193,6 +193,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Figures rounded as the table shows them.
     let round = |v: f64, places: i32| (v * 10f64.powi(places)).round() / 10f64.powi(places);
     let line = serde_json::json!({
+        "example": "attack",
         "attack": args.name,
         // ε as written (its shortest decimal), not the f64 widening of the f32 (0.10000000149011612).
         "eps": args.eps.to_string().parse::<f64>().unwrap_or(f64::NAN),

@@ -71,9 +71,10 @@ struct Args {
     /// similarity: the activation it encodes [default: the input of the model's head]
     #[arg(long, value_name = "NAME")]
     tap: Option<String>,
-    /// lid, mahalanobis: the layers whose activations they read, comma-separated
-    #[arg(long, value_name = "L,…", default_value = "conv1_relu,conv2_relu,fc1_relu,fc2", value_parser = args::list)]
-    layers: std::vec::Vec<String>,
+    /// lid, mahalanobis: the layers whose activations they read, comma-separated [default: the cnn's
+    /// conv1_relu,conv2_relu,fc1_relu,fc2; another model's taps at ¼, ½ and ¾ of its depth and its output]
+    #[arg(long, value_name = "L,…", value_parser = args::list)]
+    layers: Option<std::vec::Vec<String>>,
     /// Seed of every random draw
     #[arg(long, value_name = "S", default_value_t = 0)]
     seed: u64,
@@ -87,11 +88,13 @@ Examples:
   cargo run --release --example detect -- --detector magnet --attack pgd --eps 0.1 --limit 500 --adaptive
   cargo run --release --example detect -- --detector similarity --attack hsj --limit 100";
 
-/// The flags, with the fixture cnn's weights as the default when the file is there.
+/// The flags, with the fixture cnn's weights as the default for the cnn when the file is there (never for another
+/// model: an ONNX file carries its own).
 fn parse() -> Res<Args> {
     let mut a = Args::parse();
     let fixture = PathBuf::from("tests/fixtures/cnn.safetensors");
-    if a.m.weights.is_none() && fixture.exists() {
+    let cnn = matches!(a.m.model, model::ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn));
+    if a.m.weights.is_none() && cnn && fixture.exists() {
         a.m.weights = Some(fixture);
     }
     Ok(a)
@@ -118,7 +121,7 @@ fn attack(args: &Args, clf: &dyn Classifier, x: &Tensor, y: &[usize], seed: u64)
 
 fn run() -> Res<()> {
     let args = parse()?;
-    let set = model::load_data(args.m.data.as_deref())?;
+    let set = args.m.load_data()?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
     let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.seed)?;
     let clf: Arc<dyn Classifier> = Arc::new(clf);
@@ -130,7 +133,8 @@ fn run() -> Res<()> {
 
 fn evaluate(args: &Args, clf: &Arc<dyn Classifier>, set: &TrainTest) -> Res<()> {
     let start = Instant::now();
-    let layers: Vec<&str> = args.layers.iter().map(String::as_str).collect();
+    let layers = args.layers.clone().unwrap_or_else(|| armoury_defenses::registry::default_layers(clf.as_ref()));
+    let layers: Vec<&str> = layers.iter().map(String::as_str).collect();
     // Supervised combiners are trained on the attack being evaluated.
     let combiner_attack = |x: &Tensor, y: &[usize]| attack(args, clf.as_ref(), x, y, args.seed + 1);
     let magnet_progress = |p: &magnet::MagnetProgress<'_>| {

@@ -72,8 +72,9 @@ struct Args {
     /// interrupted run from its ledger
     #[arg(long, value_name = "DIR", default_value = "out/evaluate")]
     out: PathBuf,
-    /// The classes' names for the report, one per line in class order [default: built in for Fashion-MNIST,
-    /// MNIST and CIFAR-10, else the indices]
+    /// The model's class names, one per line in output order: named in the report, and an image folder's class
+    /// folders are matched to them by name [default: an image folder's folder names; built in for
+    /// Fashion-MNIST, MNIST and CIFAR-10; else the indices]
     #[arg(long = "class-names", value_name = "FILE")]
     class_names: Option<PathBuf>,
     #[command(flatten)]
@@ -127,7 +128,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         tm.eps = vec![e];
         tm.check()?;
     }
-    let set = model::load_data(args.m.data.as_deref())?;
+    let mut set = args.m.load_data()?;
+    if let (Some(path), Some(_)) = (&args.class_names, &set.class_names) {
+        set = set.relabel_by_name(&armoury::data::read_class_list(path)?)?;
+    }
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
     let weights = weights(&args, &set);
     let (module, clf) = load::load_model(&args.m.model, weights.as_deref(), args.m.bounds, &set, tm.seed)?;
@@ -165,6 +169,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut report = armoury::report::to_report(clf.as_ref(), &set.test, &tm, &ledger, &summary, verdicts)?;
     if let Some(path) = &args.class_names {
         report.set_class_names(armoury::data::read_class_names(path, clf.num_classes())?);
+    } else if let Some(names) = set.class_names.clone().filter(|n| n.len() == clf.num_classes()) {
+        report.set_class_names(names);
     }
     protect(&args, &tm, &clf, &set, &ledger, Some(&mut report))?;
     let files = armoury::report::write(&report, &args.out)?;

@@ -179,12 +179,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     {
         args.m.weights = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors"));
     }
-    let set = model::load_data(args.m.data.as_deref())?;
+    let set = args.m.load_data()?;
     let (module, clf) =
         load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.fuzz.seed)?;
     let taps = taps_for(&args, &clf);
-    let n_bounds = args.bounds_images.min(set.train.len());
-    let (train_x, _) = set.train.batch(0..n_bounds)?;
+    let train = set.training("the coverage bounds")?;
+    let n_bounds = args.bounds_images.min(train.len());
+    let (train_x, _) = train.batch(0..n_bounds)?;
     let bounds = Bounds::fit(&clf, &taps, &train_x, 500)?;
     let n = args.seeds.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;

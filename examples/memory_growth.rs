@@ -89,7 +89,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     args.run.apply()?;
     let set = model::load_data(args.data.data.as_deref())?;
-    let train = set.train.take(args.train_limit.min(set.train.len()))?;
+    let train = set.training("training")?;
+    let train = train.take(args.train_limit.min(train.len()))?;
     println!(
         "data: {} — {} training / {} test images; VmRSS at start {} KiB",
         set.name,

@@ -238,7 +238,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             args.sigma, args.finetune_epochs
         );
         let net = fixture_cnn()?;
-        finetune(&net, &set.train, &set.test, args.sigma, args.finetune_epochs, args.run.seed)?;
+        finetune(
+            &net,
+            set.training("fine-tuning under noise")?,
+            &set.test,
+            args.sigma,
+            args.finetune_epochs,
+            args.run.seed,
+        )?;
         measure("fixture_cnn_noise_finetuned", net, &x, &y, &rs)?;
     }
     Ok(())

@@ -80,16 +80,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     args.run.apply()?;
     let set = model::load_data(args.data.data.as_deref())?;
+    let train = set.training("training")?;
     println!(
         "data: {} — {} training and {} test images of shape {:?}, {} classes ({})",
         set.name,
-        set.train.len(),
+        train.len(),
         set.test.len(),
-        set.train.image_shape(),
-        set.train.num_classes(),
+        train.image_shape(),
+        train.num_classes(),
         set.source
     );
-    let [c, h, w] = set.train.image_shape();
+    let [c, h, w] = train.image_shape();
     let model: Arc<dyn Module> = match &args.model {
         model::ModelChoice::Reference(r) => {
             if (c, h, w) != (1, 28, 28) {
@@ -110,8 +111,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     let start = Instant::now();
-    let reports =
-        fit(model.as_ref(), &mut opt, &set.train, Some(&set.test), &cfg, &mut progress::TrainProgress::new())?;
+    let reports = fit(model.as_ref(), &mut opt, train, Some(&set.test), &cfg, &mut progress::TrainProgress::new())?;
     let seconds = start.elapsed().as_secs_f64();
     let accuracy = reports.last().and_then(|r| r.test.as_ref()).map(|t| t.accuracy).unwrap_or(f32::NAN);
     if let Some(out) = &args.out {

@@ -1,7 +1,8 @@
 //! A model and its data by name, as the command lines take them: `cnn`, `mlp` (the reference models,
 //! [`ReferenceModel`]), `FILE.onnx` (any ONNX export) or `FILE.safetensors` (the reference cnn with those
-//! weights); input bounds `lo,hi`; an IDX data directory, else full Fashion-MNIST when installed, else the
-//! embedded sample.
+//! weights); input bounds `lo,hi`; a data directory — IDX, CIFAR-10/100 binary, or an image folder resized and
+//! centre-cropped to the model's input as torchvision evaluates ([`load_data_for`]) —, else full Fashion-MNIST
+//! when installed, else the embedded sample.
 //!
 //! The number of classes is the model's output width, never the largest label of the data: a test set without
 //! class 9 still evaluates a ten-class model, and a label the model has no class for is an error naming the
@@ -23,7 +24,7 @@ use std::sync::Arc;
 
 #[cfg(doc)]
 use crate::data::Dataset;
-use crate::data::{self, TrainTest};
+use crate::data::{self, ImageFolderOptions, TrainTest};
 pub use crate::nn::output_classes;
 use crate::nn::{Module, ModuleExt, ReferenceModel};
 use crate::onnx::OnnxModel;
@@ -71,6 +72,21 @@ impl ModelChoice {
         }
     }
 
+    /// The image shape `C×H×W` the model declares (`None` where an axis is free or the file declares none): the
+    /// reference models take 1×28×28; an ONNX file is read for its input's dimensions after the batch axis.
+    pub fn input_shape(&self) -> Result<Option<[usize; 3]>> {
+        match self {
+            ModelChoice::Reference(_) => Ok(Some([1, 28, 28])),
+            ModelChoice::Onnx(path) => {
+                let m = OnnxModel::load(path)?;
+                Ok(match m.input_dims() {
+                    [_, Some(c), Some(h), Some(w)] => Some([*c, *h, *w]),
+                    _ => None,
+                })
+            }
+        }
+    }
+
     /// The bytes that identify the model beyond its parameters (an ONNX file's graph; nothing for a reference
     /// model), for [`crate::eval::identity::model_hash`].
     pub fn graph_bytes(&self) -> Result<Vec<u8>> {
@@ -109,15 +125,45 @@ pub fn parse_bounds(s: &str) -> Result<(f32, f32)> {
 }
 
 /// The data set: `dir` if given — a CIFAR-10/100 binary directory ([`data::load_cifar_dir`], CIFAR-100 with its
-/// fine labels), an IDX directory, or `sample` for the embedded sample —, else full Fashion-MNIST when found, else
+/// fine labels), an image folder at its stored size ([`data::load_image_folder_set`]; [`load_data_for`] fits one
+/// to a model), an IDX directory, or `sample` for the embedded sample —, else full Fashion-MNIST when found, else
 /// the embedded sample.
 pub fn load_data(dir: Option<&Path>) -> Result<TrainTest> {
     match dir {
         Some(d) if d == Path::new("sample") => data::sample(),
         Some(d) if data::is_cifar_dir(d) => data::load_cifar_dir(d, data::Cifar::HundredFine),
+        Some(d) if data::is_image_folder(d) => data::load_image_folder_set(d, ImageFolderOptions::default()),
         Some(d) => data::load_idx_dir(d),
         None => data::load_default(None),
     }
+}
+
+/// [`load_data`] with image folders fitted to a model that takes `input` (`C×H×W`) images: torchvision's evaluation
+/// transform — the shorter side resized to `resize` (default: `⌊H·8/7⌉`, torchvision's 256 for a 224 crop, keeping
+/// the aspect ratio), then the `H×W` centre; `C` is 1 (luma) or 3 (RGB). Without `input`, images are used as
+/// stored and must all have one size. Other formats are read as stored; the model's shape is checked against them
+/// when the model loads.
+pub fn load_data_for(dir: Option<&Path>, input: Option<[usize; 3]>, resize: Option<u32>) -> Result<TrainTest> {
+    let Some(dir) = dir.filter(|d| data::is_image_folder(d)) else {
+        return load_data(dir);
+    };
+    let mut options = ImageFolderOptions::default();
+    if let Some([c, h, w]) = input {
+        if c != 1 && c != 3 {
+            return Err(Error::invalid(
+                "model and data",
+                format!("the model takes {c}-channel images; an image folder gives 1 (grey) or 3 (RGB)"),
+            ));
+        }
+        let side = |v: usize| u32::try_from(v).map_err(|_| Error::invalid("model and data", "image size too large"));
+        let (h, w) = (side(h)?, side(w)?);
+        options.channels = c;
+        options.center_crop = Some((w, h));
+        options.shorter_side = Some(resize.unwrap_or(((h.min(w) as f64) * 8.0 / 7.0).round() as u32));
+    } else if resize.is_some() {
+        return Err(Error::invalid("data", "a resize needs the model's input size, and the model declares none"));
+    }
+    data::load_image_folder_set(dir, options)
 }
 
 /// `C×H×W`.
@@ -173,6 +219,20 @@ pub fn load_model(
         }
     };
     let classes = output_classes(module.as_ref(), shape)?;
+    if let Some(names) = set.class_names.as_ref().filter(|n| n.len() != classes) {
+        // An image folder's labels are its class folders' sorted positions: with fewer (or more) folders than
+        // the model has classes, they are not the model's classes, and every figure would be wrong.
+        return Err(Error::invalid(
+            "model and data",
+            format!(
+                "the data have {} class folders and {} has {classes} classes, so the folders' positions are not \
+                 its labels: name the model's classes in output order (evaluate's --class-names FILE; \
+                 TrainTest::relabel_by_name) to match the folders by name",
+                names.len(),
+                choice.name()
+            ),
+        ));
+    }
     set.train.check_labels(classes, "training")?;
     set.test.check_labels(classes, "test")?;
     if let ModelChoice::Reference(_) = choice {
@@ -181,7 +241,8 @@ pub fn load_model(
             None => {
                 let mut opt = Adam::new(module.parameters(), AdamConfig::default())?;
                 let cfg = TrainConfig { epochs: 3, seed, ..Default::default() };
-                fit(module.as_ref(), &mut opt, &set.train.with_num_classes(classes)?, None, &cfg, progress)?;
+                let train = set.training("training the reference model")?;
+                fit(module.as_ref(), &mut opt, &train.with_num_classes(classes)?, None, &cfg, progress)?;
             }
         }
     }

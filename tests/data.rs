@@ -342,6 +342,12 @@ fn image_folder_resize_shorter_side_and_center_crop() {
     assert_eq!(d.image_shape(), [3, 2, 3]);
     let red: Vec<f32> = d.image(0).unwrap()[..6].iter().map(|v| (v * 255.0).round()).collect();
     assert_eq!(red, vec![21.0, 31.0, 41.0, 22.0, 32.0, 42.0]);
+    // Halves round to even, as Python's round in torchvision's CenterCrop: the 2×3 centre of 7×4 starts at
+    // left = round(2.5) = 2, top = round(0.5) = 0 (rounding halves up would start at 3, 1).
+    let half = ImageFolderOptions { center_crop: Some((2, 3)), ..Default::default() };
+    let (d, _) = data::load_image_folder(&root, half).unwrap();
+    let red: Vec<f32> = d.image(0).unwrap()[..6].iter().map(|v| (v * 255.0).round()).collect();
+    assert_eq!(red, vec![20.0, 30.0, 21.0, 31.0, 22.0, 32.0]);
     // Shorter side 2: 7×4 → ⌊2·7/4⌋ × 2 = 3×2, then a 2×2 centre.
     let both = ImageFolderOptions { shorter_side: Some(2), center_crop: Some((2, 2)), ..Default::default() };
     assert_eq!(data::load_image_folder(&root, both).unwrap().0.image_shape(), [3, 2, 2]);

@@ -242,7 +242,7 @@ fn eval_protect_detect_squeeze_fgsm_matches_the_example() {
             model: &model,
             set: &set,
             fit: 1000,
-            layers: &protect::guard::LAYERS,
+            layers: &armoury_defenses::registry::CNN_LAYERS,
             attack: &attack,
             magnet: MagnetConfig::default(),
             magnet_progress: &|_| {},

@@ -129,3 +129,114 @@ fn list_flags_parse_and_the_examples_run_end_to_end() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A CIFAR-10 directory of `n` test images (and as many training images) with a pixel pattern, labelled with the
+/// zoo model's own predictions except the first `wrong`, which get the next class: clean accuracy (n − wrong) / n.
+fn cifar_for_zoo(dir: &std::path::Path, n: usize, wrong: usize) {
+    use armoury::Classifier;
+    let pixels: Vec<u8> = (0..n * 3072).map(|k| ((k * 37 + k / 3072 * 101) % 256) as u8).collect();
+    let x: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+    let x = armoury::Tensor::from_vec(x, &[n, 3, 32, 32]).unwrap();
+    let clf =
+        armoury::onnx::OnnxModel::load(crate::common::fixture("zoo.onnx")).unwrap().classifier((0.0, 1.0)).unwrap();
+    let predicted = clf.predict(&x).unwrap();
+    let mut bytes = Vec::new();
+    for (i, p) in predicted.iter().enumerate() {
+        bytes.push(if i < wrong { ((p + 1) % 10) as u8 } else { *p as u8 });
+        bytes.extend_from_slice(&pixels[i * 3072..(i + 1) * 3072]);
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("test_batch.bin"), &bytes).unwrap();
+    std::fs::write(dir.join("data_batch_1.bin"), &bytes).unwrap();
+}
+
+/// The examples on an RGB model (the 3×32×32 ONNX zoo fixture) with RGB data: a CIFAR-10 directory made here,
+/// whose labels give a known clean accuracy, and an image folder of evaluation images whose class folders are
+/// matched to the model's classes by `--class-names`.
+#[test]
+fn rgb_model_and_data_end_to_end() {
+    if examples().is_none() {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("armoury-examples-rgb-{}", std::process::id()));
+    let cifar = out.join("cifar");
+    cifar_for_zoo(&cifar, 8, 2);
+    let folder = out.join("folder");
+    for (class, shade) in [("cat", 40u8), ("ship", 200)] {
+        std::fs::create_dir_all(folder.join(class)).unwrap();
+        for i in 0..3u8 {
+            let img = image::RgbImage::from_fn(40, 36, |x, y| image::Rgb([shade, (x * 5) as u8 + i, (y * 7) as u8]));
+            img.save(folder.join(class).join(format!("{i}.png"))).unwrap();
+        }
+    }
+    let names = out.join("classes.txt");
+    std::fs::write(&names, "airplane\nautomobile\nbird\ncat\ndeer\ndog\nfrog\nhorse\nship\ntruck\n").unwrap();
+    let zoo = crate::common::fixture("zoo.onnx").display().to_string();
+    let s = |p: &std::path::Path| p.display().to_string();
+    let runs: Vec<(&str, Vec<String>)> = vec![
+        ("evaluate", vec!["--limit", "8", "--no-audit", "--data", &s(&cifar), "--out", &s(&out.join("ev"))]),
+        (
+            "evaluate",
+            vec!["--no-audit", "--data", &s(&folder), "--class-names", &s(&names), "--out", &s(&out.join("ef"))],
+        ),
+        ("attack", vec!["--attack", "pgd", "--limit", "4", "--data", &s(&cifar), "--out", &s(&out.join("at"))]),
+        (
+            "detect",
+            vec![
+                "--detector",
+                "squeeze",
+                "--attack",
+                "fgsm",
+                "--limit",
+                "8",
+                "--fit",
+                "4",
+                "--data",
+                &s(&cifar),
+                "--out",
+                &s(&out.join("de")),
+            ],
+        ),
+        (
+            "fuzz",
+            vec![
+                "--seeds",
+                "2",
+                "--iterations",
+                "2",
+                "--bounds-images",
+                "8",
+                "--retrain-epochs",
+                "0",
+                "--data",
+                &s(&cifar),
+                "--out",
+                &s(&out.join("fu")),
+            ],
+        ),
+    ]
+    .into_iter()
+    .map(|(name, args)| (name, args.into_iter().map(String::from).collect()))
+    .collect();
+    let mut lines = Vec::new();
+    for (name, args) in &runs {
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["--model", &zoo]);
+        let o = run(&example(name).unwrap(), &args);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{name} {args:?}: {}\n{}\n{stdout}", o.status, String::from_utf8_lossy(&o.stderr));
+        let last = stdout.lines().last().unwrap_or_default();
+        let line: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{name}: {e}: {last}"));
+        assert_eq!(line["example"], *name);
+        lines.push(line);
+    }
+    assert_eq!(lines[0]["clean_accuracy"], 0.75, "6 of 8 labels are the model's predictions: {}", lines[0]);
+    assert_eq!(lines[0]["identity"]["data"], "cifar-10");
+    let report = std::fs::read_to_string(out.join("ef").join("report.md")).unwrap();
+    assert!(report.contains("folder") && report.contains("6 samples"), "{report}");
+    // The folder without --class-names has 2 classes for a 10-class model: refused, naming the remedy.
+    let o = run(&example("evaluate").unwrap(), &["--model", &zoo, "--data", &s(&folder), "--out", &s(&out.join("eg"))]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("class folders") && err.contains("--class-names"), "{err}");
+    let _ = std::fs::remove_dir_all(&out);
+}

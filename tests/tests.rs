@@ -33,6 +33,7 @@ mod ops;
 mod registry;
 mod reliability;
 mod report;
+mod rgb;
 mod taps;
 mod train;
 mod trust;

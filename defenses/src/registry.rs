@@ -101,6 +101,26 @@ pub fn check_detector(spec: &str) -> Result<()> {
     }
 }
 
+/// The reference cnn's layers LID and Mahalanobis read: both post-ReLU convolutions, the post-ReLU hidden layer
+/// and the logits.
+pub const CNN_LAYERS: [&str; 4] = ["conv1_relu", "conv2_relu", "fc1_relu", "fc2"];
+
+/// The layers LID and Mahalanobis read when none are named: the reference cnn's [`CNN_LAYERS`]; for another model
+/// (an ONNX graph's taps are its node outputs) the activations a quarter, half and three quarters of the way
+/// through its taps, and its output — LID (Ma et al.) and Mahalanobis (Lee et al.) read features spread over the
+/// depth. Empty when the model taps nothing.
+pub fn default_layers(model: &dyn Classifier) -> Vec<String> {
+    let names: Vec<String> = model.layer_names().into_iter().filter(|n| n != "input").collect();
+    if CNN_LAYERS.iter().all(|l| names.iter().any(|n| n == l)) {
+        return CNN_LAYERS.map(String::from).to_vec();
+    }
+    let Some(last) = names.len().checked_sub(1) else { return Vec::new() };
+    let mut picked: Vec<String> = (1..=3).map(|k| names[k * last / 4].clone()).collect();
+    picked.push(names[last].clone());
+    picked.dedup();
+    picked
+}
+
 /// What a per-input detector is built from.
 pub struct DetectorBuild<'a> {
     /// The model it protects.
@@ -123,8 +143,9 @@ pub struct DetectorBuild<'a> {
 /// Layer detectors' logistic combiners are fitted on the last 500 training images and their adversarial
 /// examples (Ma et al., Lee et al.).
 fn supervised(b: &DetectorBuild<'_>, fit_combiner: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>) -> Result<()> {
-    let len = b.set.train.len();
-    let (x, y) = b.set.train.batch(len - 500.min(len)..len)?;
+    let train = b.set.training("fitting a detector's combiner")?;
+    let len = train.len();
+    let (x, y) = train.batch(len - 500.min(len)..len)?;
     let adv = (b.attack)(&x, &y)?;
     fit_combiner(&x, &adv)
 }
@@ -138,8 +159,9 @@ pub fn detector(b: &DetectorBuild<'_>, name: &str) -> Result<Box<dyn Detector>> 
             format!("unknown per-input detector '{name}' (known: {})", PER_INPUT.join(", ")),
         ));
     }
-    let fit = b.fit.min(b.set.train.len() / 2);
-    let (reference, ref_y) = b.set.train.batch(fit..2 * fit)?;
+    let train = b.set.training("fitting a detector")?;
+    let fit = b.fit.min(train.len() / 2);
+    let (reference, ref_y) = train.batch(fit..2 * fit)?;
     let (clf, layers) = (b.model, b.layers);
     Ok(match name {
         "magnet" => Box::new(magnet_pipeline(&b.magnet, clf, b.set, b.magnet_progress)?),
@@ -173,7 +195,8 @@ pub fn detector(b: &DetectorBuild<'_>, name: &str) -> Result<Box<dyn Detector>> 
 /// training images: the largest of 0.02 … 0.3 that costs at most 1% of clean accuracy.
 pub fn region(model: &Arc<dyn Classifier>, set: &TrainTest, seed: u64) -> Result<RegionClassifier> {
     let mut r = RegionClassifier::new(model.clone(), 0.0, 100, seed)?;
-    let (x, y) = set.train.batch(0..500.min(set.train.len()))?;
+    let train = set.training("fitting the region classifier's radius")?;
+    let (x, y) = train.batch(0..500.min(train.len()))?;
     r.fit_radius(&x, &y, &[0.02, 0.05, 0.1, 0.15, 0.2, 0.3], 0.01)?;
     Ok(r)
 }

@@ -72,6 +72,16 @@ pub struct ModelArgs {
     pub weights: Option<PathBuf>,
     pub bounds: (f32, f32),
     pub data: Option<PathBuf>,
+    pub resize: Option<u32>,
+}
+
+impl ModelArgs {
+    /// The data, with an image folder resized and centre-cropped to the model's input
+    /// ([`armoury::load::load_data_for`]).
+    pub fn load_data(&self) -> armoury::Result<armoury::data::TrainTest> {
+        let input = if self.data.is_some() { self.model.input_shape()? } else { None };
+        crate::model::load_data_for(self.data.as_deref(), input, self.resize)
+    }
 }
 
 impl FromArgMatches for ModelArgs {
@@ -87,7 +97,7 @@ impl FromArgMatches for ModelArgs {
                 ))
             }
         };
-        Ok(ModelArgs { model, weights, bounds: f.bounds, data: f.data.data })
+        Ok(ModelArgs { model, weights, bounds: f.bounds, data: f.data.data, resize: f.data.resize })
     }
 
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
@@ -108,10 +118,16 @@ impl Args for ModelArgs {
 /// `--data DIR`.
 #[derive(Args, Clone, Debug)]
 pub struct DataArgs {
-    /// A directory of IDX files (train-* and t10k-*, plain or .gz) [default: full Fashion-MNIST when installed,
-    /// else the embedded sample]
+    /// A data directory: IDX files (train-* and t10k-*, plain or .gz), CIFAR-10/100 binary files, or an image
+    /// folder (class sub-folders of PNG/JPEG, under train/ and val/ or alone), resized and centre-cropped to the
+    /// model's input; `sample` is the embedded sample [default: full Fashion-MNIST when installed, else the
+    /// embedded sample]
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// Image folders: resize the shorter side to N before the centre crop [default: the crop × 8/7, torchvision's
+    /// 256 for 224]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub resize: Option<u32>,
 }
 
 /// How a run draws and what it may use: `--seed`, `--threads`, `--max-memory`.

@@ -26,16 +26,23 @@ pub fn builtin_class_names(data_name: &str, classes: usize) -> Option<Vec<String
     (names.len() == classes).then(|| names.iter().map(|s| s.to_string()).collect())
 }
 
-/// Reads class names from `path`, one per line (blank lines at the end ignored), and checks there are exactly
-/// `classes` of them.
+/// Reads class names from `path`, one per line (blank lines at the end ignored).
 ///
-/// Errors: the file cannot be read, a name is empty, or the count differs from the model's classes.
-pub fn read_class_names(path: &Path, classes: usize) -> Result<Vec<String>> {
+/// Errors: the file cannot be read, or a name is empty.
+pub fn read_class_list(path: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let names: Vec<String> = text.trim_end().lines().map(|l| l.trim().to_string()).collect();
     if let Some(k) = names.iter().position(String::is_empty) {
         return Err(Error::bad_file(path, format!("line {} is empty: one class name per line", k + 1)));
     }
+    Ok(names)
+}
+
+/// [`read_class_list`], checking there are exactly `classes` names.
+///
+/// Errors: the file cannot be read, a name is empty, or the count differs from the model's classes.
+pub fn read_class_names(path: &Path, classes: usize) -> Result<Vec<String>> {
+    let names = read_class_list(path)?;
     if names.len() != classes {
         return Err(Error::bad_file(
             path,

@@ -294,6 +294,11 @@ pub struct TrainTest {
     pub name: String,
     /// Where it came from: a directory, or the embedded sample (and why it was used).
     pub source: String,
+    /// The classes' names when the data carry them (an image folder's class folders), by label.
+    pub class_names: Option<Vec<String>>,
+    /// `false` when the data have no training split of their own (an image folder without `train/`): then
+    /// `train` is the test split, and [`TrainTest::training`] refuses every step that would fit on it.
+    pub has_train: bool,
 }
 
 impl TrainTest {
@@ -305,7 +310,71 @@ impl TrainTest {
             test: test.with_num_classes(k)?,
             name: name.into(),
             source: source.into(),
+            class_names: None,
+            has_train: true,
         })
+    }
+
+    /// Test data only (an image folder of evaluation images): `train` is the same split, and
+    /// [`TrainTest::training`] refuses to fit on it.
+    pub fn test_only(test: Dataset, name: impl Into<String>, source: impl Into<String>) -> Self {
+        TrainTest {
+            train: test.clone(),
+            test,
+            name: name.into(),
+            source: source.into(),
+            class_names: None,
+            has_train: false,
+        }
+    }
+
+    /// The same data with labels renumbered to the positions of their class names in `names` (the model's classes
+    /// in output order): an image folder holding some of a model's classes (`n01440764/`, … of ImageNet's 1,000)
+    /// gets the model's labels instead of the folders' sorted positions.
+    ///
+    /// Errors: the data carry no class names, or a class of the data is not in `names` (naming it).
+    pub fn relabel_by_name(&self, names: &[String]) -> Result<TrainTest> {
+        const OP: &str = "TrainTest::relabel_by_name";
+        let Some(own) = &self.class_names else {
+            return Err(Error::invalid(OP, format!("{} carries no class names to match", self.source)));
+        };
+        let map = own
+            .iter()
+            .map(|c| {
+                names.iter().position(|n| n == c).ok_or_else(|| {
+                    Error::invalid(
+                        OP,
+                        format!("class '{c}' of {} is not one of the model's {} classes", self.source, names.len()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let relabel =
+            |d: &Dataset| Dataset::new(d.images.clone(), d.labels.iter().map(|&l| map[l]).collect(), names.len());
+        Ok(TrainTest {
+            train: relabel(&self.train)?,
+            test: relabel(&self.test)?,
+            name: self.name.clone(),
+            source: self.source.clone(),
+            class_names: Some(names.to_vec()),
+            has_train: self.has_train,
+        })
+    }
+
+    /// The training split for `purpose` (e.g. "fitting the detectors"), or an error in the user's terms when the
+    /// data have none: fitting a detector or a defense on the evaluation images would grade it on what it saw.
+    pub fn training(&self, purpose: &str) -> Result<&Dataset> {
+        if self.has_train {
+            return Ok(&self.train);
+        }
+        Err(Error::invalid(
+            "data",
+            format!(
+                "{purpose} needs training images, and {} has only evaluation images: give a directory with \
+                 train/ and val/ (or test/) class folders",
+                self.source
+            ),
+        ))
     }
 }
 

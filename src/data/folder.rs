@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use image::imageops::FilterType;
 use image::ImageReader;
 
-use super::Dataset;
+use super::{Dataset, TrainTest};
 use crate::{Error, Result, Tensor};
 
 const OP: &str = "load_image_folder";
@@ -21,7 +21,8 @@ pub struct ImageFolderOptions {
     /// Resize so that the shorter side has this length, keeping the aspect ratio (torchvision's `Resize(int)`:
     /// the longer side becomes `⌊side · long / short⌋`); after `size`, if both are given.
     pub shorter_side: Option<u32>,
-    /// Then cut the `(width, height)` centre out (torchvision's `CenterCrop`: offsets rounded as it rounds them);
+    /// Then cut the `(width, height)` centre out (torchvision's `CenterCrop`: offsets `(w − cw) / 2` rounded half
+    /// to even, as Python's `round`);
     /// an image smaller than the crop is an error.
     pub center_crop: Option<(u32, u32)>,
 }
@@ -69,8 +70,9 @@ where
                 format!("{} is {w}x{h}, smaller than the {cw}x{ch} centre crop", path.display()),
             ));
         }
-        let left = ((w - cw) as f64 / 2.0).round() as u32;
-        let top = ((h - ch) as f64 / 2.0).round() as u32;
+        // torchvision: int(round((w - cw) / 2.0)), and Python rounds halves to even.
+        let left = ((w - cw) as f64 / 2.0).round_ties_even() as u32;
+        let top = ((h - ch) as f64 / 2.0).round_ties_even() as u32;
         img = image::imageops::crop_imm(&img, left, top, cw, ch).to_image();
     }
     Ok(img)
@@ -142,6 +144,64 @@ pub fn load_image_folder(dir: impl AsRef<Path>, options: ImageFolderOptions) -> 
     let (w, h, _) = shape.expect("at least one image was loaded");
     let images = Tensor::from_vec(pixels, &[labels.len(), channels, h as usize, w as usize])?;
     Ok((Dataset::new(images, labels, classes.len())?, names))
+}
+
+/// The splits [`load_image_folder_set`] looks for: training, then evaluation (first found).
+const TRAIN_DIR: &str = "train";
+const EVAL_DIRS: [&str; 2] = ["val", "test"];
+
+/// Whether `dir` is an image folder: a class sub-folder holding a PNG or JPEG image, directly or under `train/`,
+/// `val/` or `test/`.
+pub fn is_image_folder(dir: &Path) -> bool {
+    let has_class = |d: &Path| {
+        sorted_entries(d, |p| p.is_dir())
+            .unwrap_or_default()
+            .iter()
+            .any(|c| sorted_entries(c, |p| p.is_file() && is_image(p)).is_ok_and(|f| !f.is_empty()))
+    };
+    has_class(dir) || [TRAIN_DIR].iter().chain(&EVAL_DIRS).any(|s| has_class(&dir.join(s)))
+}
+
+/// Loads an image-folder data set as torchvision's `ImageFolder` reads one: `dir/train` and `dir/val` (or
+/// `dir/test`) when they exist, each with one sub-folder per class, else `dir` alone as evaluation images with no
+/// training split ([`TrainTest::test_only`]). Both splits must have the same classes; the class names are the
+/// folders'. The name is the directory's name.
+pub fn load_image_folder_set(dir: impl AsRef<Path>, options: ImageFolderOptions) -> Result<TrainTest> {
+    let dir = dir.as_ref();
+    let name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "images".into());
+    let eval = EVAL_DIRS.iter().map(|s| dir.join(s)).find(|d| d.is_dir());
+    let (mut set, names) = match (dir.join(TRAIN_DIR), eval) {
+        (train, Some(eval)) if train.is_dir() => {
+            let (train_set, train_names) = load_image_folder(&train, options)?;
+            let (test_set, names) = load_image_folder(&eval, options)?;
+            if train_names != names {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                        "{} has classes {train_names:?} but {} has {names:?}: both splits need the same class folders",
+                        train.display(),
+                        eval.display()
+                    ),
+                ));
+            }
+            (TrainTest::new(train_set, test_set, name, dir.display().to_string())?, names)
+        }
+        (train, None) if train.is_dir() => {
+            return Err(Error::invalid(OP, format!("{} has train/ but no val/ or test/ split", dir.display())))
+        }
+        (_, eval) => {
+            let eval = eval.unwrap_or_else(|| dir.to_path_buf());
+            let (test_set, names) = load_image_folder(&eval, options)?;
+            let source = format!("{} (evaluation images only)", eval.display());
+            (TrainTest::test_only(test_set, name, source), names)
+        }
+    };
+    set.class_names = Some(names);
+    Ok(set)
 }
 
 /// Decodes one image, converts it, resizes and crops it ([`geometry`]), appends its pixels (C×H×W) and returns

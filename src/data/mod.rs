@@ -6,7 +6,8 @@
 //! - [`find_full_data`] looks for the full set (the caller's directory, then `$ARMOURY_DATA`, then the Debian
 //!   package `dataset-fashion-mnist`); [`load_default`] falls back to the sample.
 //! - [`Idx`] reads and writes IDX files (MNIST's format; plain or gzip), [`load_idx_dir`] loads any IDX set.
-//! - [`load_image_folder`] reads one sub-folder of PNG/JPEG images per class.
+//! - [`load_image_folder`] reads one sub-folder of PNG/JPEG images per class; [`load_image_folder_set`] a
+//!   `train/` + `val/` pair of them (or evaluation images alone), as torchvision's `ImageFolder` does.
 //! - [`save_png_grid`] draws rows of images (clean, adversarial, [`perturbation_image`]) into one PNG.
 //!
 //! ```
@@ -27,9 +28,9 @@ mod idx;
 mod sample;
 
 pub use cifar::{decode_cifar, is_cifar_dir, load_cifar_dir, Cifar};
-pub use classes::{builtin_class_names, read_class_names};
+pub use classes::{builtin_class_names, read_class_list, read_class_names};
 pub use dataset::{load_idx_dir, Batches, Dataset, TrainTest};
-pub use folder::{load_image_folder, ImageFolderOptions};
+pub use folder::{is_image_folder, load_image_folder, load_image_folder_set, ImageFolderOptions};
 pub use grid::{perturbation_image, png_grid_bytes, save_png_grid, GridRow, GRID_GAP};
 pub use idx::{read_idx_images, read_idx_labels, write_idx_images, write_idx_labels, Idx, IdxData, IdxType};
 pub use sample::{

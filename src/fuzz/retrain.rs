@@ -85,7 +85,7 @@ pub fn retrain(
     let held_y: Vec<usize> = held_f.iter().map(|f| f.label).collect();
     let (clean_x, clean_y) = set.test.batch(seeds.min(set.test.len().saturating_sub(1))..set.test.len())?;
     let (fuzzed_before, clean_before) = (accuracy(clf, &held_x, &held_y)?, accuracy(clf, &clean_x, &clean_y)?);
-    let clean = &set.train;
+    let clean = set.training("retraining on fuzzed failures")?;
     let mut x = vec![clean.images().clone()];
     let mut y = clean.labels().to_vec();
     if !fuzz_imgs.is_empty() {

@@ -126,8 +126,9 @@ fn trained_autoencoder(
     (n, epochs): (usize, usize),
     progress: &(dyn Fn(&MagnetProgress<'_>) + Sync),
 ) -> Result<Autoencoder> {
-    let n = set.train.len().min(n);
-    let channels = set.train.image_shape()[0];
+    let train = set.training("training MagNet's auto-encoders")?;
+    let n = train.len().min(n);
+    let channels = train.image_shape()[0];
     let k = u64::from(arch == Architecture::MnistII);
     let ae = autoencoder(arch, channels, cfg.seed + 10 * k)?;
     let training = AutoencoderTraining { epochs, lr: cfg.lr, seed: cfg.seed, ..Default::default() };
@@ -136,7 +137,7 @@ fn trained_autoencoder(
         armoury::io::load_module(&ae, &cache)?;
         progress(&MagnetProgress::Loaded { arch, path: &cache });
     } else {
-        let (x, _) = set.train.batch(0..n)?;
+        let (x, _) = train.batch(0..n)?;
         let t = Instant::now();
         let losses = train_autoencoder_with(&ae, &x, clf.bounds(), &training, &mut Forward(progress))?;
         let loss = (losses.first().copied().unwrap_or(f32::NAN), losses.last().copied().unwrap_or(f32::NAN));

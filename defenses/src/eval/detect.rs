@@ -94,7 +94,8 @@ pub fn evaluate(run: &DetectRun<'_>) -> Result<DetectEvaluation> {
     let n = run.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;
     let (mut detector, radius) = build(run)?;
-    let (fit_x, _) = set.train.batch(0..run.build.fit.min(set.train.len() / 2))?;
+    let train = set.training("fitting the detector")?;
+    let (fit_x, _) = train.batch(0..run.build.fit.min(train.len() / 2))?;
     let fit_samples = fit_x.shape()[0];
     let t = Instant::now();
     let tau = detector.fit(&fit_x, TARGET_FPR as f32)?;
@@ -238,7 +239,14 @@ pub fn similarity(run: &SimilarityRun<'_>) -> Result<SimilarityEvaluation> {
     let t = Instant::now();
     let tap = choose_tap(run.model.as_ref(), run.tap)?;
     (run.notify)(&format!("similarity: encoding the activation '{tap}'"));
-    let (mut d, tau, calib) = stateful::calibrated(run.model, &run.set.train, &tap, run.k, run.fpr, run.seed)?;
+    let (mut d, tau, calib) = stateful::calibrated(
+        run.model,
+        run.set.training("calibrating the stateful detector")?,
+        &tap,
+        run.k,
+        run.fpr,
+        run.seed,
+    )?;
     let calibration_per_second = (calib * stateful::STREAM) as f64 / t.elapsed().as_secs_f64();
     (run.notify)(&format!(
         "similarity: threshold {tau} (mean {}-NN distance {:.3}) at {} of {calib} benign streams of {} training images",

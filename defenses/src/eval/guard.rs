@@ -29,8 +29,6 @@ use crate::registry::{self, DetectorBuild};
 
 /// The false-positive rate per-input detectors are fitted at.
 pub const TARGET_FPR: f64 = 0.01;
-/// The reference cnn's layers LID and Mahalanobis read.
-pub const LAYERS: [&str; 4] = ["conv1_relu", "conv2_relu", "fc1_relu", "fc2"];
 /// Noisy copies the adaptive attacker on the region classifier differentiates per step (EOT).
 pub const REGION_EOT: usize = 8;
 
@@ -205,18 +203,21 @@ fn guard_slice(cx: &Context<'_>, spec: &str) -> Result<DetectorSlice> {
             (cx.notify)(&p.to_string());
         }
     };
+    let layers = registry::default_layers(cx.model.as_ref());
+    let layers: Vec<&str> = layers.iter().map(String::as_str).collect();
     let b = DetectorBuild {
         model: cx.model,
         set: cx.set,
         fit: cx.fit,
-        layers: &LAYERS,
+        layers: &layers,
         attack: &attack,
         magnet: magnet_config(cx, spec)?,
         magnet_progress: &magnet_progress,
     };
     let name = spec.split(':').next().unwrap_or(spec);
     let mut d = registry::detector(&b, name)?;
-    let (fit_x, _) = cx.set.train.batch(0..cx.fit.min(cx.set.train.len() / 2))?;
+    let train = cx.set.training("fitting the detectors")?;
+    let (fit_x, _) = train.batch(0..cx.fit.min(train.len() / 2))?;
     let tau = d.fit(&fit_x, TARGET_FPR as f32)?;
     let scale = rejection_scale(&d.score(&fit_x)?, tau);
 

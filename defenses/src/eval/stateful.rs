@@ -153,7 +153,8 @@ pub(super) fn slice(cx: &Context<'_>) -> Result<super::DetectorSlice> {
     let seed = cx.threat.seed;
     // The input of the model's head (`fc1_relu` for the native cnn): a fixed name exists in one model only.
     let tap = crate::detectors::default_tap(cx.model.as_ref())?;
-    let (mut d, tau, calib) = calibrated(cx.model, &cx.set.train, &tap, 20, SIMILARITY_FPR, seed)?;
+    let (mut d, tau, calib) =
+        calibrated(cx.model, cx.set.training("calibrating the stateful detector")?, &tap, 20, SIMILARITY_FPR, seed)?;
     let (benign_flagged, benign_streams) = benign_flagged(&mut d, &cx.set.test, BENIGN_STREAMS, seed)?;
     let (clean, labels, _, _) = inputs(cx)?;
     let (attack, words) = square(cx)?;
