@@ -241,16 +241,16 @@ fn corrupted_files_never_panic() {
 
 #[test]
 fn unknown_operator_is_named_with_node_and_opset() {
-    let g = Graph::new(17, &[-1, 4]).node(node("Erf", &["x"], &["y"], "my_erf", vec![])).output("y", &[-1, 4]);
-    let err = OnnxModel::from_bytes(&g.bytes()).expect_err("Erf is not supported");
+    let g = Graph::new(17, &[-1, 4]).node(node("Hardmax", &["x"], &["y"], "my_hardmax", vec![])).output("y", &[-1, 4]);
+    let err = OnnxModel::from_bytes(&g.bytes()).expect_err("Hardmax is not supported");
     match &err {
         Error::UnsupportedOnnx { node, op, opset, .. } => {
-            assert_eq!((node.as_str(), op.as_str(), *opset), ("my_erf", "Erf", 17));
+            assert_eq!((node.as_str(), op.as_str(), *opset), ("my_hardmax", "Hardmax", 17));
         }
         other => panic!("expected UnsupportedOnnx, got {other}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("Erf") && msg.contains("my_erf") && msg.contains("17"), "{msg}");
+    assert!(msg.contains("Hardmax") && msg.contains("my_hardmax") && msg.contains("17"), "{msg}");
     // An unknown attribute is named too.
     let g = Graph::new(13, &[-1, 4])
         .node(node("Relu", &["x"], &["y"], "r", vec![build::attr_i("fancy", 1)]))

@@ -42,7 +42,10 @@ impl NodeInfo {
 
 /// The attributes of one node.
 pub(crate) struct Attrs<'a> {
-    info: &'a NodeInfo,
+    /// The node, for error messages and the opset.
+    pub(crate) info: &'a NodeInfo,
+    /// The node itself (its outputs, for operators with optional ones).
+    pub(crate) node: &'a NodeProto,
     attrs: &'a [AttributeProto],
     read: RefCell<HashSet<&'a str>>,
 }
@@ -69,7 +72,7 @@ fn kind_of(a: &AttributeProto) -> i32 {
 
 impl<'a> Attrs<'a> {
     pub(crate) fn new(info: &'a NodeInfo, node: &'a NodeProto) -> Attrs<'a> {
-        Attrs { info, attrs: &node.attribute, read: RefCell::new(HashSet::new()) }
+        Attrs { info, node, attrs: &node.attribute, read: RefCell::new(HashSet::new()) }
     }
 
     fn get(&self, name: &str, kind: i32) -> Result<Option<&'a AttributeProto>> {

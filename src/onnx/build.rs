@@ -4,16 +4,19 @@
 
 use std::collections::HashMap;
 
+use std::sync::Arc;
+
 use super::attrs::NodeInfo;
-use super::compile::{compile, input_role, Fused, InputRole, Kind};
-use super::exec;
-use super::infer::{self, Meta};
+use super::meta::{Arg, Meta};
+use super::ops::{self, InputRole, Op};
 use super::proto::{self, DimensionValue, ModelProto, ValueInfoProto};
 use super::value::{decode_tensor, Value};
-use super::{check_node, malformed, Graph, LoadOptions, MemoryEstimate, Source, Step};
+use super::{check_node, fuse, malformed, Graph, LoadOptions, MemoryEstimate, Source, Step};
 use crate::nn::Param;
-use crate::ops::UnaryKind;
 use crate::{Error, Result};
+
+/// A node parsed: who it is and its operator.
+type Compiled = (NodeInfo, Arc<dyn Op>);
 
 fn dims(v: &ValueInfoProto) -> Vec<Option<usize>> {
     let Some(shape) = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()).and_then(|t| t.shape.as_ref()) else {
@@ -29,45 +32,6 @@ fn dims(v: &ValueInfoProto) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// Folds a Relu, and a 2×2 max pooling after it, into the Conv step before them where the intermediate values are
-/// read by nothing else and are not the graph's output: one op with the same values and gradients
-/// ([`Tensor::conv2d_relu_max_pool2`]), as the native layers run.
-fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
-    let mut readers: HashMap<usize, usize> = HashMap::new();
-    for s in steps.iter() {
-        for &slot in s.inputs.iter().flatten() {
-            *readers.entry(slot).or_default() += 1;
-        }
-    }
-    let sole_input = |slot: usize, next: &Step| {
-        slot != output_slot && readers.get(&slot) == Some(&1) && next.inputs.first() == Some(&Some(slot))
-    };
-    let mut out = Vec::with_capacity(steps.len());
-    let mut rest = std::mem::take(steps).into_iter().peekable();
-    while let Some(mut step) = rest.next() {
-        let Kind::Conv { window, group, .. } = &step.kind else {
-            out.push(step);
-            continue;
-        };
-        let (window, group) = (window.clone(), *group);
-        let relu = |n: &Step| matches!(n.kind, Kind::Unary(UnaryKind::Relu)) && sole_input(step.outputs[0], n);
-        let Some(relu) = rest.next_if(relu) else {
-            out.push(step);
-            continue;
-        };
-        let pool = |n: &Step| matches!(&n.kind, Kind::MaxPool(w) if w.is_max_pool2()) && sole_input(relu.outputs[0], n);
-        let pool = rest.next_if(pool);
-        let then = if pool.is_some() { Fused::ReluMaxPool2 } else { Fused::Relu };
-        let mut unfused = vec![step.clone(), relu];
-        unfused.extend(pool);
-        step.kind = Kind::Conv { window, group, then };
-        step.outputs = unfused.last().map(|s| s.outputs.clone()).unwrap_or_default();
-        step.unfused = unfused;
-        out.push(step);
-    }
-    *steps = out;
-}
-
 /// The initialisers as decoded: slot names, folded constants, trainable parameters and their slots.
 struct Initialisers {
     /// Every named value's slot, initialisers first.
@@ -81,11 +45,11 @@ struct Initialisers {
 }
 
 /// What each initialiser feeds decides what it becomes: data, buffer or constant.
-fn initialiser_roles(graph: &proto::GraphProto) -> HashMap<&str, InputRole> {
+fn initialiser_roles<'a>(graph: &'a proto::GraphProto, compiled: &[Compiled]) -> HashMap<&'a str, InputRole> {
     let mut role: HashMap<&str, InputRole> = HashMap::new();
-    for node in &graph.node {
+    for (node, (_, op)) in graph.node.iter().zip(compiled) {
         for (i, name) in node.input.iter().enumerate() {
-            let r = input_role(&node.op_type, i);
+            let r = op.input_role(i);
             let e = role.entry(name.as_str()).or_insert(r);
             if r == InputRole::Data || (r == InputRole::Buffer && *e == InputRole::Constant) {
                 *e = r;
@@ -96,8 +60,8 @@ fn initialiser_roles(graph: &proto::GraphProto) -> HashMap<&str, InputRole> {
 }
 
 /// Decodes the initialisers into parameters, buffers and constants, each given a slot.
-fn load_initialisers(graph: &proto::GraphProto) -> Result<Initialisers> {
-    let role = initialiser_roles(graph);
+fn load_initialisers(graph: &proto::GraphProto, compiled: &[Compiled]) -> Result<Initialisers> {
+    let role = initialiser_roles(graph, compiled);
     let mut names: HashMap<String, usize> = HashMap::new();
     let mut consts: HashMap<usize, Value> = HashMap::new();
     let mut params = Vec::new();
@@ -129,19 +93,13 @@ fn load_initialisers(graph: &proto::GraphProto) -> Result<Initialisers> {
 /// Compiles the nodes into steps, giving each output a slot and folding those whose inputs are all constant.
 fn compile_nodes(
     graph: &proto::GraphProto,
-    opset: i64,
+    compiled: Vec<Compiled>,
     names: &mut HashMap<String, usize>,
     consts: &mut HashMap<usize, Value>,
     max_memory: u64,
 ) -> Result<Vec<Step>> {
     let mut steps = Vec::new();
-    for node in &graph.node {
-        let info = NodeInfo::new(node, opset);
-        let kind = compile(node, &info)?;
-        let produced = if matches!(kind, Kind::Identity { mask: true }) { 2 } else { 1 };
-        if node.output.iter().skip(produced).any(|o| !o.is_empty()) || node.output.is_empty() {
-            return Err(info.unsupported(format!("{} outputs", node.output.len())));
-        }
+    for (node, (info, op)) in graph.node.iter().zip(compiled) {
         let mut inputs = Vec::with_capacity(node.input.len());
         for name in &node.input {
             if name.is_empty() {
@@ -170,13 +128,13 @@ fn compile_nodes(
             // Folding allocates too: a small file can ask for a huge constant ([100000,1]·[1,100000]).
             let metas: Vec<Option<Meta>> = ins.iter().map(|v| v.map(|v| Meta::Known(v.clone()))).collect();
             let refs: Vec<Option<&Meta>> = metas.iter().map(Option::as_ref).collect();
-            let cost = infer::cost(&kind, &info, &refs)?;
+            let cost = ops::infer(&*op, &info, &refs)?;
             check_node(&info, "constant folding", cost.bytes(), 0, max_memory)?;
-            let outs = exec::exec(&kind, &info, &ins)?;
+            let outs = op.run(&info, &ins)?;
             let done: Vec<(usize, Value)> = outputs.iter().copied().zip(outs).collect();
             consts.extend(done);
         } else {
-            steps.push(Step { info, kind, inputs, outputs, free: Vec::new(), unfused: Vec::new() });
+            steps.push(Step { info, op, inputs, outputs, free: Vec::new(), unfused: Vec::new() });
         }
     }
     Ok(steps)
@@ -264,18 +222,17 @@ impl Plan<'_> {
         metas[self.input_slot] = Some(first);
         for step in self.steps {
             let refs: Vec<Option<&Meta>> = step.inputs.iter().map(|i| i.and_then(|i| metas[i].as_ref())).collect();
-            let cost = infer::cost(&step.kind, &step.info, &refs)?;
+            let cost = ops::infer(&*step.op, &step.info, &refs)?;
             let when = format!("a forward pass of batch {batch}");
             check_node(&step.info, &when, cost.bytes(), live, options.max_memory)?;
             if live + cost.bytes() > peak.0 {
                 peak = (live + cost.bytes(), step.info.name.clone());
             }
-            let known = refs.iter().flatten().all(|m| matches!(m, Meta::Known(_)));
-            let outputs = if known && !matches!(step.kind, Kind::Shape { .. }) {
+            let known = refs.iter().flatten().all(|m| m.known().is_some());
+            let outputs = if known && cost.outputs.iter().any(|m| m.known().is_none()) {
                 // Shape arithmetic on known shapes: computed for real (it was checked just above).
-                let vals: Vec<Option<&Value>> =
-                    refs.iter().map(|m| m.and_then(|m| if let Meta::Known(v) = m { Some(v) } else { None })).collect();
-                exec::exec(&step.kind, &step.info, &vals)?.into_iter().map(Meta::Known).collect()
+                let vals: Vec<Option<&Value>> = refs.iter().map(|m| m.and_then(Arg::known)).collect();
+                step.op.run(&step.info, &vals)?.into_iter().map(Meta::Known).collect()
             } else {
                 cost.outputs
             };
@@ -309,7 +266,15 @@ pub(super) fn build(model: &ModelProto, options: LoadOptions) -> Result<Graph> {
         .ok_or_else(|| malformed("no opset_import for the default ONNX domain"))?;
     let graph = model.graph.as_ref().ok_or_else(|| malformed("the model has no graph"))?;
 
-    let Initialisers { mut names, mut consts, params, param_slots } = load_initialisers(graph)?;
+    let compiled = graph
+        .node
+        .iter()
+        .map(|node| {
+            let info = NodeInfo::new(node, opset);
+            ops::compile(node, &info).map(|op| (info, op))
+        })
+        .collect::<Result<Vec<Compiled>>>()?;
+    let Initialisers { mut names, mut consts, params, param_slots } = load_initialisers(graph, &compiled)?;
     let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !names.contains_key(&i.name)).collect();
     let [input] = inputs.as_slice() else {
         return Err(Error::UnsupportedOnnx {
@@ -323,14 +288,14 @@ pub(super) fn build(model: &ModelProto, options: LoadOptions) -> Result<Graph> {
     names.insert(input.name.clone(), input_slot);
     let output = graph.output.first().ok_or_else(|| malformed("the graph has no output"))?;
 
-    let mut steps = compile_nodes(graph, opset, &mut names, &mut consts, options.max_memory)?;
+    let mut steps = compile_nodes(graph, compiled, &mut names, &mut consts, options.max_memory)?;
     let output_slot =
         *names.get(&output.name).ok_or_else(|| malformed(format!("output '{}' is never computed", output.name)))?;
     if output_slot != input_slot && consts.contains_key(&output_slot) {
         return Err(malformed("the output does not depend on the input"));
     }
 
-    fuse(&mut steps, output_slot);
+    fuse::fuse(&mut steps, output_slot);
     let taps = tap_list(&names, &steps, &input.name, input_slot);
     let sources = schedule(&mut steps, output_slot, param_slots, consts);
     let input_dims = dims(input);

@@ -2,7 +2,6 @@
 
 use ndarray::{ArrayD, Axis, IxDyn};
 
-use super::compile::Bin;
 use super::value::Ints;
 use crate::{Error, Result};
 
@@ -16,8 +15,8 @@ fn from_array(a: ArrayD<i64>) -> Ints {
     Ints { shape: a.shape().to_vec(), data: a.iter().copied().collect() }
 }
 
-/// Elementwise `a op b` with broadcasting (division truncates, as onnxruntime).
-pub(crate) fn binary(op: Bin, a: &Ints, b: &Ints) -> Result<Ints> {
+/// Elementwise `f(a, b)` with broadcasting.
+pub(crate) fn binary(a: &Ints, b: &Ints, f: impl Fn(i64, i64) -> Result<i64>) -> Result<Ints> {
     let shape = crate::ops::elementwise::broadcast_shape(&a.shape, &b.shape).ok_or_else(|| Error::Broadcast {
         op: "onnx integer arithmetic",
         lhs: a.shape.clone(),
@@ -33,20 +32,7 @@ pub(crate) fn binary(op: Bin, a: &Ints, b: &Ints) -> Result<Ints> {
     let broadcast = || Error::Broadcast { op: "onnx integer arithmetic", lhs: a.shape.clone(), rhs: b.shape.clone() };
     let av = aa.broadcast(IxDyn(&shape)).ok_or_else(broadcast)?;
     let bv = bb.broadcast(IxDyn(&shape)).ok_or_else(broadcast)?;
-    let mut data = Vec::with_capacity(av.len());
-    for (&x, &y) in av.iter().zip(bv.iter()) {
-        data.push(match op {
-            Bin::Add => x.wrapping_add(y),
-            Bin::Sub => x.wrapping_sub(y),
-            Bin::Mul => x.wrapping_mul(y),
-            Bin::Div => {
-                if y == 0 {
-                    return Err(Error::invalid("onnx Div", "integer division by zero"));
-                }
-                x.wrapping_div(y)
-            }
-        });
-    }
+    let data = av.iter().zip(bv.iter()).map(|(&x, &y)| f(x, y)).collect::<Result<_>>()?;
     Ok(Ints { shape, data })
 }
 

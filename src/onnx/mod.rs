@@ -20,6 +20,37 @@
 //! The graph always runs in inference mode: Dropout is the identity and BatchNormalization uses its running
 //! statistics, also when a training loop calls `forward_t(x, true)`; fine-tuning updates the weights.
 //!
+//! # Layout
+//!
+//! An operator lives in one place: its family's file under `src/onnx/ops/` (`conv.rs`, `pool.rs`, `matmul.rs`,
+//! `binary.rs`, `unary.rs`, `norm.rs`, `softmax.rs`, `reshape.rs`, `concat.rs`, `gather.rs`, `slice.rs`,
+//! `pad.rs`, `reduce.rs`, `constant.rs`, `identity.rs`) holds its attribute parsing, the role of each input, its
+//! shape rule and its execution, as one type implementing the `Op` trait (`ops/mod.rs`); the `OPS` table there maps
+//! each ONNX operator name to its parser. A shape rule is a method generic over `Arg`, so the one function serves
+//! shape inference at load (on `Meta`: shapes, or values for shape arithmetic) and execution (on the values).
+//! Around the operators: `attrs.rs` reads attributes (an attribute nobody reads is an error), `value.rs` and
+//! `ints.rs` hold the values (f32 tensors and i64 shape arithmetic), `meta.rs` what is known before computing,
+//! `build.rs` loads, folds and schedules, `fuse.rs` fuses Conv → Relu (→ MaxPool) and `mod.rs` runs the graph.
+//!
+//! # Adding an operator
+//!
+//! 1. In its family's file in `src/onnx/ops/` (a new file, declared with `mod` in `ops/mod.rs`, for a new
+//!    family): a struct with the parsed attributes; a `fn name(a: &Attrs) -> Result<Arc<dyn Op>>` that reads every
+//!    attribute it understands (`a.int`, `a.ints`, `a.float`, …; `a.ignore` for harmless ones) and rejects
+//!    unsupported values with `a.info.unsupported(..)`; and `impl Op`: `infer` (output shapes and scratch bytes;
+//!    every check that needs no data), `run` (the core's differentiable [`Tensor`] ops, so attacks get gradients;
+//!    [`Value::I`] for integer shape arithmetic), `input_role` when an input is a shape, axis or bound
+//!    (`data_then_constants`) or a buffer, and `outputs` when it has more than one. Put the shape rule in one
+//!    method generic over `Arg` and call it from both `infer` and `run`.
+//! 2. One entry `("OnnxName", file::name)` in `OPS` in `src/onnx/ops/mod.rs`.
+//! 3. A test in `tests/onnx/ops*.rs`: a graph written with `tests/onnx/build.rs` (`Graph::new(opset, dims)`,
+//!    `.node(node(..))`), its outputs checked against values worked out by hand or by an independent computation,
+//!    at each opset where the operator's form differs; `check` in `tests/onnx/ops.rs` compares the forward pass
+//!    and checks autodiff against central finite differences for the input and every trainable initialiser.
+//!    Shape arithmetic is checked through the op it feeds (e.g. a `Reshape` whose target it computes).
+//!
+//! The list of supported operators above and in docs/architecture.md names it too.
+//!
 //! ```no_run
 //! use armoury::onnx::OnnxModel;
 //! use armoury::Classifier;
@@ -33,11 +64,10 @@
 
 mod attrs;
 mod build;
-mod compile;
-mod exec;
-mod infer;
+mod fuse;
 mod ints;
-mod layers;
+mod meta;
+mod ops;
 pub mod proto;
 mod value;
 
@@ -47,8 +77,8 @@ use std::sync::Arc;
 use prost::Message;
 
 use self::attrs::NodeInfo;
-use self::compile::{Fused, Kind};
-use self::infer::Meta;
+use self::meta::{Arg, Meta};
+use self::ops::Op;
 use self::proto::ModelProto;
 use self::value::Value;
 pub use self::value::{float_tensor, int_tensor};
@@ -61,7 +91,7 @@ use crate::{Error, Result};
 #[derive(Clone)]
 struct Step {
     info: NodeInfo,
-    kind: Kind,
+    op: Arc<dyn Op>,
     inputs: Vec<Option<usize>>,
     outputs: Vec<usize>,
     /// Slots whose last reader is this step: freed after it runs.
@@ -318,11 +348,10 @@ impl OnnxModel {
         for step in &g.steps {
             let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
             let inferred = budget.check(step, &ins)?;
-            let skipped = step.unfused.iter().take(step.unfused.len().saturating_sub(1));
-            let outs = if skipped.flat_map(|s| &s.outputs).any(|o| taps.contains(o)) {
-                exec_unfused(step, &ins, taps, &mut keep)?
+            let outs = if fuse::needs_unfused(step, taps) {
+                fuse::run_unfused(step, &ins, taps, &mut keep)?
             } else {
-                exec::exec(&step.kind, &step.info, &ins)?
+                step.op.run(&step.info, &ins)?
             };
             debug_assert!(
                 outs.iter().map(Value::shape).eq(inferred.iter().map(Vec::as_slice)),
@@ -376,7 +405,7 @@ impl RunBudget {
     fn check(&self, step: &Step, ins: &[Option<&Value>]) -> Result<Vec<Vec<usize>>> {
         let metas: Vec<Option<Meta>> = ins.iter().map(|v| v.map(|v| Meta::Known(v.clone()))).collect();
         let refs: Vec<Option<&Meta>> = metas.iter().map(Option::as_ref).collect();
-        let cost = infer::cost(&step.kind, &step.info, &refs)?;
+        let cost = ops::infer(&*step.op, &step.info, &refs)?;
         let held = if self.recording { self.recorded } else { self.live };
         let when = format!("a forward pass of batch {}{}", self.batch, if self.recording { " (recorded)" } else { "" });
         check_node(&step.info, &when, cost.bytes(), held, self.limit)?;
@@ -384,7 +413,7 @@ impl RunBudget {
     }
 
     fn add(&mut self, slot: usize, v: &Value) {
-        let b = v.numel() as u128 * if matches!(v, Value::I(_)) { 8 } else { 4 };
+        let b = v.numel() as u128 * if v.is_int() { 8 } else { 4 };
         self.sizes[slot] = b;
         self.live += b;
         self.recorded += b;
@@ -393,35 +422,6 @@ impl RunBudget {
     fn free(&mut self, slot: usize) {
         self.live = self.live.saturating_sub(std::mem::take(&mut self.sizes[slot]));
     }
-}
-
-/// Runs a fused step as the steps it replaced, keeping the tapped values the fused op skips: the Conv alone when
-/// its own output is tapped, else the Conv with its Relu fused and the pooling on its own (the same values: a fused
-/// op computes exactly what the separate ones do). Returns the fused step's outputs.
-fn exec_unfused(
-    step: &Step,
-    ins: &[Option<&Value>],
-    taps: &[usize],
-    keep: &mut impl FnMut(usize, &Value) -> Result<()>,
-) -> Result<Vec<Value>> {
-    let (Some(conv), Kind::Conv { window, group, .. }) = (step.unfused.first(), &step.kind) else {
-        return exec::exec(&step.kind, &step.info, ins);
-    };
-    let conv_tapped = conv.outputs.iter().any(|o| taps.contains(o));
-    let then = if conv_tapped { Fused::Nothing } else { Fused::Relu };
-    let kind = Kind::Conv { window: window.clone(), group: *group, then };
-    let mut h = exec::exec(&kind, &conv.info, ins)?;
-    let from = if conv_tapped { 1 } else { 2 };
-    let mut prev = &step.unfused[from - 1];
-    for s in step.unfused.iter().skip(from) {
-        let (Some(&slot), Some(v)) = (prev.outputs.first(), h.first()) else {
-            return Err(Error::invalid("onnx", format!("node '{}' computed no output", prev.info.name)));
-        };
-        keep(slot, v)?;
-        h = exec::exec(&s.kind, &s.info, &[Some(v)])?;
-        prev = s;
-    }
-    Ok(h)
 }
 
 impl Module for OnnxModel {

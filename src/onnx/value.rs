@@ -40,6 +40,11 @@ impl Value {
         }
     }
 
+    /// Whether this is integer (or boolean) data.
+    pub(crate) fn is_int(&self) -> bool {
+        matches!(self, Value::I(_))
+    }
+
     /// The number of elements.
     pub(crate) fn numel(&self) -> usize {
         match self {

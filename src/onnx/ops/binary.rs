@@ -1,0 +1,79 @@
+//! Elementwise operators of two tensors with NumPy broadcasting: Add, Sub, Mul, Div — on floats (differentiable)
+//! or, for shape arithmetic, on integers (division truncates, as onnxruntime).
+
+use std::sync::Arc;
+
+use super::{input, Op};
+use crate::onnx::attrs::{Attrs, NodeInfo};
+use crate::onnx::ints;
+use crate::onnx::meta::{Arg, Cost, Meta};
+use crate::onnx::value::Value;
+use crate::ops::elementwise::broadcast_shape;
+use crate::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+#[derive(Clone, Debug)]
+struct Binary(Bin);
+
+pub(super) fn add(_: &Attrs) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(Binary(Bin::Add)))
+}
+
+pub(super) fn sub(_: &Attrs) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(Binary(Bin::Sub)))
+}
+
+pub(super) fn mul(_: &Attrs) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(Binary(Bin::Mul)))
+}
+
+pub(super) fn div(_: &Attrs) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(Binary(Bin::Div)))
+}
+
+/// The broadcast shape of inputs 0 and 1.
+pub(crate) fn broadcast2<A: Arg>(info: &NodeInfo, ins: &[Option<&A>]) -> Result<Vec<usize>> {
+    let (a, b) = (input(info, ins, 0)?, input(info, ins, 1)?);
+    broadcast_shape(a.shape(), b.shape()).ok_or_else(|| Error::Broadcast {
+        op: "onnx broadcast",
+        lhs: a.shape().to_vec(),
+        rhs: b.shape().to_vec(),
+    })
+}
+
+impl Op for Binary {
+    fn infer(&self, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
+        let shape = broadcast2(info, ins)?;
+        let int = input(info, ins, 0)?.is_int() && input(info, ins, 1)?.is_int();
+        Cost::one(Meta::Shape { shape, int })
+    }
+
+    fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let y = match (input(info, ins, 0)?, input(info, ins, 1)?) {
+            (Value::I(a), Value::I(b)) => Value::I(ints::binary(a, b, |x, y| match self.0 {
+                Bin::Add => Ok(x.wrapping_add(y)),
+                Bin::Sub => Ok(x.wrapping_sub(y)),
+                Bin::Mul => Ok(x.wrapping_mul(y)),
+                Bin::Div if y == 0 => Err(Error::invalid("onnx Div", "integer division by zero")),
+                Bin::Div => Ok(x.wrapping_div(y)),
+            })?),
+            (a, b) => {
+                let (a, b) = (a.to_tensor()?, b.to_tensor()?);
+                Value::F(match self.0 {
+                    Bin::Add => a.add(&b)?,
+                    Bin::Sub => a.sub(&b)?,
+                    Bin::Mul => a.mul(&b)?,
+                    Bin::Div => a.div(&b)?,
+                })
+            }
+        };
+        Ok(vec![y])
+    }
+}
