@@ -250,6 +250,59 @@ fn normalisation_and_softmax() {
 }
 
 #[test]
+fn transformer_ops() {
+    let x = uniform(&[2, 3, 5], -2.5, 2.5, 41);
+    check("erf", &[x.clone()], &|t| Ok(t[0].erf()));
+    check("gelu", &[x.clone()], &|t| Ok(t[0].gelu(false)));
+    check("gelu_tanh", &[x.clone()], &|t| Ok(t[0].gelu(true)));
+    // The hard functions away from their kinks (±3 for both, and α·x + β ∈ {0, 1} for α = 0.2, β = 0.5).
+    let off_kinks =
+        away_from_zero(&[4, 6], 0.1, 5.0, 42).mapv(|v| if (v.abs() - 3.0).abs() < 0.1 { v * 0.9 } else { v });
+    check("hard_swish", &[off_kinks.clone()], &|t| Ok(t[0].hard_swish()));
+    check("hard_sigmoid", &[off_kinks.clone()], &|t| Ok(t[0].hard_sigmoid(1.0 / 6.0, 0.5)));
+    let off = off_kinks.mapv(|v| if (v.abs() - 2.5).abs() < 0.1 { v * 0.9 } else { v });
+    check("hard_sigmoid_onnx", &[off], &|t| Ok(t[0].hard_sigmoid(0.2, 0.5)));
+    // Layer norm: over the last axis with scale and bias, over the last two with a broadcast bias, without
+    // parameters, and one row.
+    let (w, b) = (uniform(&[5], 0.5, 1.5, 43), uniform(&[5], -1.0, 1.0, 44));
+    check("layer_norm", &[x.clone(), w.clone(), b.clone()], &|t| t[0].layer_norm(2, 1e-5, Some(&t[1]), Some(&t[2])));
+    let w2 = uniform(&[3, 5], 0.5, 1.5, 45);
+    check("layer_norm_2axes", &[x.clone(), w2, b.clone()], &|t| t[0].layer_norm(1, 1e-3, Some(&t[1]), Some(&t[2])));
+    check("layer_norm_plain", &[x.clone()], &|t| t[0].layer_norm(2, 1e-5, None, None));
+    check("layer_norm_row", &[uniform(&[1, 7], -1.0, 1.0, 46)], &|t| t[0].layer_norm(1, 1e-5, None, None));
+    check("layer_norm_scale_only", &[x.clone(), w], &|t| t[0].layer_norm(2, 1e-5, Some(&t[1]), None));
+    check("layer_norm_bias_only", &[x.clone(), b], &|t| t[0].layer_norm(2, 1e-5, None, Some(&t[1])));
+    // Softmax along every axis of a rank-3 tensor.
+    for axis in 0..3 {
+        check(&format!("softmax axis {axis}"), &[x.clone()], &move |t| t[0].softmax(axis));
+        check(&format!("log_softmax axis {axis}"), &[x.clone()], &move |t| t[0].log_softmax(axis));
+    }
+    check("split", &[x.clone()], &|t| {
+        let p = t[0].split(2, &[1, 3, 1])?;
+        Tensor::concat(&[p[2].clone(), p[0].mul_scalar(2.0), p[1].clone()], 2)
+    });
+    // Einsum: attention forms, an ellipsis, a reduction, an outer product and three operands.
+    let (q, k) = (uniform(&[2, 2, 3, 4], -1.0, 1.0, 47), uniform(&[2, 2, 5, 4], -1.0, 1.0, 48));
+    check("einsum_scores", &[q.clone(), k.clone()], &|t| Tensor::einsum("bhqd,bhkd->bhqk", &[&t[0], &t[1]]));
+    let p = uniform(&[2, 2, 3, 5], -1.0, 1.0, 49);
+    check("einsum_values", &[p, k.clone()], &|t| Tensor::einsum("bhqk,bhkd->bhqd", &[&t[0], &t[1]]));
+    let m = uniform(&[4, 3], -1.0, 1.0, 50);
+    check("einsum_ellipsis", &[q.clone(), m.clone()], &|t| Tensor::einsum("...ij,...jk->...ik", &[&t[0], &t[1]]));
+    check("einsum_reduce", &[q.clone()], &|t| Tensor::einsum("bhqd->dq", &[&t[0]]));
+    let v = uniform(&[3], -1.0, 1.0, 51);
+    check("einsum_three", &[m.clone(), v.clone(), m.clone()], &|t| {
+        Tensor::einsum("ij,j,ik->k", &[&t[0], &t[1], &t[2]])
+    });
+    // Broadcasting matmul: leading axes of size 1 stretched, vectors on either side.
+    let a4 = uniform(&[2, 1, 3, 4], -1.0, 1.0, 52);
+    check("matmul_broadcast", &[a4.clone(), uniform(&[3, 4, 2], -1.0, 1.0, 53)], &|t| t[0].matmul(&t[1]));
+    check("matmul_rank4_2d", &[a4.clone(), m], &|t| t[0].matmul(&t[1]));
+    check("matmul_vectors", &[uniform(&[4], -1.0, 1.0, 54), a4.clone(), v], &|t| {
+        t[0].matmul(&t[1].transpose(2, 3)?)?.matmul(&t[2])
+    });
+}
+
+#[test]
 fn losses() {
     let z = uniform(&[4, 5], -3.0, 3.0, 31);
     let labels = [1, 0, 4, 4];

@@ -30,6 +30,7 @@ mod nn;
 mod onnx;
 mod onnx_zoo;
 mod ops;
+mod ops_transformer;
 mod registry;
 mod reliability;
 mod report;

@@ -4,7 +4,7 @@ use ndarray::{ArrayD, IxDyn, Zip};
 use rayon::prelude::*;
 
 use super::shape::sum_to_shape;
-use super::{record, Op, PAR_THRESHOLD};
+use super::{record, vmath, Op, PAR_THRESHOLD};
 use crate::tensor::{Array, Tensor};
 use crate::{Error, Result};
 
@@ -75,6 +75,18 @@ pub enum UnaryKind {
     Softplus,
     /// atanh x; derivative 1/(1−x²).
     Atanh,
+    /// The error function erf x (within 1e-7 absolute everywhere; see `vmath::erf`); derivative (2/√π)·e^(−x²).
+    Erf,
+    /// GELU, exact: x·Φ(x) = ½·x·(1 + erf(x/√2)); derivative Φ(x) + x·φ(x).
+    Gelu,
+    /// GELU, tanh approximation: ½·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (PyTorch's `approximate="tanh"`);
+    /// derivative in `vmath::gelu_tanh_derivative`.
+    GeluTanh,
+    /// clamp(α·x + β, 0, 1); derivative α where 0 < α·x + β < 1, else 0 (PyTorch's `hardsigmoid` at its kinks).
+    HardSigmoid(f32, f32),
+    /// x·clamp(x + 3, 0, 6)/6; derivative 0 for x ≤ −3, x/3 + ½ for −3 < x < 3, 1 for x ≥ 3 (PyTorch's
+    /// `hardswish` at its kinks).
+    HardSwish,
 }
 
 impl UnaryKind {
@@ -95,6 +107,11 @@ impl UnaryKind {
             UnaryKind::Tanh => "tanh",
             UnaryKind::Softplus => "softplus",
             UnaryKind::Atanh => "atanh",
+            UnaryKind::Erf => "erf",
+            UnaryKind::Gelu => "gelu",
+            UnaryKind::GeluTanh => "gelu_tanh",
+            UnaryKind::HardSigmoid(..) => "hard_sigmoid",
+            UnaryKind::HardSwish => "hard_swish",
         }
     }
 
@@ -122,6 +139,11 @@ impl UnaryKind {
             UnaryKind::Tanh => x.tanh(),
             UnaryKind::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
             UnaryKind::Atanh => x.atanh(),
+            UnaryKind::Erf => vmath::erf(x),
+            UnaryKind::Gelu => vmath::gelu(x),
+            UnaryKind::GeluTanh => vmath::gelu_tanh(x),
+            UnaryKind::HardSigmoid(a, b) => hard_sigmoid(a, b, x),
+            UnaryKind::HardSwish => hard_swish(x),
         }
     }
 
@@ -150,6 +172,11 @@ impl UnaryKind {
             UnaryKind::Tanh => 1.0 - y * y,
             UnaryKind::Softplus => sigmoid(x),
             UnaryKind::Atanh => 1.0 / (1.0 - x * x),
+            UnaryKind::Erf => vmath::erf_derivative(x),
+            UnaryKind::Gelu => vmath::gelu_derivative(x),
+            UnaryKind::GeluTanh => vmath::gelu_tanh_derivative(x),
+            UnaryKind::HardSigmoid(a, b) => hard_sigmoid_derivative(a, b, x),
+            UnaryKind::HardSwish => hard_swish_derivative(x),
         }
     }
 }
@@ -163,6 +190,41 @@ pub(crate) fn sign(x: f32) -> f32 {
         -1.0
     } else {
         0.0
+    }
+}
+
+/// clamp(α·x + β, 0, 1).
+#[inline(always)]
+fn hard_sigmoid(alpha: f32, beta: f32, x: f32) -> f32 {
+    (alpha * x + beta).clamp(0.0, 1.0)
+}
+
+/// α inside the ramp (0 < α·x + β < 1, open at both ends as PyTorch's `hardsigmoid_backward`), else 0.
+#[inline(always)]
+fn hard_sigmoid_derivative(alpha: f32, beta: f32, x: f32) -> f32 {
+    let v = alpha * x + beta;
+    if v > 0.0 && v < 1.0 {
+        alpha
+    } else {
+        0.0
+    }
+}
+
+/// x·clamp(x + 3, 0, 6)/6, in PyTorch's order of operations.
+#[inline(always)]
+fn hard_swish(x: f32) -> f32 {
+    x * (x + 3.0).clamp(0.0, 6.0) / 6.0
+}
+
+/// 0 up to −3, x/3 + ½ strictly between −3 and 3, 1 from 3 on (the kinks as PyTorch's `hardswish_backward`).
+#[inline(always)]
+fn hard_swish_derivative(x: f32) -> f32 {
+    if x <= -3.0 {
+        0.0
+    } else if x < 3.0 {
+        x / 3.0 + 0.5
+    } else {
+        1.0
     }
 }
 
@@ -183,7 +245,7 @@ const FLAT_CHUNK: usize = 1 << 14;
 /// `out[i] = f(a[i])` over equal-length slices, in parallel when long.
 fn flat1(a: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
     let mut out = vec![0.0f32; a.len()];
-    let body = |(o, a): (&mut [f32], &[f32])| o.iter_mut().zip(a).for_each(|(o, &a)| *o = f(a));
+    let body = |(o, a): (&mut [f32], &[f32])| vmath::map_into(a, o, &f);
     if a.len() >= PAR_THRESHOLD {
         out.par_chunks_mut(FLAT_CHUNK).zip(a.par_chunks(FLAT_CHUNK)).for_each(body);
     } else {
@@ -322,6 +384,11 @@ pub(crate) fn unary(kind: UnaryKind, x: &Tensor) -> Tensor {
     // same expression, same bits.
     let value = match kind {
         UnaryKind::Relu => map(x.value(), |v| v.max(0.0)),
+        UnaryKind::Erf => map(x.value(), vmath::erf),
+        UnaryKind::Gelu => map(x.value(), vmath::gelu),
+        UnaryKind::GeluTanh => map(x.value(), vmath::gelu_tanh),
+        UnaryKind::HardSigmoid(a, b) => map(x.value(), move |v| hard_sigmoid(a, b, v)),
+        UnaryKind::HardSwish => map(x.value(), hard_swish),
         _ => map(x.value(), move |v| kind.apply(v)),
     };
     record(value, Op::Unary(kind, x.clone()))
@@ -331,11 +398,7 @@ pub(crate) fn unary(kind: UnaryKind, x: &Tensor) -> Tensor {
 fn zip_slices(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
     let mut out = vec![0.0f32; a.len()];
     type Chunks<'a> = (((&'a mut [f32], &'a [f32]), &'a [f32]), &'a [f32]);
-    let body = |(((o, a), b), c): Chunks| {
-        for (((o, &a), &b), &c) in o.iter_mut().zip(a).zip(b).zip(c) {
-            *o = f(a, b, c);
-        }
-    };
+    let body = |(((o, a), b), c): Chunks| vmath::zip3_into(a, b, c, o, &f);
     if a.len() >= PAR_THRESHOLD {
         out.par_chunks_mut(FLAT_CHUNK)
             .zip(a.par_chunks(FLAT_CHUNK))
@@ -353,6 +416,11 @@ pub(crate) fn unary_backward(kind: UnaryKind, x: &Array, y: &Array, g: &ArrayD<f
         // All three in standard layout: one flat pass, collected without zero-filling first.
         let v = match kind {
             UnaryKind::Relu => zip_slices(gs, xs, ys, |g, x, _| g * f32::from(x > 0.0)),
+            UnaryKind::Erf => zip_slices(gs, xs, ys, |g, x, _| g * vmath::erf_derivative(x)),
+            UnaryKind::Gelu => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_derivative(x)),
+            UnaryKind::GeluTanh => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_tanh_derivative(x)),
+            UnaryKind::HardSigmoid(a, b) => zip_slices(gs, xs, ys, |g, x, _| g * hard_sigmoid_derivative(a, b, x)),
+            UnaryKind::HardSwish => zip_slices(gs, xs, ys, |g, x, _| g * hard_swish_derivative(x)),
             _ => zip_slices(gs, xs, ys, |g, x, y| g * kind.derivative(x, y)),
         };
         return ArrayD::from_shape_vec(g.raw_dim(), v).expect("same length");
@@ -461,5 +529,22 @@ impl Tensor {
     /// atanh.
     pub fn atanh(&self) -> Tensor {
         unary(UnaryKind::Atanh, self)
+    }
+    /// The error function (within 1e-7 absolute of the true value on the whole real line).
+    pub fn erf(&self) -> Tensor {
+        unary(UnaryKind::Erf, self)
+    }
+    /// GELU: x·Φ(x) exactly (`approximate = false`), or its tanh approximation (`approximate = true`), as
+    /// PyTorch's `gelu(x, approximate="none" | "tanh")`.
+    pub fn gelu(&self, approximate: bool) -> Tensor {
+        unary(if approximate { UnaryKind::GeluTanh } else { UnaryKind::Gelu }, self)
+    }
+    /// clamp(α·x + β, 0, 1) (ONNX's HardSigmoid; PyTorch's `hardsigmoid` is α = 1/6, β = ½).
+    pub fn hard_sigmoid(&self, alpha: f32, beta: f32) -> Tensor {
+        unary(UnaryKind::HardSigmoid(alpha, beta), self)
+    }
+    /// x·clamp(x + 3, 0, 6)/6 (PyTorch's `hardswish`, ONNX's HardSwish).
+    pub fn hard_swish(&self) -> Tensor {
+        unary(UnaryKind::HardSwish, self)
     }
 }

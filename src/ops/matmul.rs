@@ -1,7 +1,7 @@
 //! Matrix products, 2-D and batched, with their backward: `Linear`'s forward on the packed vector kernel
 //! (`simd::gemm_packed`), the rest on the unpacked one or the `gemm` crate.
 
-use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, Ix3};
+use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Ix2, Ix3};
 
 use super::{record, Op};
 use crate::tensor::Tensor;
@@ -127,13 +127,28 @@ pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
 /// lanes, 16 wide); fewer rows would leave most lanes empty, so the product stays row-major.
 const COL_MAJOR_ROWS: usize = 16;
 
-fn batched(a: &ArrayD<f32>, b: &ArrayD<f32>) -> Array3<f32> {
-    let a = a.view().into_dimensionality::<Ix3>().expect("rank checked");
-    let b = b.view().into_dimensionality::<Ix3>().expect("rank checked");
-    let mut c = Array3::zeros((a.shape()[0], a.shape()[1], b.shape()[2]));
-    for ((ai, bi), ci) in a.outer_iter().zip(b.outer_iter()).zip(c.outer_iter_mut()) {
-        gemm(ai, bi, ci, false, true);
+/// `f(i, out_i)` for every item `i` of a batch of products of `work` multiply-adds in all: across threads over the
+/// items when there are several and enough work (each item's GEMM then runs on one thread), else in order with
+/// each GEMM free to use every thread (`f`'s flag). The same bits either way: each element is one fixed chain of
+/// multiply-adds over k, whichever thread computes it.
+fn for_items(mut out: ndarray::ArrayViewMut3<f32>, work: usize, f: impl Fn(usize, ArrayViewMut2<f32>, bool) + Sync) {
+    use rayon::prelude::*;
+    let nested = rayon::current_thread_index().is_some();
+    if out.shape()[0] > 1 && !nested && work >= PAR_GEMM_WORK {
+        out.axis_iter_mut(Axis(0)).into_par_iter().enumerate().for_each(|(i, o)| f(i, o, false));
+    } else {
+        out.outer_iter_mut().enumerate().for_each(|(i, o)| f(i, o, true));
     }
+}
+
+/// `[B,m,k]·[B,k,n]`, any strides.
+fn batched(a: ArrayView3<f32>, b: ArrayView3<f32>) -> Array3<f32> {
+    let (bn, m, k) = a.dim();
+    let n = b.shape()[2];
+    let mut c = Array3::zeros((bn, m, n));
+    for_items(c.view_mut(), bn * m * k * n, |i, ci, par| {
+        gemm(a.index_axis(Axis(0), i), b.index_axis(Axis(0), i), ci, false, par)
+    });
     c
 }
 
@@ -181,21 +196,22 @@ pub(crate) fn matmul_backward(
     }
     let g3 = g.view().into_dimensionality::<Ix3>().expect("output is batched");
     let a3 = av.view().into_dimensionality::<Ix3>().expect("rank checked");
+    let work = g3.len() * a3.shape()[2];
     let ga = need[0].then(|| {
         let mut out = Array3::zeros(a3.raw_dim());
-        for (i, mut o) in out.outer_iter_mut().enumerate() {
+        for_items(out.view_mut(), work, |i, o, par| {
             let bi = if b.rank() == 3 { bv.index_axis(Axis(0), i) } else { bv.view() };
             let bi = bi.into_dimensionality::<Ix2>().expect("matrix");
-            gemm(g3.index_axis(Axis(0), i), bi.t(), o.view_mut(), false, true);
-        }
+            gemm(g3.index_axis(Axis(0), i), bi.t(), o, false, par);
+        });
         out.into_dyn()
     });
     let gb = need[1].then(|| {
         if b.rank() == 3 {
             let mut out = Array3::zeros((bv.shape()[0], bv.shape()[1], bv.shape()[2]));
-            for (i, mut o) in out.outer_iter_mut().enumerate() {
-                gemm(a3.index_axis(Axis(0), i).t(), g3.index_axis(Axis(0), i), o.view_mut(), false, true);
-            }
+            for_items(out.view_mut(), work, |i, o, par| {
+                gemm(a3.index_axis(Axis(0), i).t(), g3.index_axis(Axis(0), i), o, false, par)
+            });
             out.into_dyn()
         } else {
             let mut out = Array2::zeros((bv.shape()[0], bv.shape()[1]));
@@ -230,27 +246,76 @@ pub fn measured_peak_gflops(seconds: f64) -> Option<f64> {
     Some(flops / elapsed / 1e9)
 }
 
+/// NumPy's `matmul` on shapes that are not one of [`Tensor::matmul`]'s direct forms: vectors promoted to matrices
+/// (and their axis dropped from the result), leading axes broadcast, then one 2-D or batched product.
+fn matmul_broadcast(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let mismatch = || Error::ShapeMismatch { op: "matmul", expected: a.shape().to_vec(), got: b.shape().to_vec() };
+    if a.rank() == 0 || b.rank() == 0 {
+        return Err(mismatch());
+    }
+    let (va, vb) = (a.rank() == 1, b.rank() == 1);
+    let a2 = if va { a.unsqueeze(0)? } else { a.clone() };
+    let b2 = if vb { b.unsqueeze(1)? } else { b.clone() };
+    let (ra, rb) = (a2.rank(), b2.rank());
+    let (m, k, k2, n) = (a2.shape()[ra - 2], a2.shape()[ra - 1], b2.shape()[rb - 2], b2.shape()[rb - 1]);
+    if k != k2 {
+        return Err(mismatch());
+    }
+    let (la, lb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
+    let lead = super::elementwise::broadcast_shape(la, lb).ok_or_else(|| Error::Broadcast {
+        op: "matmul",
+        lhs: a.shape().to_vec(),
+        rhs: b.shape().to_vec(),
+    })?;
+    let p: usize = lead.iter().product();
+    let mut shape = lead.clone();
+    shape.extend([m, n]);
+    // Each operand broadcast to the leading axes (a copy only where they differ), as `[p, rows, cols]`.
+    let full = |t: &Tensor, r: usize, c: usize| -> Result<Tensor> {
+        let s = [&lead[..], &[r, c]].concat();
+        let t = if t.shape() == s.as_slice() { t.clone() } else { t.broadcast_to(&s)? };
+        t.reshape(&[p, r, c])
+    };
+    let y = if lb.iter().product::<usize>() == 1 {
+        // One right-hand matrix for every item: a single product over the flattened rows.
+        let rows = full(&a2, m, k)?.reshape(&[p * m, k])?;
+        rows.matmul(&b2.reshape(&[k, n])?)?.reshape(&shape)?
+    } else {
+        full(&a2, m, k)?.matmul(&full(&b2, k, n)?)?.reshape(&shape)?
+    };
+    let y = if vb { y.squeeze(y.rank() - 1)? } else { y };
+    if va {
+        y.squeeze(y.rank() - if vb { 1 } else { 2 })
+    } else {
+        Ok(y)
+    }
+}
+
 /// Matrix products.
 impl Tensor {
-    /// Matrix product: `[m,k]·[k,n]`, batched `[B,m,k]·[B,k,n]`, or `[B,m,k]·[k,n]`.
-    /// Derivatives: ∂/∂A = G·Bᵀ, ∂/∂B = Aᵀ·G.
+    /// Matrix product with NumPy's `matmul` semantics: `[m,k]·[k,n]`; batched `[…,m,k]·[…,k,n]` with the leading
+    /// axes broadcast (`[B,m,k]·[k,n]` is one product over the flattened rows); a 1-D operand is a row (left) or
+    /// column (right) vector whose axis the result drops. Derivatives: ∂/∂A = G·Bᵀ, ∂/∂B = Aᵀ·G (summed over
+    /// broadcast axes).
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         let (sa, sb) = (self.shape(), other.shape());
-        let ok = match (sa.len(), sb.len()) {
+        let direct = match (sa.len(), sb.len()) {
             (2, 2) => sa[1] == sb[0],
             (3, 3) => sa[0] == sb[0] && sa[2] == sb[1],
             (3, 2) => sa[2] == sb[0],
             _ => false,
         };
-        if !ok {
-            return Err(Error::ShapeMismatch { op: "matmul", expected: sa.to_vec(), got: sb.to_vec() });
+        if !direct {
+            return matmul_broadcast(self, other);
         }
         let value = if sa.len() == 2 {
             let a = self.value().view().into_dimensionality::<Ix2>().expect("rank checked");
             let b = other.value().view().into_dimensionality::<Ix2>().expect("rank checked");
             matmul2(a, b).into_dyn()
         } else if sb.len() == 3 {
-            batched(&self.value().to_owned(), &other.value().to_owned()).into_dyn()
+            let a = self.value().view().into_dimensionality::<Ix3>().expect("rank checked");
+            let b = other.value().view().into_dimensionality::<Ix3>().expect("rank checked");
+            batched(a, b).into_dyn()
         } else {
             // [B,m,k]·[k,n]: one GEMM over the flattened batch.
             let a = self.value().as_standard_layout().into_owned();

@@ -5,9 +5,11 @@
 //!
 //! A map of the kernel house, from the ops down to the vector kernels:
 //! - `elementwise`, `reduce`, `shape`, `index`, `loss`: plain loops over `ndarray`, split across threads above
-//!   `PAR_THRESHOLD` elements;
-//! - `matmul`: products on `simd::gemm_nn` or the `gemm` crate; `pool`: max and average pooling, 2×2 windows on
-//!   `simd::pool`;
+//!   `PAR_THRESHOLD` elements; the flat elementwise loops and the transcendental activations (erf, GELU) run on
+//!   `vmath`: branch-free functions and slice loops the compiler vectorises, on AVX2 when the CPU has it;
+//! - `norm`: layer normalisation, fused (statistics, output and backward one pass per row);
+//! - `matmul`: products on `simd::gemm_nn` or the `gemm` crate, NumPy's broadcasting `matmul`; `einsum`: lowered
+//!   onto sums, permutes and products; `pool`: max and average pooling, 2×2 windows on `simd::pool`;
 //! - `conv/`: the convolution — `forward.rs`, `backward.rs`, `sparse.rs` (the fused pooling's sparse backward),
 //!   `unfold.rs` (im2col, col2im, product, transpose with their fallbacks) and `plan.rs` (the planners of the
 //!   direct kernels: each `plan` returns `None` where they do not run, and the caller unfolds);
@@ -17,14 +19,17 @@
 //!   instruction sets, or off x86-64, every entry returns `false` or no plan, and the callers' portable paths run.
 
 pub(crate) mod conv;
+pub(crate) mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod loss;
 pub(crate) mod matmul;
+pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod shape;
 pub(crate) mod simd;
+pub(crate) mod vmath;
 
 use ndarray::ArrayD;
 
@@ -112,6 +117,7 @@ pub(crate) enum Op {
         x: Tensor,
         p: Pool2dParams,
     },
+    LayerNorm(Box<norm::LayerNormSaved>),
 }
 
 impl Op {
@@ -136,6 +142,7 @@ impl Op {
             Op::Conv2d { relu: true, .. } => "conv2d_relu",
             Op::MaxPool2d { .. } => "max_pool2d",
             Op::AvgPool2d { .. } => "avg_pool2d",
+            Op::LayerNorm(_) => "layer_norm",
         }
     }
 
@@ -163,6 +170,7 @@ impl Op {
                 }
                 v
             }
+            Op::LayerNorm(s) => std::iter::once(&s.x).chain(&s.scale).chain(&s.bias).collect(),
         }
     }
 
@@ -205,6 +213,7 @@ impl Op {
             }
             Op::MaxPool2d { x, index } => Ok(vec![Some(pool::max_pool2d_backward(x, out, index, g))]),
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
+            Op::LayerNorm(s) => Ok(norm::layer_norm_backward(s, g, need)),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Shape ops: reshape, permute, broadcast, narrow, pad, concat — views where possible, with their backwards.
+//! Shape ops: reshape, permute, broadcast, narrow, split, pad, concat — views where possible, with their backwards.
 
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 
@@ -180,6 +180,29 @@ impl Tensor {
             v.assign(self.value());
         }
         Ok(record(out, Op::Pad { x: self.clone(), pads: pads.to_vec() }))
+    }
+
+    /// Cuts the tensor along `axis` into consecutive pieces of the given sizes, which must add up to the axis's
+    /// length (as `torch.split(x, sizes, axis)` and ONNX's Split). Each piece is a view; its gradient is
+    /// scattered back into place.
+    pub fn split(&self, axis: usize, sizes: &[usize]) -> Result<Vec<Tensor>> {
+        check_axis("split", axis, self.rank())?;
+        let d = self.shape()[axis];
+        if sizes.iter().try_fold(0usize, |acc, &s| acc.checked_add(s)) != Some(d) {
+            return Err(Error::invalid(
+                "split",
+                format!("sizes {sizes:?} do not add up to the length {d} of axis {axis} (shape {:?})", self.shape()),
+            ));
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&len| {
+                let piece = self.narrow(axis, start, len);
+                start += len;
+                piece
+            })
+            .collect()
     }
 
     /// Joins tensors along an existing axis.

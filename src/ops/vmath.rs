@@ -1,0 +1,379 @@
+//! Branch-free `f32` functions the compiler vectorises (eˣ, erf, the logistic sigmoid, GELU in both forms), and the
+//! slice loops that run them on 256-bit vectors when the CPU has them.
+//!
+//! A libm call per element (`f32::exp`) keeps a loop scalar. These functions are plain arithmetic, bit
+//! manipulation and selects, so LLVM turns a loop over a slice into vector code. None uses `mul_add` (without FMA in
+//! the target that is a library call, and with it the rounding would differ from the portable path) and LLVM never
+//! contracts a multiply and an add on its own, so every function gives the same bits on every kernel path (tested
+//! below).
+
+use std::f32::consts::{FRAC_1_SQRT_2, LOG2_E};
+
+/// ln 2 in two parts: `LN2_HI` has 11 significant bits, so `n·LN2_HI` is exact for |n| < 2¹³ (Cody–Waite).
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// 1.5·2²³: adding it to |v| < 2²² rounds `v` to an integer held in the low bits of the significand.
+const ROUND: f32 = 12_582_912.0;
+
+/// eˣ, within 1e-7 relative of the true value (9e-8 measured against mpmath over [−100, 88.7]); 0 below about
+/// −103.3 and +∞ above about 88.72, as `f32::exp`; NaN stays NaN.
+///
+/// x = n·ln 2 + r with n = round(x/ln 2) and |r| ≤ ln 2 / 2; eʳ is its Taylor polynomial to r⁷ (truncation below
+/// 0.347⁸/8! < 6e-9 relative) and 2ⁿ is built in the exponent bits, as 2^⌊n/2⌋·2^(n−⌊n/2⌋) so that both factors stay
+/// normal from the subnormal range up to overflow.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    let x = x.clamp(-104.0, 89.0);
+    let t = x * LOG2_E + ROUND;
+    let n = t - ROUND;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.0 / 5040.0;
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p * r + c;
+    }
+    let n = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let half = n >> 1;
+    let two_to = |k: i32| f32::from_bits(((k + 127) << 23) as u32);
+    p * two_to(half) * two_to(n - half)
+}
+
+/// The logistic sigmoid 1/(1 + e⁻ˣ): 0 and 1 at the far ends, never NaN for finite x.
+#[inline(always)]
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// Below this |x|, erf is its Maclaurin series; from it on, 1 − erfc with erfc from Numerical Recipes' fit.
+const SERIES_CUT: f32 = 1.0;
+/// Terms of the series: the first one left out is x²³/(11!·23)·2/√π < 1e-9 at |x| = 1.
+const SERIES_TERMS: usize = 12;
+
+/// The series' coefficients in x²: erf(x) = x·(2/√π)·Σₙ (−1)ⁿ x²ⁿ / (n!·(2n+1)), less 1 in the first coefficient
+/// (so that erf(x) = x + x·P(x²) keeps the final addition exact to half an ulp, as fdlibm's `erff` does).
+const SERIES: [f32; SERIES_TERMS] = {
+    let mut c = [0.0f32; SERIES_TERMS];
+    let two_over_sqrt_pi = std::f64::consts::FRAC_2_SQRT_PI;
+    let mut fact = 1.0f64;
+    let mut n = 0;
+    while n < SERIES_TERMS {
+        if n > 0 {
+            fact *= n as f64;
+        }
+        let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
+        c[n] = (sign * two_over_sqrt_pi / (fact * (2 * n + 1) as f64)) as f32;
+        n += 1;
+    }
+    c[0] = (two_over_sqrt_pi - 1.0) as f32;
+    c
+};
+
+/// erf(x) − x for |x| < [`SERIES_CUT`] (larger x gives garbage, selected away by the callers).
+#[inline(always)]
+fn erf_series_less_x(x: f32) -> f32 {
+    let y = x * x;
+    let mut p = SERIES[SERIES_TERMS - 1];
+    for &c in SERIES[..SERIES_TERMS - 1].iter().rev() {
+        p = p * y + c;
+    }
+    x * p
+}
+
+/// erfc(z) for z ≥ [`SERIES_CUT`] (also fine for z ≥ 0): Numerical Recipes' `erfcc` (Press et al., *Numerical
+/// Recipes*, 2nd ed., §6.2), t·exp(−z² + P(t)) with t = 1/(1 + z/2) — relative error below 1.2e-7 for every z ≥ 0.
+#[inline(always)]
+fn erfc_fit(z: f32) -> f32 {
+    const P: [f32; 10] = [
+        -1.265_512_2,
+        1.000_023_7,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_204,
+        1.488_515_9,
+        -0.822_152_25,
+        0.170_872_77,
+    ];
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let mut p = P[9];
+    for &c in P[..9].iter().rev() {
+        p = p * t + c;
+    }
+    t * exp(-z * z + p)
+}
+
+/// The error function erf(x) = (2/√π)∫₀ˣ e^(−t²) dt, within 8e-8 absolute of the true value over the whole real
+/// line (measured against mpmath on a 1e-4 grid over [−6, 6] and on tiny |x|; about one ulp of 1), odd, NaN for
+/// NaN.
+///
+/// |x| < 1: its Maclaurin series to x²³ (12 terms, written `x + x·P(x²)`); beyond: 1 − erfc(|x|) with erfc
+/// from Numerical Recipes' Chebyshev fit ([`erfc_fit`], relative error < 1.2e-7), with the sign of x. Both branches
+/// are computed and one is selected, so the loop has no branch.
+#[inline(always)]
+pub(crate) fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let near = x + erf_series_less_x(x);
+    let far = (1.0 - erfc_fit(a)).copysign(x);
+    if a < SERIES_CUT {
+        near
+    } else {
+        far
+    }
+}
+
+/// The standard normal distribution function Φ(x) = ½·erfc(−x/√2), written through erfc(|x|/√2) on both sides so
+/// that the left tail keeps its relative accuracy (½·(1 + erf) cancels there).
+#[inline(always)]
+fn normal_cdf(x: f32) -> f32 {
+    let u = x.abs() * FRAC_1_SQRT_2;
+    let erfc = if u < SERIES_CUT { 1.0 - (u + erf_series_less_x(u)) } else { erfc_fit(u) };
+    let half = 0.5 * erfc;
+    if x < 0.0 {
+        half
+    } else {
+        1.0 - half
+    }
+}
+
+/// 1/√(2π).
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+/// √(2/π).
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The cubic coefficient of GELU's tanh approximation.
+const GELU_CUBIC: f32 = 0.044_715;
+
+/// GELU, exact form: x·Φ(x) = ½·x·(1 + erf(x/√2)) (Hendrycks & Gimpel, 2016).
+#[inline(always)]
+pub(crate) fn gelu(x: f32) -> f32 {
+    x * normal_cdf(x)
+}
+
+/// d GELU/dx = Φ(x) + x·φ(x), with φ(x) = e^(−x²/2)/√(2π).
+#[inline(always)]
+pub(crate) fn gelu_derivative(x: f32) -> f32 {
+    normal_cdf(x) + x * FRAC_1_SQRT_2PI * exp(-0.5 * x * x)
+}
+
+/// GELU, tanh approximation: ½·x·(1 + tanh(u)) with u = √(2/π)·(x + 0.044715·x³), computed as x·σ(2u) (the
+/// same function: 1 + tanh u = 2σ(2u)).
+#[inline(always)]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    let u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+    x * sigmoid(2.0 * u)
+}
+
+/// d/dx of [`gelu_tanh`]: with s = σ(2u), s + x·2s(1 − s)·u′ and u′ = √(2/π)·(1 + 3·0.044715·x²). With
+/// e = e^(−2u), s = 1/(1 + e) and 1 − s = e·s, which keeps its relative accuracy where s is close to 1 (`1.0 - s`
+/// would not); e is capped at 10³⁰ so that e·s stays finite far to the left, where the term is 0 anyway.
+#[inline(always)]
+pub(crate) fn gelu_tanh_derivative(x: f32) -> f32 {
+    let u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+    let e = exp(-2.0 * u).min(1e30);
+    let s = 1.0 / (1.0 + e);
+    let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x);
+    s + x * 2.0 * s * (e * s) * du
+}
+
+/// d erf/dx = (2/√π)·e^(−x²).
+#[inline(always)]
+pub(crate) fn erf_derivative(x: f32) -> f32 {
+    std::f32::consts::FRAC_2_SQRT_PI * exp(-x * x)
+}
+
+/// `out[i] = f(a[i])` over equal-length slices, on 256-bit vectors when the CPU has AVX2 (and the kernel level,
+/// `ARMOURY_SIMD`, allows vector kernels). Same bits either way.
+#[inline]
+pub(crate) fn map_into(a: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
+    assert_eq!(a.len(), out.len(), "map_into: equal lengths");
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: `wide` checked that the CPU has AVX2.
+        return unsafe { map_avx2(a, out, f) };
+    }
+    map_plain(a, out, f)
+}
+
+/// `out[i] = f(a[i], b[i], c[i])` over equal-length slices, as [`map_into`].
+#[inline]
+pub(crate) fn zip3_into(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &impl Fn(f32, f32, f32) -> f32) {
+    assert!(a.len() == out.len() && b.len() == out.len() && c.len() == out.len(), "zip3_into: equal lengths");
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: `wide` checked that the CPU has AVX2.
+        return unsafe { zip3_avx2(a, b, c, out, f) };
+    }
+    zip3_plain(a, b, c, out, f)
+}
+
+#[inline(always)]
+fn map_plain(a: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
+    for (o, &a) in out.iter_mut().zip(a) {
+        *o = f(a);
+    }
+}
+
+#[inline(always)]
+fn zip3_plain(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &impl Fn(f32, f32, f32) -> f32) {
+    for (((o, &a), &b), &c) in out.iter_mut().zip(a).zip(b).zip(c) {
+        *o = f(a, b, c);
+    }
+}
+
+/// Whether the slice loops may run on AVX2: the CPU has it and the kernel level is not capped to portable.
+#[cfg(target_arch = "x86_64")]
+fn wide() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| super::simd::accelerated() && std::arch::is_x86_feature_detected!("avx2"))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn map_avx2<F: Fn(f32) -> f32>(a: &[f32], out: &mut [f32], f: &F) {
+    map_plain(a, out, f)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn zip3_avx2<F: Fn(f32, f32, f32) -> f32>(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &F) {
+    zip3_plain(a, b, c, out, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// erf in f64 by its Maclaurin series (for |x| < 2.5, to ~1e-16 relative).
+    fn erf_series64(x: f64) -> f64 {
+        let (mut term, mut sum, mut n) = (x, x, 0.0);
+        while term.abs() > 1e-18 * sum.abs().max(1e-300) {
+            n += 1.0;
+            term *= -x * x / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    }
+
+    /// erfc in f64 for x ≥ 2.5, to ~1e-15 relative, by its continued fraction
+    /// erfc(x) = e^(−x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + …)))).
+    fn erfc_fraction64(x: f64) -> f64 {
+        let mut k = x;
+        for j in (1..80).rev() {
+            k = x + (j as f64 / 2.0) / k;
+        }
+        (-x * x).exp() / std::f64::consts::PI.sqrt() / k
+    }
+
+    fn erf64(x: f64) -> f64 {
+        if x.abs() < 2.5 {
+            erf_series64(x)
+        } else {
+            (1.0 - erfc_fraction64(x.abs())).copysign(x)
+        }
+    }
+
+    /// erfc(x) for x ≥ 0, in f64.
+    fn erfc64(x: f64) -> f64 {
+        if x < 2.5 {
+            1.0 - erf_series64(x)
+        } else {
+            erfc_fraction64(x)
+        }
+    }
+
+    fn grid() -> Vec<f32> {
+        let mut xs: Vec<f32> = (-60_000..=60_000).map(|i| i as f32 * 1e-4).collect();
+        xs.extend((0..300).map(|i| 10f32.powf(-30.0 + i as f32 * 0.1)));
+        xs.extend([-1e30, 1e30, 1e-40, -0.0, 0.999_999_9, 1.0, 1.000_000_1]);
+        xs
+    }
+
+    #[test]
+    fn erf_is_accurate_over_the_real_line() {
+        let mut worst = (0.0f64, 0.0f32);
+        for x in grid() {
+            let err = (erf(x) as f64 - erf64(x as f64)).abs();
+            if err > worst.0 {
+                worst = (err, x);
+            }
+            assert_eq!(erf(-x), -erf(x), "erf is odd at {x}");
+        }
+        assert!(worst.0 <= 1e-7, "erf: max abs error {:e} at {}", worst.0, worst.1);
+        // Tiny arguments keep their relative accuracy (erf x ≈ 2x/√π).
+        for x in [1e-30f32, 1e-10, 1e-5] {
+            let want = erf64(x as f64);
+            assert!(((erf(x) as f64 - want) / want).abs() < 2e-7, "erf({x})");
+        }
+        assert!(erf(f32::NAN).is_nan());
+        assert_eq!(erf(f32::INFINITY), 1.0);
+        assert_eq!(erf(f32::NEG_INFINITY), -1.0);
+    }
+
+    #[test]
+    fn exp_is_accurate_and_saturates() {
+        for i in -1_000_000..=887_000 {
+            let x = i as f32 * 1e-4;
+            let want = (x as f64).exp();
+            if want < f32::MIN_POSITIVE as f64 {
+                assert!((exp(x) as f64 - want).abs() <= 2.0 * 1.4e-45, "exp({x}) in the subnormal range");
+                continue;
+            }
+            let rel = (exp(x) as f64 - want).abs() / want;
+            assert!(rel <= 1.2e-7, "exp({x}): relative error {rel:e}");
+        }
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    /// GELU against x·Φ(x) in f64 (absolute error, and relative in the left tail where Φ is tiny), its tanh form
+    /// against the formula in f64, and both derivatives against central differences in f64.
+    #[test]
+    fn gelu_forms_and_derivatives() {
+        // Φ through erfc on both sides: ½·(1 + erf) would cancel in the left tail.
+        let phi = |x: f64| {
+            let half = 0.5 * erfc64(x.abs() / std::f64::consts::SQRT_2);
+            if x < 0.0 {
+                half
+            } else {
+                1.0 - half
+            }
+        };
+        let tanh_form =
+            |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
+        for i in -1200..=1200 {
+            let x = i as f32 * 0.01;
+            let xd = x as f64;
+            let want = xd * phi(xd);
+            assert!((gelu(x) as f64 - want).abs() <= 2e-7 * (1.0 + xd.abs()), "gelu({x})");
+            if (-6.0..-3.0).contains(&x) {
+                assert!(((gelu(x) as f64 - want) / want).abs() < 1e-5, "gelu({x}) relative");
+            }
+            assert!((gelu_tanh(x) as f64 - tanh_form(xd)).abs() <= 3e-7 * (1.0 + xd.abs()), "gelu_tanh({x})");
+            let h = 1e-6;
+            let d_exact = ((xd + h) * phi(xd + h) - (xd - h) * phi(xd - h)) / (2.0 * h);
+            assert!((gelu_derivative(x) as f64 - d_exact).abs() < 1e-6, "gelu'({x})");
+            let d_tanh = (tanh_form(xd + h) - tanh_form(xd - h)) / (2.0 * h);
+            assert!((gelu_tanh_derivative(x) as f64 - d_tanh).abs() < 1e-6, "gelu_tanh'({x})");
+            let d_erf = (erf64(xd + h) - erf64(xd - h)) / (2.0 * h);
+            assert!((erf_derivative(x) as f64 - d_erf).abs() < 1e-6, "erf'({x})");
+        }
+    }
+
+    /// The vector loops give the bits of the scalar ones.
+    #[test]
+    fn vector_loops_match_scalar_bits() {
+        let xs = grid();
+        let mut wide = vec![0.0; xs.len()];
+        map_into(&xs, &mut wide, &|x| gelu(x) + erf(x) + gelu_tanh(x) + exp(x * 1e-3));
+        for (w, &x) in wide.iter().zip(&xs) {
+            let one = gelu(x) + erf(x) + gelu_tanh(x) + exp(x * 1e-3);
+            assert_eq!(w.to_bits(), one.to_bits(), "at {x}");
+        }
+        let mut wide3 = vec![0.0; xs.len()];
+        zip3_into(&xs, &wide, &xs, &mut wide3, &|a, b, c| a * gelu_derivative(b) - erf_derivative(c));
+        for ((w, &a), &b) in wide3.iter().zip(&xs).zip(&wide) {
+            assert_eq!(w.to_bits(), (a * gelu_derivative(b) - erf_derivative(a)).to_bits());
+        }
+    }
+}
