@@ -153,8 +153,12 @@ fn check_model(name: &str) -> Vec<String> {
             failures.push(format!("{what}: logits differ from onnxruntime's by {logit_err:.2e}"));
         }
 
-        let (cos, norm, norm_want) = match clf.loss_gradient(&x, &y) {
-            Ok((_, g)) => cosine_and_norms(&g.to_array(), &grad_want),
+        let (cos, norm, norm_want, grad_err) = match clf.loss_gradient(&x, &y) {
+            Ok((_, g)) => {
+                let g = g.to_array();
+                let (cos, norm, norm_want) = cosine_and_norms(&g, &grad_want);
+                (cos, norm, norm_want, max_err(&g, &grad_want).0)
+            }
             Err(e) => {
                 failures.push(format!("{what}: gradient: {e}"));
                 continue;
@@ -192,7 +196,8 @@ fn check_model(name: &str) -> Vec<String> {
             Err(e) => failures.push(format!("{what}: taps {names:?}: {e}")),
         }
         println!(
-            "{what}: logits |Δ| {logit_err:.1e}, gradient cosine {cos:.7} (norm {norm_rel:.1e}, kink margin {}), taps |Δ| {tap_err:.1e}",
+            "{what}: logits |Δ| {logit_err:.1e}, gradient cosine {cos:.7} (norm {norm_rel:.1e}, |Δ| {grad_err:.1e} of max {:.1e}, kink margin {}), taps |Δ| {tap_err:.1e}",
+            grad_want.iter().fold(0.0f32, |m, v| m.max(v.abs())),
             entry.kink_margin.map_or("none".into(), |m| format!("{m:.1e}"))
         );
     }
