@@ -120,7 +120,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let params = args.params();
     let set = args.m.load_data()?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.run.seed)?;
+    let (_, clf) = load::load_model(&args.m, args.m.weights.as_deref(), &set, args.run.seed)?;
     let attack = registry::by_name(&args.name, &params)?;
     let n = args.limit.min(set.test.len());
     let (x, y) = set.test.batch(0..n)?;

@@ -123,7 +123,7 @@ fn run() -> Res<()> {
     let args = parse()?;
     let set = args.m.load_data()?;
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
-    let (_, clf) = load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.seed)?;
+    let (_, clf) = load::load_model(&args.m, args.m.weights.as_deref(), &set, args.seed)?;
     let clf: Arc<dyn Classifier> = Arc::new(clf);
     if args.detector == "similarity" {
         return similarity(&args, &clf, &set);

@@ -134,7 +134,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("data: {} ({} test images; {})", set.name, set.test.len(), set.source);
     let weights = weights(&args, &set);
-    let (module, clf) = load::load_model(&args.m.model, weights.as_deref(), args.m.bounds, &set, tm.seed)?;
+    let (module, clf) = load::load_model(&args.m, weights.as_deref(), &set, tm.seed)?;
     let model_name = args.m.model.describe(weights.as_deref());
     if args.limit == 0 {
         return Err("--limit 0 evaluates no sample: nothing would be measured".into());

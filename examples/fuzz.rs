@@ -180,8 +180,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         args.m.weights = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors"));
     }
     let set = args.m.load_data()?;
-    let (module, clf) =
-        load::load_model(&args.m.model, args.m.weights.as_deref(), args.m.bounds, &set, args.fuzz.seed)?;
+    let (module, clf) = load::load_model(&args.m, args.m.weights.as_deref(), &set, args.fuzz.seed)?;
     let taps = taps_for(&args, &clf);
     let train = set.training("the coverage bounds")?;
     let n_bounds = args.bounds_images.min(train.len());

@@ -117,6 +117,51 @@ impl std::str::FromStr for ModelSpec {
     }
 }
 
+/// Per-channel input normalisation put in front of a model ([`crate::nn::Normalized`]), so that data, bounds and
+/// ε stay in pixel units while the model sees torchvision's `Normalize(mean, std)`: `imagenet` (mean 0.485, 0.456,
+/// 0.406; std 0.229, 0.224, 0.225) or `MEAN,…/STD,…` with one value per channel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Normalization {
+    /// Per-channel means.
+    pub mean: Vec<f32>,
+    /// Per-channel standard deviations.
+    pub std: Vec<f32>,
+}
+
+impl Normalization {
+    /// torchvision's ImageNet statistics.
+    pub fn imagenet() -> Normalization {
+        Normalization { mean: vec![0.485, 0.456, 0.406], std: vec![0.229, 0.224, 0.225] }
+    }
+
+    /// The layer ([`crate::nn::Normalize`]); errors as it does.
+    pub fn layer(&self) -> Result<crate::nn::Normalize> {
+        crate::nn::Normalize::new(&self.mean, &self.std)
+    }
+}
+
+impl std::str::FromStr for Normalization {
+    type Err = Error;
+    /// `imagenet` or `MEAN,…/STD,…`.
+    fn from_str(s: &str) -> Result<Self> {
+        if s.eq_ignore_ascii_case("imagenet") {
+            return Ok(Normalization::imagenet());
+        }
+        let bad = || {
+            Error::invalid(
+                "--normalize",
+                format!("'{s}' is not imagenet or MEAN,…/STD,… (e.g. 0.5,0.5,0.5/0.25,0.25,0.25)"),
+            )
+        };
+        let (m, sd) = s.split_once('/').ok_or_else(bad)?;
+        let values =
+            |t: &str| t.split(',').map(|v| v.trim().parse::<f32>().map_err(|_| bad())).collect::<Result<Vec<f32>>>();
+        let n = Normalization { mean: values(m)?, std: values(sd)? };
+        n.layer()?;
+        Ok(n)
+    }
+}
+
 /// Parses input bounds `lo,hi`.
 pub fn parse_bounds(s: &str) -> Result<(f32, f32)> {
     let bad = || Error::invalid("--bounds", format!("'{s}' is not lo,hi"));
@@ -201,6 +246,20 @@ pub fn load_model(
     seed: u64,
     progress: &mut dyn TrainCallback,
 ) -> Result<(Arc<dyn Module>, ModuleClassifier)> {
+    load_model_with(choice, weights, bounds, None, set, seed, progress)
+}
+
+/// [`load_model`] with the model behind `normalize` when given ([`crate::nn::Normalized`]; its channel count must
+/// be the data's). A reference model trained here trains behind it too.
+pub fn load_model_with(
+    choice: &ModelChoice,
+    weights: Option<&Path>,
+    bounds: (f32, f32),
+    normalize: Option<&Normalization>,
+    set: &TrainTest,
+    seed: u64,
+    progress: &mut dyn TrainCallback,
+) -> Result<(Arc<dyn Module>, ModuleClassifier)> {
     let shape = set.test.image_shape();
     let module: Arc<dyn Module> = match choice {
         ModelChoice::Onnx(path) => {
@@ -217,6 +276,12 @@ pub fn load_model(
             check_input_shape(choice, &[Some(1), Some(28), Some(28)], shape)?;
             Arc::new(r.build(seed))
         }
+    };
+    // Weights load into the bare model (their names are its own); the model is used, and trained, normalised.
+    let bare = module.clone();
+    let module: Arc<dyn Module> = match normalize {
+        Some(n) => Arc::new(crate::nn::Normalized::new(n.layer()?, module)),
+        None => module,
     };
     let classes = output_classes(module.as_ref(), shape)?;
     if let Some(names) = set.class_names.as_ref().filter(|n| n.len() != classes) {
@@ -237,7 +302,7 @@ pub fn load_model(
     set.test.check_labels(classes, "test")?;
     if let ModelChoice::Reference(_) = choice {
         match weights {
-            Some(wf) => io::load_module(module.as_ref(), wf)?,
+            Some(wf) => io::load_module(bare.as_ref(), wf)?,
             None => {
                 let mut opt = Adam::new(module.parameters(), AdamConfig::default())?;
                 let cfg = TrainConfig { epochs: 3, seed, ..Default::default() };

@@ -179,6 +179,20 @@ fn rgb_model_and_data_end_to_end() {
             "evaluate",
             vec!["--no-audit", "--data", &s(&folder), "--class-names", &s(&names), "--out", &s(&out.join("ef"))],
         ),
+        (
+            "evaluate",
+            vec![
+                "--limit",
+                "8",
+                "--no-audit",
+                "--data",
+                &s(&cifar),
+                "--normalize",
+                "imagenet",
+                "--out",
+                &s(&out.join("en")),
+            ],
+        ),
         ("attack", vec!["--attack", "pgd", "--limit", "4", "--data", &s(&cifar), "--out", &s(&out.join("at"))]),
         (
             "detect",
@@ -232,6 +246,9 @@ fn rgb_model_and_data_end_to_end() {
     }
     assert_eq!(lines[0]["clean_accuracy"], 0.75, "6 of 8 labels are the model's predictions: {}", lines[0]);
     assert_eq!(lines[0]["identity"]["data"], "cifar-10");
+    let hash = |k: usize| lines[k]["identity"]["model_hash"].as_str().unwrap_or_default().to_string();
+    assert_ne!(hash(0), hash(2), "--normalize is part of the model's identity");
+    assert_eq!(lines[2]["identity"]["data_hash"], lines[0]["identity"]["data_hash"]);
     let report = std::fs::read_to_string(out.join("ef").join("report.md")).unwrap();
     assert!(report.contains("folder") && report.contains("6 samples"), "{report}");
     // The folder without --class-names has 2 classes for a 10-class model: refused, naming the remedy.

@@ -160,3 +160,52 @@ fn detectors_and_coverage_read_an_onnx_models_taps_by_name() {
         tracker.values().nc
     );
 }
+
+/// `--normalize` puts torchvision's Normalize inside the model: logits are the bare model's on (x − mean) / std
+/// computed here, the input gradient is the bare model's divided by each channel's std (the chain rule), the
+/// model's parameter names and taps are unchanged, and the statistics are buffers of the model's identity.
+#[test]
+fn normalisation_sits_inside_the_model() {
+    use armoury::data::{Dataset, TrainTest};
+    use armoury::load::{load_model_with, Normalization};
+    use armoury::nn::ModuleExt;
+    use armoury::Tensor;
+
+    assert_eq!("ImageNet".parse::<Normalization>().unwrap(), Normalization::imagenet());
+    let n: Normalization = "0.5, 0.25,0/0.5,0.25,2".parse().unwrap();
+    assert_eq!((n.mean.clone(), n.std.clone()), (vec![0.5, 0.25, 0.0], vec![0.5, 0.25, 2.0]));
+    for bad in ["0.5/0", "1,2", "0.5,0.5/0.5", "a/b"] {
+        assert!(bad.parse::<Normalization>().is_err(), "{bad}");
+    }
+    let pixels: Vec<f32> = (0..4 * 3072).map(|k| ((k * 53 + 7) % 256) as f32 / 255.0).collect();
+    let x = Tensor::from_vec(pixels.clone(), &[4, 3, 32, 32]).unwrap();
+    let d = Dataset::new(x.clone(), vec![1, 2, 3, 4], 10).unwrap();
+    let set = TrainTest::new(d.clone(), d, "t", "made here").unwrap();
+    let zoo = ModelChoice::Onnx(fixture("zoo.onnx"));
+    let (module, clf) = load_model_with(&zoo, None, (0.0, 1.0), Some(&n), &set, 0, &mut ()).unwrap();
+    let (bare_module, bare) = load_model(&zoo, None, (0.0, 1.0), &set, 0, &mut ()).unwrap();
+    let normalised: Vec<f32> =
+        pixels.iter().enumerate().map(|(k, &v)| (v - n.mean[k / 1024 % 3]) / n.std[k / 1024 % 3]).collect();
+    let xn = Tensor::from_vec(normalised, &[4, 3, 32, 32]).unwrap();
+    let (a, b) = (clf.logits(&x).unwrap(), bare.logits(&xn).unwrap());
+    let diff = a.iter().zip(b.iter()).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+    assert!(diff < 1e-4, "logits differ by {diff}");
+    let y = [1, 2, 3, 4];
+    let (_, g) = clf.loss_gradient(&x, &y).unwrap();
+    let (_, gn) = bare.loss_gradient(&xn, &y).unwrap();
+    let (g, gn) = (g.value(), gn.value());
+    for (k, (p, q)) in g.iter().zip(gn.iter()).enumerate() {
+        let want = q / n.std[k / 1024 % 3];
+        assert!((p - want).abs() <= 1e-4 * (1.0 + want.abs()), "gradient {k}: {p} vs {want}");
+    }
+    let names: Vec<String> = module.named_params().into_iter().map(|(s, _)| s).collect();
+    let bare_names: Vec<String> = bare_module.named_params().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(names[..bare_names.len()], bare_names[..]);
+    assert_eq!(names[bare_names.len()..], ["normalize.mean".to_string(), "normalize.std".to_string()]);
+    assert_eq!(module.tap_names(), bare_module.tap_names());
+    // Three means for a one-channel model's data: refused when it runs, not silently broadcast.
+    let fm = armoury::data::sample().unwrap();
+    let cnn = ModelChoice::Reference(armoury::nn::ReferenceModel::Cnn);
+    let w = fixture("cnn.safetensors");
+    assert!(load_model_with(&cnn, Some(&w), (0.0, 1.0), Some(&n), &fm, 0, &mut ()).is_err());
+}

@@ -22,6 +22,11 @@ pub fn bounds(s: &str) -> Result<(f32, f32), String> {
     crate::model::parse_bounds(s).map_err(|_| format!("'{s}' is not lo,hi (e.g. 0,1)"))
 }
 
+/// `--normalize imagenet|MEAN,…/STD,…`.
+pub fn normalization(s: &str) -> Result<armoury::load::Normalization, String> {
+    s.parse().map_err(|e: armoury::Error| e.to_string())
+}
+
 /// A flag's value in lower case (names of attacks, defenses, detectors).
 pub fn lower(s: &str) -> Result<String, String> {
     Ok(s.to_lowercase())
@@ -60,6 +65,10 @@ struct ModelFlags {
     /// The model's input range
     #[arg(long, value_name = "LO,HI", default_value = "0,1", value_parser = bounds)]
     bounds: (f32, f32),
+    /// Per-channel normalisation in front of the model, as torchvision's Normalize (ART's preprocessing):
+    /// `imagenet` or MEAN,…/STD,…; data, --bounds and ε stay in pixel units [default: none]
+    #[arg(long, value_name = "imagenet|MEAN,…/STD,…", value_parser = normalization)]
+    normalize: Option<armoury::load::Normalization>,
     #[command(flatten)]
     data: DataArgs,
 }
@@ -73,6 +82,7 @@ pub struct ModelArgs {
     pub bounds: (f32, f32),
     pub data: Option<PathBuf>,
     pub resize: Option<u32>,
+    pub normalize: Option<armoury::load::Normalization>,
 }
 
 impl ModelArgs {
@@ -97,7 +107,14 @@ impl FromArgMatches for ModelArgs {
                 ))
             }
         };
-        Ok(ModelArgs { model, weights, bounds: f.bounds, data: f.data.data, resize: f.data.resize })
+        Ok(ModelArgs {
+            model,
+            weights,
+            bounds: f.bounds,
+            data: f.data.data,
+            resize: f.data.resize,
+            normalize: f.normalize,
+        })
     }
 
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
@@ -128,6 +145,7 @@ pub struct DataArgs {
     /// 256 for 224]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub resize: Option<u32>,
+    pub normalize: Option<armoury::load::Normalization>,
 }
 
 /// How a run draws and what it may use: `--seed`, `--threads`, `--max-memory`.

@@ -1,5 +1,5 @@
 //! The model flags of the examples that load a model, over the core's `armoury::load`. Needs the `progress`
-//! support module beside it.
+//! and `args` support modules beside it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,12 +11,12 @@ use armoury::{ModuleClassifier, Result};
 
 /// [`armoury::load::load_model`] with a progress bar, saying so when a reference model is trained here.
 pub fn load_model(
-    choice: &ModelChoice,
+    m: &crate::args::ModelArgs,
     weights: Option<&Path>,
-    bounds: (f32, f32),
     set: &TrainTest,
     seed: u64,
 ) -> Result<(Arc<dyn Module>, ModuleClassifier)> {
+    let choice = &m.model;
     if let (ModelChoice::Reference(_), None) = (choice, weights) {
         println!(
             "no --weights: training {} (3 epochs of Adam, lr 1e-3, batch 128) on {} images",
@@ -24,5 +24,6 @@ pub fn load_model(
             set.train.len()
         );
     }
-    armoury::load::load_model(choice, weights, bounds, set, seed, &mut crate::progress::TrainProgress::new())
+    let progress = &mut crate::progress::TrainProgress::new();
+    armoury::load::load_model_with(choice, weights, m.bounds, m.normalize.as_ref(), set, seed, progress)
 }

@@ -18,7 +18,7 @@ pub use layers::{
     Sigmoid, Softmax, Tanh,
 };
 pub use models::{cnn, mlp, ReferenceModel};
-pub use normalize::Normalize;
+pub use normalize::{Normalize, Normalized};
 pub use plan::Layer;
 pub use sequential::Sequential;
 

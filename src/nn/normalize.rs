@@ -64,3 +64,54 @@ impl Module for Normalize {
         f(&format!("{prefix}std"), &self.std);
     }
 }
+
+/// A model behind per-channel normalisation: [`Normalize`] then the model, with the model's parameter names
+/// unchanged (a weights file for the bare model still loads) plus `normalize.mean` and `normalize.std`, and the
+/// model's taps (their `input` is the normalised input). What ART's `preprocessing=(mean, std)` and Foolbox's
+/// `preprocessing=dict(mean=…, std=…)` do, inside the differentiable model.
+pub struct Normalized {
+    normalize: Normalize,
+    model: std::sync::Arc<dyn Module>,
+}
+
+impl Normalized {
+    /// `model` behind `normalize`.
+    pub fn new(normalize: Normalize, model: std::sync::Arc<dyn Module>) -> Normalized {
+        Normalized { normalize, model }
+    }
+}
+
+impl Module for Normalized {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.model.forward_t(&self.normalize.forward_t(x, train)?, train)
+    }
+
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
+        self.model.visit(prefix, f);
+        self.normalize.visit(&format!("{prefix}normalize."), f);
+    }
+
+    fn set_training(&self, training: bool) {
+        self.model.set_training(training);
+    }
+
+    fn is_training(&self) -> bool {
+        self.model.is_training()
+    }
+
+    fn batch_independent(&self, train: bool) -> bool {
+        self.model.batch_independent(train)
+    }
+
+    fn mode_independent(&self) -> bool {
+        self.model.mode_independent()
+    }
+
+    fn tap_names(&self) -> Vec<String> {
+        self.model.tap_names()
+    }
+
+    fn forward_taps(&self, x: &Tensor, train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
+        self.model.forward_taps(&self.normalize.forward_t(x, train)?, train, names)
+    }
+}
