@@ -4,6 +4,7 @@
 
 pub(crate) mod build;
 mod ops;
+mod ops_fold;
 mod ops_nn;
 mod ops_shape;
 

@@ -187,30 +187,31 @@ fn schedule(
     sources
 }
 
-/// The compiled graph, for shape inference at load.
-struct Plan<'a> {
-    steps: &'a [Step],
-    sources: &'a [(usize, Source)],
-    params: &'a [(String, Param)],
-    slots: usize,
-    input_slot: usize,
+/// What an input shape decides: the outputs of every step that computes from shapes and constants alone (the
+/// `Shape → Gather → Concat → Reshape` arithmetic, masks, `ConstantOfShape`, …), folded to constants.
+pub(super) struct Folded {
+    /// (slot, value) of every folded step's outputs.
+    pub(super) values: Vec<(usize, Value)>,
+    /// Per step: whether it is folded (its outputs are in `values`).
+    pub(super) folded: Vec<bool>,
 }
 
-impl Plan<'_> {
-    /// Infers every value's shape for a batch of `options.batch_size` and checks each node against the budget:
-    /// the values alive plus what the node allocates. `None` when an input dimension after the batch is
-    /// symbolic (nothing to infer from).
-    fn estimate(&self, input_dims: &[Option<usize>], options: LoadOptions) -> Result<Option<MemoryEstimate>> {
-        let Some(rest) = input_dims.get(1..).and_then(|d| d.iter().copied().collect::<Option<Vec<usize>>>()) else {
-            return Ok(None);
-        };
-        // A batch dimension the file fixes is used as it is (it may not even be a batch: a test graph's [4, 2]).
-        let batch = input_dims.first().copied().flatten().unwrap_or(options.batch_size.max(1));
-        let mut input = vec![batch];
-        input.extend(rest);
+impl Folded {
+    /// Nothing folded: every step runs.
+    pub(super) fn none(steps: usize) -> Folded {
+        Folded { values: Vec::new(), folded: vec![false; steps] }
+    }
+}
+
+impl Graph {
+    /// Infers every value's shape for an input of `input` and checks each node against `limit`: the values alive
+    /// plus what the node allocates. Steps whose inputs are all known (constants and shape arithmetic) are
+    /// computed for real, once: their values are the [`Folded`] constants of this input shape.
+    pub(super) fn walk(&self, input: Vec<usize>, limit: u64) -> Result<(Folded, MemoryEstimate)> {
         crate::limits::checked_numel("onnx input", &input)?;
+        let batch = input.first().copied().unwrap_or(1);
         let mut metas: Vec<Option<Meta>> = vec![None; self.slots];
-        for (slot, src) in self.sources {
+        for (slot, src) in &self.sources {
             metas[*slot] = Some(match src {
                 Source::Param(i) => Meta::Shape { shape: self.params[*i].1.shape(), int: false },
                 Source::Const(v) => Meta::Known(v.clone()),
@@ -220,11 +221,12 @@ impl Plan<'_> {
         let (mut live, mut graph) = (first.bytes(), first.bytes());
         let mut peak = (live, String::from("<input>"));
         metas[self.input_slot] = Some(first);
-        for step in self.steps {
+        let mut folded = Folded::none(self.steps.len());
+        let when = format!("a forward pass of batch {batch}");
+        for (i, step) in self.steps.iter().enumerate() {
             let refs: Vec<Option<&Meta>> = step.inputs.iter().map(|i| i.and_then(|i| metas[i].as_ref())).collect();
             let cost = ops::infer(&*step.op, &step.info, &refs)?;
-            let when = format!("a forward pass of batch {batch}");
-            check_node(&step.info, &when, cost.bytes(), live, options.max_memory)?;
+            check_node(&step.info, &when, cost.bytes(), live, limit)?;
             if live + cost.bytes() > peak.0 {
                 peak = (live + cost.bytes(), step.info.name.clone());
             }
@@ -236,6 +238,11 @@ impl Plan<'_> {
             } else {
                 cost.outputs
             };
+            if outputs.iter().all(|m| m.known().is_some()) {
+                folded.folded[i] = true;
+                let values = step.outputs.iter().zip(&outputs).filter_map(|(&s, m)| Some((s, m.known()?.clone())));
+                folded.values.extend(values);
+            }
             for (&slot, m) in step.outputs.iter().zip(outputs) {
                 live += m.bytes();
                 graph += m.bytes();
@@ -247,7 +254,22 @@ impl Plan<'_> {
                 }
             }
         }
-        Ok(Some(MemoryEstimate { batch_size: batch, peak_bytes: peak.0, peak_node: peak.1, graph_bytes: graph }))
+        let estimate = MemoryEstimate { batch_size: batch, peak_bytes: peak.0, peak_node: peak.1, graph_bytes: graph };
+        Ok((folded, estimate))
+    }
+
+    /// [`Graph::walk`] for the batch of [`LoadOptions::batch_size`] (or the file's fixed batch). `None` when an
+    /// input dimension after the batch is symbolic (nothing to infer from).
+    fn estimate(&self, options: LoadOptions) -> Result<Option<MemoryEstimate>> {
+        let dims = &self.input_dims;
+        let Some(rest) = dims.get(1..).and_then(|d| d.iter().copied().collect::<Option<Vec<usize>>>()) else {
+            return Ok(None);
+        };
+        // A batch dimension the file fixes is used as it is (it may not even be a batch: a test graph's [4, 2]).
+        let batch = dims.first().copied().flatten().unwrap_or(options.batch_size.max(1));
+        let mut input = vec![batch];
+        input.extend(rest);
+        Ok(Some(self.walk(input, options.max_memory)?.1))
     }
 
     fn is_source(&self, slot: usize) -> bool {
@@ -298,19 +320,10 @@ pub(super) fn build(model: &ModelProto, options: LoadOptions) -> Result<Graph> {
     fuse::fuse(&mut steps, output_slot);
     let taps = tap_list(&names, &steps, &input.name, input_slot);
     let sources = schedule(&mut steps, output_slot, param_slots, consts);
-    let input_dims = dims(input);
-    let plan = Plan { steps: &steps, sources: &sources, params: &params, slots: names.len(), input_slot };
-    // Over the budget is an error; a graph whose shapes do not work out for the batch size inferred (one that only
-    // runs for the batch it was traced with) gets no estimate, and every node is still checked when it runs.
-    let estimate = match plan.estimate(&input_dims, options) {
-        Ok(e) => e,
-        Err(e @ Error::ResourceLimit { .. }) => return Err(e),
-        Err(_) => None,
-    };
-    Ok(Graph {
+    let mut g = Graph {
         opset,
         input_name: input.name.clone(),
-        input_dims,
+        input_dims: dims(input),
         output_dims: dims(output),
         params,
         sources,
@@ -320,6 +333,15 @@ pub(super) fn build(model: &ModelProto, options: LoadOptions) -> Result<Graph> {
         steps,
         taps,
         max_memory: options.max_memory,
-        estimate,
-    })
+        estimate: None,
+        folds: Default::default(),
+    };
+    // Over the budget is an error; a graph whose shapes do not work out for the batch size inferred (one that only
+    // runs for the batch it was traced with) gets no estimate, and every node is still checked when it runs.
+    g.estimate = match g.estimate(options) {
+        Ok(e) => e,
+        Err(e @ Error::ResourceLimit { .. }) => return Err(e),
+        Err(_) => None,
+    };
+    Ok(g)
 }

@@ -64,3 +64,20 @@ pub(crate) fn select(x: &Ints, axis: usize, index: &[usize]) -> Result<Ints> {
 pub(crate) fn permute(x: &Ints, perm: &[usize]) -> Result<Ints> {
     Ok(from_array(to_array(x)?.permuted_axes(IxDyn(perm)).as_standard_layout().into_owned()))
 }
+
+/// `x` broadcast to `shape` (NumPy rules).
+pub(crate) fn broadcast_to(x: &Ints, shape: &[usize]) -> Result<Ints> {
+    let n = crate::limits::checked_numel("onnx integer broadcast", shape)?;
+    crate::limits::check_bytes(
+        || format!("onnx integer broadcast of {:?} to {shape:?}", x.shape),
+        n as u128 * 8,
+        crate::limits::max_memory(),
+    )?;
+    let a = to_array(x)?;
+    let view = a.broadcast(IxDyn(shape)).ok_or_else(|| Error::Broadcast {
+        op: "onnx integer broadcast",
+        lhs: x.shape.clone(),
+        rhs: shape.to_vec(),
+    })?;
+    Ok(Ints { shape: shape.to_vec(), data: view.iter().copied().collect() })
+}

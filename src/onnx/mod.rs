@@ -2,7 +2,7 @@
 //! then attack, evaluate, defend or fine-tune it like a native model.
 //!
 //! [`OnnxModel::load`] reads the protobuf file (no `protoc` involved: the messages are in [`proto`]), checks every
-//! node against the operators Armoury implements, folds constant shape arithmetic, fuses Conv → Relu (→ 2×2
+//! node against the operators Armoury implements, folds constants, fuses Conv → Relu (→ 2×2
 //! MaxPool) into one op as the native layers run them, and returns a [`Module`] whose forward pass runs Armoury's
 //! own differentiable ops. Float initialisers become [`Param`]s named as in the file —
 //! a PyTorch export keeps its `state_dict` names (`conv1.weight`, …), so safetensors files load and save unchanged;
@@ -12,10 +12,12 @@
 //! pads, `auto_pad`, dilations, group), Gemm (transA/B, alpha, beta), MatMul, Add, Sub, Mul, Div, Neg, Relu,
 //! LeakyRelu, PRelu, Sigmoid, Tanh, Clip, Softmax, LogSoftmax, Exp, Log, Sqrt, Pow (constant scalar exponent),
 //! MaxPool, AveragePool (`count_include_pad`), GlobalAveragePool, GlobalMaxPool, BatchNormalization (inference),
-//! Flatten, Reshape, Transpose, Concat, Squeeze, Unsqueeze, Gather (constant indices), Slice, Pad (constant, reflect,
-//! edge), ReduceMean, ReduceSum, Dropout and Identity (no-ops), Constant, Shape and Cast. Anything else — an
-//! operator, an attribute or an attribute value — is an [`Error::UnsupportedOnnx`] naming the node, the operator
-//! and the opset; a malformed file is an [`Error::BadFile`].
+//! Flatten, Reshape, Transpose, Concat, Squeeze, Unsqueeze, Gather (constant indices), Slice, Pad (constant,
+//! reflect, edge), ReduceMean, ReduceSum, Dropout and Identity (no-ops), Constant, Shape and Cast; and the
+//! shape-path operators ConstantOfShape, Equal, Expand, Mod (`fmod`), Range, Where, Not and ScatterND (reduction
+//! `none`), of which Expand, Where, ScatterND and Mod (of floats) are differentiable where they sit on the data
+//! path. Anything else — an operator, an attribute or an attribute value — is an [`Error::UnsupportedOnnx`] naming
+//! the node, the operator and the opset; a malformed file is an [`Error::BadFile`].
 //!
 //! The graph always runs in inference mode: Dropout is the identity and BatchNormalization uses its running
 //! statistics, also when a training loop calls `forward_t(x, true)`; fine-tuning updates the weights.
@@ -23,14 +25,24 @@
 //! # Layout
 //!
 //! An operator lives in one place: its family's file under `src/onnx/ops/` (`conv.rs`, `pool.rs`, `matmul.rs`,
-//! `binary.rs`, `unary.rs`, `norm.rs`, `softmax.rs`, `reshape.rs`, `concat.rs`, `gather.rs`, `slice.rs`,
-//! `pad.rs`, `reduce.rs`, `constant.rs`, `identity.rs`) holds its attribute parsing, the role of each input, its
+//! `binary.rs`, `unary.rs`, `norm.rs`, `softmax.rs`, `reshape.rs`, `concat.rs`, `gather.rs`, `slice.rs`, `pad.rs`,
+//! `reduce.rs`, `constant.rs`, `identity.rs`, `logic.rs`) holds its attribute parsing, the role of each input, its
 //! shape rule and its execution, as one type implementing the `Op` trait (`ops/mod.rs`); the `OPS` table there maps
 //! each ONNX operator name to its parser. A shape rule is a method generic over `Arg`, so the one function serves
 //! shape inference at load (on `Meta`: shapes, or values for shape arithmetic) and execution (on the values).
 //! Around the operators: `attrs.rs` reads attributes (an attribute nobody reads is an error), `value.rs` and
 //! `ints.rs` hold the values (f32 tensors and i64 shape arithmetic), `meta.rs` what is known before computing,
 //! `build.rs` loads, folds and schedules, `fuse.rs` fuses Conv → Relu (→ MaxPool) and `mod.rs` runs the graph.
+//!
+//! # Folding
+//!
+//! Nodes whose inputs are all constants are computed once at load. What the input's shape decides — the
+//! `Shape → Gather → Concat → Reshape` arithmetic, masks from Equal/Not/Where, ConstantOfShape, Range — is folded
+//! per input shape: the first forward pass on a new shape walks the graph with shape inference (the same walk that
+//! estimates memory at load), computes every node whose inputs are then known, and keeps those values for that
+//! shape ([`OnnxModel::num_nodes_for`] counts what still runs); the last eight shapes are kept, as the batch size
+//! varies (full chunks and a remainder). A shape for which the walk fails folds nothing, and every node runs and
+//! is checked as it runs.
 //!
 //! # Adding an operator
 //!
@@ -72,11 +84,12 @@ pub mod proto;
 mod value;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use prost::Message;
 
 use self::attrs::NodeInfo;
+use self::build::Folded;
 use self::meta::{Arg, Meta};
 use self::ops::Op;
 use self::proto::ModelProto;
@@ -125,7 +138,12 @@ struct Graph {
     max_memory: u64,
     /// What shape inference found at load, when the input shape is fixed after the batch axis.
     estimate: Option<MemoryEstimate>,
+    /// The steps folded for each input shape seen, the most recent last (at most [`FOLDS_KEPT`]).
+    folds: Mutex<Vec<(Vec<usize>, Arc<Folded>)>>,
 }
+
+/// How many input shapes keep their folded constants (a classifier runs full chunks and one remainder).
+const FOLDS_KEPT: usize = 8;
 
 /// How an ONNX model is loaded: the memory budget its execution must fit and the batch size it is checked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -253,9 +271,35 @@ impl OnnxModel {
         &self.0.output_dims
     }
 
-    /// How many nodes run per forward pass (after constant folding).
+    /// How many nodes run per forward pass (after folding the constants of the file).
     pub fn num_nodes(&self) -> usize {
         self.0.steps.len()
+    }
+
+    /// How many nodes run per forward pass on an input of `input_shape`, after folding what that shape decides
+    /// (shape arithmetic, masks, constants of a computed shape).
+    pub fn num_nodes_for(&self, input_shape: &[usize]) -> usize {
+        self.folded(input_shape).folded.iter().filter(|&&f| !f).count()
+    }
+
+    /// The steps folded for an input of `shape`, worked out on first use and kept for [`FOLDS_KEPT`] shapes.
+    /// When shape inference fails for this shape (a shape the graph refuses, or a shape input computed from the
+    /// data), nothing is folded: every node runs and is checked as it runs.
+    fn folded(&self, shape: &[usize]) -> Arc<Folded> {
+        let g = &self.0;
+        let mut folds = g.folds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = folds.iter().position(|(s, _)| s == shape) {
+            let hit = folds.remove(i);
+            folds.push(hit.clone());
+            return hit.1;
+        }
+        let walked = g.walk(shape.to_vec(), g.max_memory).map(|(f, _)| f);
+        let f = Arc::new(walked.unwrap_or_else(|_| Folded::none(g.steps.len())));
+        if folds.len() >= FOLDS_KEPT {
+            folds.remove(0);
+        }
+        folds.push((shape.to_vec(), f.clone()));
+        f
     }
 
     /// The graph as a [`crate::Classifier`] with the given input bounds; the input shape (C, H, W) and the class
@@ -345,23 +389,31 @@ impl OnnxModel {
         keep(g.input_slot, &input)?;
         slots[g.input_slot] = Some(input);
         let mut budget = RunBudget::new(g, x);
-        for step in &g.steps {
-            let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
-            let inferred = budget.check(step, &ins)?;
-            let outs = if fuse::needs_unfused(step, taps) {
-                fuse::run_unfused(step, &ins, taps, &mut keep)?
-            } else {
-                step.op.run(&step.info, &ins)?
-            };
-            debug_assert!(
-                outs.iter().map(Value::shape).eq(inferred.iter().map(Vec::as_slice)),
-                "node '{}': shape inference said {inferred:?}",
-                step.info.name
-            );
-            for (&slot, v) in step.outputs.iter().zip(outs) {
-                keep(slot, &v)?;
-                budget.add(slot, &v);
-                slots[slot] = Some(v);
+        let folded = self.folded(x.shape());
+        for (slot, v) in &folded.values {
+            keep(*slot, v)?;
+            budget.add(*slot, v);
+            slots[*slot] = Some(v.clone());
+        }
+        for (step, &skip) in g.steps.iter().zip(&folded.folded) {
+            if !skip {
+                let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
+                let inferred = budget.check(step, &ins)?;
+                let outs = if fuse::needs_unfused(step, taps) {
+                    fuse::run_unfused(step, &ins, taps, &mut keep)?
+                } else {
+                    step.op.run(&step.info, &ins)?
+                };
+                debug_assert!(
+                    outs.iter().map(Value::shape).eq(inferred.iter().map(Vec::as_slice)),
+                    "node '{}': shape inference said {inferred:?}",
+                    step.info.name
+                );
+                for (&slot, v) in step.outputs.iter().zip(outs) {
+                    keep(slot, &v)?;
+                    budget.add(slot, &v);
+                    slots[slot] = Some(v);
+                }
             }
             for &slot in &step.free {
                 slots[slot] = None;

@@ -77,3 +77,44 @@ impl Op for Binary {
         Ok(vec![y])
     }
 }
+
+/// Mod with broadcasting: with `fmod = 0` (integers only) the remainder takes the divisor's sign (Python's `%`);
+/// with `fmod = 1` the dividend's (C's `fmod`). On floats (which need `fmod = 1`), a − b·trunc(a/b) with the
+/// quotient held constant: ∂/∂a = 1, ∂/∂b = −trunc(a/b).
+#[derive(Clone, Debug)]
+struct Mod {
+    fmod: bool,
+}
+
+pub(super) fn modulo(a: &Attrs) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(Mod { fmod: a.int("fmod", 0)? != 0 }))
+}
+
+impl Op for Mod {
+    fn infer(&self, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
+        let int = input(info, ins, 0)?.is_int() && input(info, ins, 1)?.is_int();
+        if !int && !self.fmod {
+            return Err(info.malformed("Mod of floating-point tensors needs fmod = 1"));
+        }
+        Cost::one(Meta::Shape { shape: broadcast2(info, ins)?, int })
+    }
+
+    fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let y = match (input(info, ins, 0)?, input(info, ins, 1)?) {
+            (Value::I(a), Value::I(b)) => Value::I(ints::binary(a, b, |x, y| {
+                if y == 0 {
+                    return Err(Error::invalid("onnx Mod", "integer division by zero"));
+                }
+                let r = x.wrapping_rem(y);
+                Ok(if !self.fmod && r != 0 && (r < 0) != (y < 0) { r + y } else { r })
+            })?),
+            _ if !self.fmod => return Err(info.malformed("Mod of floating-point tensors needs fmod = 1")),
+            (a, b) => {
+                let (a, b) = (a.to_tensor()?, b.to_tensor()?);
+                let q = a.detach().div(&b.detach())?.value().mapv(f32::trunc);
+                Value::F(a.sub(&b.mul(&crate::Tensor::new(q))?)?)
+            }
+        };
+        Ok(vec![y])
+    }
+}

@@ -114,3 +114,119 @@ impl Op for Cast {
         Ok(vec![y])
     }
 }
+
+/// ConstantOfShape: a tensor of the shape in input 0 filled with the one-element `value` (float 0 by default).
+#[derive(Clone, Debug)]
+struct ConstantOfShape {
+    value: Value,
+}
+
+pub(super) fn constant_of_shape(a: &Attrs) -> Result<Arc<dyn Op>> {
+    let value = a.tensor("value")?.unwrap_or(Value::F(Tensor::scalar(0.0)));
+    if value.numel() != 1 {
+        return Err(a.info.malformed(format!("value of shape {:?} (one element is expected)", value.shape())));
+    }
+    Ok(Arc::new(ConstantOfShape { value }))
+}
+
+impl ConstantOfShape {
+    fn out_shape<A: Arg>(&self, info: &NodeInfo, ins: &[Option<&A>]) -> Result<Vec<usize>> {
+        let dims = super::ints(info, ins, 0)?;
+        dims.iter()
+            .map(|&d| usize::try_from(d).map_err(|_| info.malformed(format!("ConstantOfShape of {dims:?}"))))
+            .collect()
+    }
+}
+
+impl Op for ConstantOfShape {
+    fn infer(&self, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
+        Cost::one(Meta::Shape { shape: self.out_shape(info, ins)?, int: self.value.is_int() })
+    }
+
+    fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let shape = self.out_shape(info, ins)?;
+        let n = crate::limits::checked_numel("onnx ConstantOfShape", &shape)?;
+        Ok(vec![match &self.value {
+            Value::I(i) => Value::I(Ints { shape, data: vec![i.data[0]; n] }),
+            Value::F(t) => Value::F(Tensor::full(&shape, t.to_vec()[0])),
+        }])
+    }
+
+    fn input_role(&self, _: usize) -> super::InputRole {
+        super::InputRole::Constant
+    }
+}
+
+/// Range(start, limit, delta): start, start + delta, … while before limit; ⌈(limit − start)/delta⌉ entries (none
+/// when negative). Integers when all three are, else floats; the bounds must be known (they decide the shape).
+#[derive(Clone, Debug)]
+struct Range;
+
+pub(super) fn range(_: &Attrs) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(Range))
+}
+
+/// The bounds of a Range, as integers or floats.
+enum Bounds {
+    /// Start and delta.
+    Int(i64, i64),
+    /// Start and delta.
+    Float(f64, f64),
+}
+
+impl Range {
+    fn bounds<A: Arg>(&self, info: &NodeInfo, ins: &[Option<&A>]) -> Result<(Bounds, usize)> {
+        let mut vals = Vec::with_capacity(3);
+        for i in 0..3 {
+            let v = input(info, ins, i)?.known().ok_or_else(|| {
+                info.unsupported(format!("input {i} (a bound, which decides the shape) computed from the data"))
+            })?;
+            if v.numel() != 1 {
+                return Err(info.malformed(format!("input {i} of shape {:?} (a scalar is expected)", v.shape())));
+            }
+            vals.push(v);
+        }
+        let (bounds, n) = if vals.iter().all(|v| v.is_int()) {
+            let [s, l, d] = [0, 1, 2].map(|i| vals[i].to_ints().data[0]);
+            if d == 0 {
+                return Err(info.malformed("Range with delta 0"));
+            }
+            let (span, d128) = (i128::from(l) - i128::from(s), i128::from(d));
+            // ⌈span/d⌉: truncation, plus one when the exact quotient is positive and not whole.
+            let q = span / d128;
+            let n = if span % d128 != 0 && (span < 0) == (d128 < 0) { q + 1 } else { q }.max(0);
+            (Bounds::Int(s, d), n)
+        } else {
+            let [s, l, d] = [0, 1, 2].map(|i| f64::from(vals[i].floats()[0]));
+            if d == 0.0 || !(s.is_finite() && l.is_finite() && d.is_finite()) {
+                return Err(info.malformed(format!("Range({s}, {l}, {d})")));
+            }
+            (Bounds::Float(s, d), ((l - s) / d).ceil().max(0.0) as i128)
+        };
+        let n = usize::try_from(n).map_err(|_| info.malformed("Range too long"))?;
+        crate::limits::checked_numel("onnx Range", &[n])?;
+        Ok((bounds, n))
+    }
+}
+
+impl Op for Range {
+    fn infer(&self, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
+        let (bounds, n) = self.bounds(info, ins)?;
+        Cost::one(Meta::Shape { shape: vec![n], int: matches!(bounds, Bounds::Int(..)) })
+    }
+
+    fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
+        Ok(vec![match self.bounds(info, ins)? {
+            (Bounds::Int(s, d), n) => {
+                Value::I(Ints::vector((0..n as i64).map(|k| s.wrapping_add(k.wrapping_mul(d))).collect()))
+            }
+            (Bounds::Float(s, d), n) => {
+                Value::F(Tensor::from_vec((0..n).map(|k| (s + k as f64 * d) as f32).collect(), &[n])?)
+            }
+        }])
+    }
+
+    fn input_role(&self, _: usize) -> super::InputRole {
+        super::InputRole::Constant
+    }
+}

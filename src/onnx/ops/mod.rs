@@ -9,6 +9,7 @@ pub(crate) mod constant;
 pub(crate) mod conv;
 mod gather;
 mod identity;
+mod logic;
 mod matmul;
 mod norm;
 mod pad;
@@ -58,10 +59,16 @@ const OPS: &[(&str, Parse)] = &[
     ("Constant", constant::constant),
     ("Shape", constant::shape),
     ("Cast", constant::cast),
+    ("ConstantOfShape", constant::constant_of_shape),
+    ("Range", constant::range),
     ("Add", binary::add),
     ("Sub", binary::sub),
     ("Mul", binary::mul),
     ("Div", binary::div),
+    ("Mod", binary::modulo),
+    ("Equal", logic::equal),
+    ("Not", logic::not),
+    ("Where", logic::where_),
     ("Neg", unary::neg),
     ("Relu", unary::relu),
     ("Sigmoid", unary::sigmoid),
@@ -88,8 +95,10 @@ const OPS: &[(&str, Parse)] = &[
     ("Transpose", reshape::transpose),
     ("Squeeze", reshape::squeeze),
     ("Unsqueeze", reshape::unsqueeze),
+    ("Expand", reshape::expand),
     ("Concat", concat::concat),
     ("Gather", gather::gather),
+    ("ScatterND", gather::scatter_nd),
     ("Slice", slice::slice),
     ("Pad", pad::pad),
     ("ReduceMean", reduce::reduce_mean),

@@ -206,3 +206,47 @@ impl Op for Transpose {
         }])
     }
 }
+
+/// Expand: the input broadcast with the shape in input 1 (NumPy rules both ways: a 1 in the target keeps the
+/// input's dimension). On floats the core's `broadcast_to`, whose gradient sums over the broadcast axes.
+#[derive(Clone, Debug)]
+struct Expand;
+
+pub(super) fn expand(_: &Attrs) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(Expand))
+}
+
+impl Expand {
+    fn out_shape<A: Arg>(&self, info: &NodeInfo, ins: &[Option<&A>]) -> Result<Vec<usize>> {
+        let s = input(info, ins, 0)?.shape();
+        let target = ints(info, ins, 1)?;
+        if target.iter().any(|&d| d < 0) {
+            return Err(info.malformed(format!("Expand to {target:?}")));
+        }
+        let target: Vec<usize> = target.iter().map(|&d| d as usize).collect();
+        crate::ops::elementwise::broadcast_shape(s, &target).ok_or_else(|| Error::Broadcast {
+            op: "onnx Expand",
+            lhs: s.to_vec(),
+            rhs: target,
+        })
+    }
+}
+
+impl Op for Expand {
+    fn infer(&self, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
+        Cost::one(like(input(info, ins, 0)?, self.out_shape(info, ins)?))
+    }
+
+    fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let shape = self.out_shape(info, ins)?;
+        Ok(vec![match input(info, ins, 0)? {
+            Value::F(t) if t.shape() == shape.as_slice() => Value::F(t.clone()),
+            Value::F(t) => Value::F(t.broadcast_to(&shape)?),
+            Value::I(i) => Value::I(int_ops::broadcast_to(i, &shape)?),
+        }])
+    }
+
+    fn input_role(&self, i: usize) -> InputRole {
+        data_then_constants(i)
+    }
+}
