@@ -82,8 +82,18 @@ fn check(name: &str, inputs: &[ArrayD<f32>], f: &dyn Fn(&[Tensor]) -> Result<Ten
 
 #[test]
 fn elementwise_binary_with_broadcasting_and_batch_one() {
-    let shapes: [(&[usize], &[usize]); 4] =
-        [(&[3, 4], &[3, 4]), (&[2, 3, 4], &[4]), (&[1, 5], &[3, 1]), (&[1, 1], &[1, 1])];
+    // The last four take the per-run slice loops (a per-channel operand, a per-sample-and-channel gate, one
+    // broadcast on the left, a single value), the others the `Zip`.
+    let shapes: [(&[usize], &[usize]); 8] = [
+        (&[3, 4], &[3, 4]),
+        (&[2, 3, 4], &[4]),
+        (&[1, 5], &[3, 1]),
+        (&[1, 1], &[1, 1]),
+        (&[2, 3, 4, 5], &[1, 3, 1, 1]),
+        (&[2, 3, 4, 5], &[2, 3, 1, 1]),
+        (&[3, 1, 1], &[2, 3, 4, 6]),
+        (&[2, 3, 4, 5], &[1]),
+    ];
     for (i, (sa, sb)) in shapes.iter().enumerate() {
         let s = i as u64 * 10;
         let a = uniform(sa, -2.0, 2.0, s);
@@ -228,7 +238,20 @@ fn pooling() {
     check("avg_pool2d_pad", &[x.clone()], &|t| t[0].avg_pool2d(strided));
     let excl = Pool2dParams { count_include_pad: false, ..strided };
     check("avg_pool2d_exclude_pad", &[x.clone()], &|t| t[0].avg_pool2d(excl));
-    check("global_avg_pool2d", &[x], &|t| t[0].global_avg_pool2d());
+    check("global_avg_pool2d", &[x.clone()], &|t| t[0].global_avg_pool2d());
+    // The separable passes: ceil mode without padding (SqueezeNet, GoogLeNet), stride 1 with padding (Inception
+    // branches), a non-square window and stride, and 2×2 windows in ceil mode over an odd plane.
+    let windows = [
+        ((3, 3), (2, 2), (0, 0), true),
+        ((3, 3), (1, 1), (1, 1), false),
+        ((2, 3), (1, 2), (1, 1), true),
+        ((2, 2), (2, 2), (0, 0), true),
+    ];
+    for (i, &(kernel, stride, padding, ceil_mode)) in windows.iter().enumerate() {
+        let p = Pool2dParams { kernel, stride, padding, ceil_mode, count_include_pad: i % 2 == 0 };
+        check(&format!("max_pool2d window {i}"), &[x.clone()], &move |t| t[0].max_pool2d(p));
+        check(&format!("avg_pool2d window {i}"), &[x.clone()], &move |t| t[0].avg_pool2d(p));
+    }
 }
 
 #[test]
@@ -239,6 +262,8 @@ fn normalisation_and_softmax() {
     bn.bias.set(uniform(&[3], -0.5, 0.5, 2)).unwrap();
     check("batch_norm_train", &[x.clone()], &|t| bn.forward_t(&t[0], true));
     check("batch_norm_eval", &[x.clone()], &|t| bn.forward_t(&t[0], false));
+    // Planes of 20 values: the per-channel slice loops.
+    check("batch_norm_eval_planes", &[uniform(&[2, 3, 5, 4], -1.0, 1.0, 23)], &|t| bn.forward_t(&t[0], false));
     let norm = Normalize::new(&[0.485, 0.456, 0.406], &[0.229, 0.224, 0.225]).unwrap();
     check("normalize", &[x.clone()], &|t| norm.forward(&t[0]));
     let bn1 = BatchNorm::new(5);

@@ -295,7 +295,10 @@ impl Module for BatchNorm {
             self.num_batches_tracked.set(self.num_batches_tracked.value().mapv(|v| v + 1.0))?;
             (mean, var)
         } else {
-            (self.running_mean.tensor().reshape(&bshape)?, self.running_var.tensor().reshape(&bshape)?)
+            // Evaluation: one per-channel affine map x·a + (β − mean·a) with a = γ/√(var + ε), two passes over x.
+            let a = gamma.mul(&self.running_var.tensor().reshape(&bshape)?.add_scalar(self.eps).powf(-0.5))?;
+            let shift = beta.sub(&self.running_mean.tensor().reshape(&bshape)?.mul(&a)?)?;
+            return x.mul(&a)?.add(&shift);
         };
         let inv_std = var.add_scalar(self.eps).powf(-0.5);
         x.sub(&mean)?.mul(&inv_std)?.mul(&gamma)?.add(&beta)

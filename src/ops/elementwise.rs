@@ -1,6 +1,6 @@
 //! Elementwise ops with NumPy broadcasting, and the unary functions, each beside its derivative.
 
-use ndarray::{ArrayD, IxDyn, Zip};
+use ndarray::{ArrayBase, ArrayD, Data, IxDyn, Zip};
 use rayon::prelude::*;
 
 use super::shape::sum_to_shape;
@@ -27,17 +27,6 @@ impl BinaryKind {
             BinaryKind::Div => "div",
             BinaryKind::Maximum => "maximum",
             BinaryKind::Minimum => "minimum",
-        }
-    }
-
-    fn apply(self, a: f32, b: f32) -> f32 {
-        match self {
-            BinaryKind::Add => a + b,
-            BinaryKind::Sub => a - b,
-            BinaryKind::Mul => a * b,
-            BinaryKind::Div => a / b,
-            BinaryKind::Maximum => a.max(b),
-            BinaryKind::Minimum => a.min(b),
         }
     }
 }
@@ -283,27 +272,77 @@ pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     Some(out)
 }
 
-fn binary(kind: BinaryKind, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let value = if a.shape() == b.shape() {
-        zip2(a.value(), b.value(), |x, y| kind.apply(x, y))
-    } else {
-        let shape = broadcast_shape(a.shape(), b.shape()).ok_or_else(|| Error::Broadcast {
-            op: kind.name(),
-            lhs: a.shape().to_vec(),
-            rhs: b.shape().to_vec(),
-        })?;
-        let av = a.value().broadcast(IxDyn(&shape)).expect("broadcast shape computed above");
-        let bv = b.value().broadcast(IxDyn(&shape)).expect("broadcast shape computed above");
-        if shape.iter().product::<usize>() >= PAR_THRESHOLD {
-            Zip::from(&av).and(&bv).par_map_collect(|&x, &y| kind.apply(x, y))
-        } else {
-            Zip::from(&av).and(&bv).map_collect(|&x, &y| kind.apply(x, y))
+/// `$f(args…, op)` with `op` the closure of `kind`, monomorphised per kind (a `match` inside the closure keeps
+/// the slice loops from vectorising).
+macro_rules! by_kind {
+    ($kind:expr, $f:ident($($arg:expr),*)) => {
+        match $kind {
+            BinaryKind::Add => $f($($arg,)* |x: f32, y: f32| x + y),
+            BinaryKind::Sub => $f($($arg,)* |x: f32, y: f32| x - y),
+            BinaryKind::Mul => $f($($arg,)* |x: f32, y: f32| x * y),
+            BinaryKind::Div => $f($($arg,)* |x: f32, y: f32| x / y),
+            BinaryKind::Maximum => $f($($arg,)* |x: f32, y: f32| x.max(y)),
+            BinaryKind::Minimum => $f($($arg,)* |x: f32, y: f32| x.min(y)),
         }
     };
+}
+
+fn binary(kind: BinaryKind, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let value = binary_values(kind, a.value(), b.value()).ok_or_else(|| Error::Broadcast {
+        op: kind.name(),
+        lhs: a.shape().to_vec(),
+        rhs: b.shape().to_vec(),
+    })?;
     Ok(record(value, Op::Binary(kind, a.clone(), b.clone())))
 }
 
-fn zip2(a: &Array, b: &Array, f: impl Fn(f32, f32) -> f32 + Sync + Send) -> ArrayD<f32> {
+/// `kind` applied to `a` and `b` broadcast together (`None`: the shapes do not broadcast). Equal shapes are one
+/// flat loop; one operand constant along all axes but one run of them (a per-channel scale or shift, a
+/// squeeze-and-excitation gate) a slice loop per run of the other; anything else an `ndarray` `Zip`.
+pub(crate) fn binary_values<A, B>(
+    kind: BinaryKind,
+    a: &ArrayBase<A, IxDyn>,
+    b: &ArrayBase<B, IxDyn>,
+) -> Option<ArrayD<f32>>
+where
+    A: Data<Elem = f32>,
+    B: Data<Elem = f32>,
+{
+    if a.shape() == b.shape() {
+        return Some(by_kind!(kind, zip2(a, b)));
+    }
+    let shape = broadcast_shape(a.shape(), b.shape())?;
+    if let (Some(sa), Some(sb)) = (a.as_slice(), b.as_slice()) {
+        let flat = if a.shape() == shape.as_slice() {
+            run_split(&shape, b.shape()).map(|split| by_kind!(kind, along_runs(sa, sb, split)))
+        } else if b.shape() == shape.as_slice() {
+            run_split(&shape, a.shape()).map(|split| by_kind!(kind, along_runs_flipped(sb, sa, split)))
+        } else {
+            None
+        };
+        if let Some(v) = flat {
+            return Some(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("output-sized"));
+        }
+    }
+    let av = a.broadcast(IxDyn(&shape)).expect("broadcast shape computed above");
+    let bv = b.broadcast(IxDyn(&shape)).expect("broadcast shape computed above");
+    Some(if shape.iter().product::<usize>() >= PAR_THRESHOLD {
+        by_kind!(kind, zip_views_par(&av, &bv))
+    } else {
+        by_kind!(kind, zip_views(&av, &bv))
+    })
+}
+
+/// `f` over two arrays of one shape: one flat loop over slices (in parallel when long), else a `Zip`.
+fn zip2<A, B>(
+    a: &ArrayBase<A, IxDyn>,
+    b: &ArrayBase<B, IxDyn>,
+    f: impl Fn(f32, f32) -> f32 + Sync + Send,
+) -> ArrayD<f32>
+where
+    A: Data<Elem = f32>,
+    B: Data<Elem = f32>,
+{
     if let (Some(sa), Some(sb)) = (a.as_slice(), b.as_slice()) {
         let mut out = vec![0.0f32; sa.len()];
         let body = |((o, a), b): ((&mut [f32], &[f32]), &[f32])| {
@@ -321,6 +360,75 @@ fn zip2(a: &Array, b: &Array, f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Arra
     } else {
         Zip::from(a).and(b).map_collect(|&x, &y| f(x, y))
     }
+}
+
+fn zip_views_par(
+    a: &ndarray::ArrayViewD<f32>,
+    b: &ndarray::ArrayViewD<f32>,
+    f: impl Fn(f32, f32) -> f32 + Sync + Send,
+) -> ArrayD<f32> {
+    Zip::from(a).and(b).par_map_collect(|&x, &y| f(x, y))
+}
+
+fn zip_views(a: &ndarray::ArrayViewD<f32>, b: &ndarray::ArrayViewD<f32>, f: impl Fn(f32, f32) -> f32) -> ArrayD<f32> {
+    Zip::from(a).and(b).map_collect(|&x, &y| f(x, y))
+}
+
+/// Runs below this length go to the `Zip` (a slice loop per run costs more than it saves).
+const MIN_RUN: usize = 16;
+
+/// How an operand of shape `small` broadcasts against `shape` when it varies along one run of axes only: the
+/// output as runs of `inner` contiguous elements, run `k` taking the operand's value `k % mid` (`None` when it
+/// varies otherwise, or the runs are shorter than [`MIN_RUN`]).
+fn run_split(shape: &[usize], small: &[usize]) -> Option<(usize, usize)> {
+    let pad = shape.len().checked_sub(small.len())?;
+    let dim = |i: usize| if i < pad { 1 } else { small[i - pad] };
+    let varying: Vec<usize> = (0..shape.len()).filter(|&i| dim(i) != 1).collect();
+    let (mid, inner) = match (varying.first(), varying.last()) {
+        (Some(&lo), Some(&hi)) => {
+            if (lo..=hi).any(|i| dim(i) != shape[i]) {
+                return None;
+            }
+            (shape[lo..=hi].iter().product(), shape[hi + 1..].iter().product())
+        }
+        // A single value: any split into runs will do.
+        _ => (1, shape.iter().product::<usize>().min(FLAT_CHUNK)),
+    };
+    (inner >= MIN_RUN).then_some((mid, inner))
+}
+
+/// `out = f(full, small)` with `small[m]` repeated over each run of `inner` elements (run `k` takes `small[k % mid]`).
+fn along_runs(
+    full: &[f32],
+    small: &[f32],
+    (mid, inner): (usize, usize),
+    f: impl Fn(f32, f32) -> f32 + Sync + Send,
+) -> Vec<f32> {
+    let mut out = vec![0.0f32; full.len()];
+    let run = |(k, (o, a)): (usize, (&mut [f32], &[f32]))| {
+        let s = small[k % mid];
+        o.iter_mut().zip(a).for_each(|(o, &a)| *o = f(a, s));
+    };
+    if full.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(inner)
+            .zip(full.par_chunks(inner))
+            .enumerate()
+            .with_min_len(FLAT_CHUNK / inner + 1)
+            .for_each(run);
+    } else {
+        out.chunks_mut(inner).zip(full.chunks(inner)).enumerate().for_each(run);
+    }
+    out
+}
+
+/// [`along_runs`] with the operands of `f` the other way round: `out = f(small, full)`.
+fn along_runs_flipped(
+    full: &[f32],
+    small: &[f32],
+    split: (usize, usize),
+    f: impl Fn(f32, f32) -> f32 + Sync + Send,
+) -> Vec<f32> {
+    along_runs(full, small, split, move |x, s| f(s, x))
 }
 
 /// `f(g, a, b)` over the output gradient's shape, with `a` and `b` broadcast to it.
@@ -346,8 +454,9 @@ pub(crate) fn binary_backward(
         let full = match kind {
             BinaryKind::Add => g.clone(),
             BinaryKind::Sub => g.clone(),
-            BinaryKind::Mul => zip_grad(g, av, bv, |g, _, y| g * y),
-            BinaryKind::Div => zip_grad(g, av, bv, |g, _, y| g / y),
+            // g·b and g/b: the forward's broadcast loops.
+            BinaryKind::Mul => binary_values(BinaryKind::Mul, g, bv).expect("broadcasts as in the forward"),
+            BinaryKind::Div => binary_values(BinaryKind::Div, g, bv).expect("broadcasts as in the forward"),
             BinaryKind::Maximum => zip_grad(g, av, bv, tie_share),
             BinaryKind::Minimum => zip_grad(g, av, bv, |g, x, y| tie_share(g, y, x)),
         };
@@ -357,7 +466,7 @@ pub(crate) fn binary_backward(
         let full = match kind {
             BinaryKind::Add => g.clone(),
             BinaryKind::Sub => g.mapv(|v| -v),
-            BinaryKind::Mul => zip_grad(g, av, bv, |g, x, _| g * x),
+            BinaryKind::Mul => binary_values(BinaryKind::Mul, g, av).expect("broadcasts as in the forward"),
             BinaryKind::Div => zip_grad(g, av, bv, |g, x, y| -g * x / (y * y)),
             BinaryKind::Maximum => zip_grad(g, av, bv, |g, x, y| tie_share(g, y, x)),
             BinaryKind::Minimum => zip_grad(g, av, bv, tie_share),
@@ -546,5 +655,43 @@ impl Tensor {
     /// x·clamp(x + 3, 0, 6)/6 (PyTorch's `hardswish`, ONNX's HardSwish).
     pub fn hard_swish(&self) -> Tensor {
         unary(UnaryKind::HardSwish, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-run slice loops give the bits of the `Zip` over broadcast views, for every kind, both operand
+    /// orders, and runs long enough to split across threads.
+    #[test]
+    fn run_loops_match_the_zip() {
+        let kinds = [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::Maximum];
+        let cases: [(&[usize], &[usize]); 5] = [
+            (&[2, 3, 4, 5], &[1, 3, 1, 1]),
+            (&[2, 3, 4, 5], &[3, 1, 1]),
+            (&[2, 3, 4, 5], &[2, 3, 1, 1]),
+            (&[2, 3, 4, 5], &[1]),
+            (&[2, 64, 32, 32], &[64, 1, 1]),
+        ];
+        for (i, (full, small)) in cases.iter().enumerate() {
+            let a = Tensor::uniform(full, -2.0, 2.0, i as u64).to_array();
+            let b = Tensor::uniform(small, 0.5, 2.0, 10 + i as u64).to_array();
+            assert!(run_split(full, small).is_some(), "{full:?} by {small:?} takes the run loops");
+            for kind in kinds {
+                for flipped in [false, true] {
+                    let (x, y) = if flipped { (&b, &a) } else { (&a, &b) };
+                    let got = binary_values(kind, x, y).unwrap();
+                    let xv = x.broadcast(IxDyn(full)).unwrap();
+                    let yv = y.broadcast(IxDyn(full)).unwrap();
+                    let want = by_kind!(kind, zip_views(&xv, &yv));
+                    let bits = |v: &ArrayD<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{kind:?} {full:?} {small:?} flipped {flipped}");
+                }
+            }
+        }
+        // Operands that vary along two separate runs, or runs too short, take the `Zip`.
+        assert_eq!(run_split(&[2, 3, 4, 5], &[1, 3, 1, 5]), None);
+        assert_eq!(run_split(&[2, 3, 2, 2], &[1, 3, 1, 1]), None);
     }
 }

@@ -9,7 +9,8 @@
 //!   `vmath`: branch-free functions and slice loops the compiler vectorises, on AVX2 when the CPU has it;
 //! - `norm`: layer normalisation, fused (statistics, output and backward one pass per row);
 //! - `matmul`: products on `simd::gemm_nn` or the `gemm` crate, NumPy's broadcasting `matmul`; `einsum`: lowered
-//!   onto sums, permutes and products; `pool`: max and average pooling, 2×2 windows on `simd::pool`;
+//!   onto sums, permutes and products; `pool/`: max and average pooling, 2×2 windows on `simd::pool`,
+//!   any other window on separable per-plane passes;
 //! - `conv/`: the convolution — `forward.rs`, `backward.rs`, `sparse.rs` (the fused pooling's sparse backward),
 //!   `unfold.rs` (im2col, col2im, product, transpose with their fallbacks) and `plan.rs` (the planners of the
 //!   direct kernels: each `plan` returns `None` where they do not run, and the caller unfolds);
@@ -107,11 +108,10 @@ pub(crate) enum Op {
         relu: bool,
         pool: Option<Vec<u32>>,
     },
-    /// `index` holds the flat arg-max of every output, or is empty when the backward recomputes it from the
-    /// input and output (2×2 windows of stride 2 on the vector kernels).
+    /// The backward finds each window's arg-max again from the input and the output.
     MaxPool2d {
         x: Tensor,
-        index: Vec<u32>,
+        p: Pool2dParams,
     },
     AvgPool2d {
         x: Tensor,
@@ -211,7 +211,7 @@ impl Op {
             Op::Conv2d { x, w, b, p, pool: Some(argmax), .. } => {
                 conv::conv2d_pool_backward(x, w, b.is_some(), p, g, out, argmax, need)
             }
-            Op::MaxPool2d { x, index } => Ok(vec![Some(pool::max_pool2d_backward(x, out, index, g))]),
+            Op::MaxPool2d { x, p } => Ok(vec![Some(pool::max_pool2d_backward(x, p, out, g))]),
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
             Op::LayerNorm(s) => Ok(norm::layer_norm_backward(s, g, need)),
         }

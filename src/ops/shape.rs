@@ -51,6 +51,28 @@ pub(crate) fn pad_backward(shape: &[usize], pads: &[(usize, usize)], g: &ArrayD<
 }
 
 pub(crate) fn concat_backward(xs: &[Tensor], axis: usize, g: &ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
+    if let Some(gs) = g.as_slice() {
+        // Each input's gradient is its columns of `g` seen as [outer, total·inner]: one copy per outer index.
+        let (outer, inner) = outer_inner(g.shape(), axis);
+        let row = g.shape()[axis] * inner;
+        let mut start = 0;
+        return xs
+            .iter()
+            .zip(need)
+            .map(|(x, &n)| {
+                let len = x.shape()[axis] * inner;
+                let piece = n.then(|| {
+                    let mut v = Vec::with_capacity(outer * len);
+                    for o in 0..outer {
+                        v.extend_from_slice(&gs[o * row + start..o * row + start + len]);
+                    }
+                    ArrayD::from_shape_vec(x.shape(), v).expect("input-sized")
+                });
+                start += len;
+                piece
+            })
+            .collect();
+    }
     let mut start = 0;
     xs.iter()
         .zip(need)
@@ -61,6 +83,28 @@ pub(crate) fn concat_backward(xs: &[Tensor], axis: usize, g: &ArrayD<f32>, need:
             piece
         })
         .collect()
+}
+
+/// The number of elements before `axis` (outer) and after it (inner) in a row-major array of `shape`.
+fn outer_inner(shape: &[usize], axis: usize) -> (usize, usize) {
+    (shape[..axis].iter().product(), shape[axis + 1..].iter().product())
+}
+
+/// [`Tensor::concat`] of standard-layout values: per outer index, each input's contiguous block copied in turn
+/// (`None` when an input is not in standard layout).
+fn concat_blocks(xs: &[Tensor], axis: usize) -> Option<ArrayD<f32>> {
+    let slices: Vec<&[f32]> = xs.iter().map(|x| x.value().as_slice()).collect::<Option<_>>()?;
+    let mut shape = xs[0].shape().to_vec();
+    shape[axis] = xs.iter().map(|x| x.shape()[axis]).sum();
+    let (outer, inner) = outer_inner(&shape, axis);
+    let lens: Vec<usize> = xs.iter().map(|x| x.shape()[axis] * inner).collect();
+    let mut out = Vec::with_capacity(shape.iter().product());
+    for o in 0..outer {
+        for (s, &len) in slices.iter().zip(&lens) {
+            out.extend_from_slice(&s[o * len..(o + 1) * len]);
+        }
+    }
+    Some(ArrayD::from_shape_vec(IxDyn(&shape), out).expect("output-sized"))
 }
 
 fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {
@@ -220,8 +264,10 @@ impl Tensor {
                 });
             }
         }
-        let views: Vec<_> = xs.iter().map(|x| x.value().view()).collect();
-        let value = ndarray::concatenate(Axis(axis), &views).expect("shapes checked above");
+        let value = concat_blocks(xs, axis).unwrap_or_else(|| {
+            let views: Vec<_> = xs.iter().map(|x| x.value().view()).collect();
+            ndarray::concatenate(Axis(axis), &views).expect("shapes checked above")
+        });
         Ok(record(value, Op::Concat { xs: xs.to_vec(), axis }))
     }
 
@@ -229,5 +275,32 @@ impl Tensor {
     pub fn stack(xs: &[Tensor], axis: usize) -> Result<Tensor> {
         let parts = xs.iter().map(|x| x.unsqueeze(axis)).collect::<Result<Vec<_>>>()?;
         Tensor::concat(&parts, axis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block copies give `ndarray::concatenate`'s values along every axis, and the backward hands each input
+    /// its own block of the gradient.
+    #[test]
+    fn concat_blocks_match_ndarray() {
+        let xs = [
+            Tensor::uniform(&[2, 3, 4, 5], -1.0, 1.0, 1),
+            Tensor::uniform(&[2, 3, 4, 5], -1.0, 1.0, 2),
+            Tensor::uniform(&[2, 3, 4, 5], -1.0, 1.0, 3),
+        ];
+        for axis in 0..4 {
+            let parts = [xs[0].clone(), xs[1].narrow(axis, 1, 1).unwrap().to_array().into(), xs[2].clone()];
+            let parts: Vec<Tensor> = parts.iter().map(|t| Tensor::new(t.to_array())).collect();
+            let got = concat_blocks(&parts, axis).unwrap();
+            let views: Vec<_> = parts.iter().map(|x| x.value().view()).collect();
+            assert_eq!(got, ndarray::concatenate(Axis(axis), &views).unwrap(), "axis {axis}");
+            let back = concat_backward(&parts, axis, &got, &[true, true, true]);
+            for (b, x) in back.iter().zip(&parts) {
+                assert_eq!(b.as_ref().unwrap(), &x.to_array(), "axis {axis}: gradient block");
+            }
+        }
     }
 }

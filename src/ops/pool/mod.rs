@@ -1,11 +1,16 @@
-//! Max and average pooling over 2-D windows, parallel over (image, channel) planes, with their backward.
+//! Max and average pooling over 2-D windows, parallel over (image, channel) planes, with their backward: 2×2
+//! windows of stride 2 tiling the plane on `simd::pool` (or their unrolled loops), every other window, stride,
+//! padding and ceil mode on the separable per-plane passes of [`plane`].
+
+mod plane;
 
 use ndarray::{Array4, ArrayD};
 use rayon::prelude::*;
 
 use super::{record, Op};
-use crate::tensor::{grad_enabled, Array, Tensor};
+use crate::tensor::{Array, Tensor};
 use crate::{Error, Result};
+use plane::{window, Windows};
 
 /// Window, stride and padding of a pooling op (PyTorch's meaning).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,15 +63,6 @@ impl Pool2dParams {
             _ => Err(Error::invalid(op, format!("window {kh}x{kw} does not fit input {h}x{w}"))),
         }
     }
-}
-
-/// The clipped window `[start, end)` along one axis for output position `o`, plus the unclipped end.
-#[inline]
-fn window(o: usize, s: usize, p: usize, k: usize, len: usize) -> (usize, usize, usize) {
-    let start = (o * s) as isize - p as isize;
-    let end = start + k as isize;
-    let padded_end = end.min((len + p) as isize);
-    (start.max(0) as usize, (end.min(len as isize)) as usize, (padded_end - start) as usize)
 }
 
 /// The maximum of one window and its flat index in the plane: rows `r0..r1`, columns `c0..c1`, scanned row-major;
@@ -156,86 +152,79 @@ pub(crate) fn max_pool_plane(
     }
 }
 
+/// Whether `p` is the 2×2 window of stride 2 tiling the `h × w` plane from its corner into `ho × wo` (the shape
+/// of [`max_pool_plane`]'s fast paths and `simd::pool`'s kernels).
+fn tiles_2x2(p: &Pool2dParams, h: usize, w: usize, ho: usize, wo: usize) -> bool {
+    p.kernel == (2, 2) && p.stride == (2, 2) && p.padding == (0, 0) && 2 * ho <= h && 2 * wo <= w
+}
+
+/// `f(buffer, input plane, output plane)` over every plane in parallel (a row buffer per task).
+fn per_plane(
+    xs: &[f32],
+    out: &mut [f32],
+    (h, w, per): (usize, usize, usize),
+    fill: f32,
+    win: &Windows,
+    f: impl Fn(&mut Vec<f32>, &[f32], &mut [f32]) + Sync + Send,
+) {
+    out.par_chunks_mut(per)
+        .zip(xs.par_chunks(h * w))
+        .with_min_len(8)
+        .for_each_init(|| win.buffer(fill), |buf, (o, plane)| f(buf, plane, o));
+}
+
 fn max_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
     let (n, c, h, w, ho, wo) = p.geometry("max_pool2d", x)?;
     let xs = x.value().as_standard_layout();
     let xs = xs.as_slice().expect("standard layout");
-    // The arg-max is only needed by the backward, which exists only when the op is recorded — and not even then
-    // for 2×2 windows of stride 2 on the vector kernels, whose backward finds it again from input and output.
-    let dense = dense_backward(&p, h, w, ho, wo);
-    let tracked = grad_enabled() && x.is_tracked() && !dense;
-    let len = n * c * ho * wo;
-    let mut out = vec![0.0f32; len];
-    let mut index = vec![0u32; if tracked { len } else { 0 }];
-    let per = ho * wo;
-    if tracked {
-        out.par_chunks_mut(per)
-            .zip(index.par_chunks_mut(per))
-            .zip(xs.par_chunks(h * w))
-            .with_min_len(32)
-            .for_each(|((o, idx), plane)| max_pool_plane(plane, o, idx, h, w, wo, &p));
-    } else {
-        out.par_chunks_mut(per)
-            .zip(xs.par_chunks(h * w))
-            .with_min_len(32)
-            .for_each(|(o, plane)| max_pool_plane(plane, o, &mut [], h, w, wo, &p));
-    }
+    // No arg-max is stored: the backward finds it again from the input and the output.
+    let mut out = vec![0.0f32; n * c * ho * wo];
+    let (win, tiles) = (Windows::new(&p, h, w, ho, wo), tiles_2x2(&p, h, w, ho, wo));
+    per_plane(xs, &mut out, (h, w, ho * wo), f32::NEG_INFINITY, &win, |buf, plane, o| {
+        if tiles {
+            max_pool_plane(plane, o, &mut [], h, w, wo, &p)
+        } else {
+            win.max(plane, o, buf)
+        }
+    });
     let value = Array4::from_shape_vec((n, c, ho, wo), out).expect("sized above").into_dyn();
-    Ok(record(value, Op::MaxPool2d { x: x.clone(), index }))
+    Ok(record(value, Op::MaxPool2d { x: x.clone(), p }))
 }
 
-/// Whether the backward of this max pooling recomputes the arg-max ([`super::simd::max_pool_2x2_backward`])
-/// instead of reading a stored index: 2×2 windows of stride 2 tiling the input from its corner, on the vector
-/// kernels.
-fn dense_backward(p: &Pool2dParams, h: usize, w: usize, ho: usize, wo: usize) -> bool {
-    let tiles = p.kernel == (2, 2) && p.stride == (2, 2) && p.padding == (0, 0) && (ho, wo) == (h / 2, w / 2);
-    tiles && super::simd::accelerated()
-}
-
-pub(crate) fn max_pool2d_backward(x: &Tensor, out: &Array, index: &[u32], g: &ArrayD<f32>) -> ArrayD<f32> {
+pub(crate) fn max_pool2d_backward(x: &Tensor, p: &Pool2dParams, out: &Array, g: &ArrayD<f32>) -> ArrayD<f32> {
     let shape = x.shape();
-    let (h, w) = (shape[2], shape[3]);
+    let (h, w, ho, wo) = (shape[2], shape[3], g.shape()[2], g.shape()[3]);
     let planes = shape[0] * shape[1];
     if planes == 0 || g.is_empty() {
         // No plane (batch × channels = 0): nothing to scatter, and chunks of size 0 are not allowed.
         return ArrayD::zeros(shape);
     }
-    let per = g.len() / planes;
+    let per = ho * wo;
     let gs = g.as_standard_layout();
     let gs = gs.as_slice().expect("standard layout");
-    let scatter = |o: &mut [f32], gp: &[f32], ip: &[u32]| {
-        for (&gv, &i) in gp.iter().zip(ip) {
-            o[i as usize] += gv;
-        }
-    };
-    if !index.is_empty() {
-        let mut dx = vec![0.0f32; shape.iter().product()];
-        dx.par_chunks_mut(h * w)
-            .zip(gs.par_chunks(per))
-            .zip(index.par_chunks(per))
-            .for_each(|((o, gp), ip)| scatter(o, gp, ip));
-        return ArrayD::from_shape_vec(shape, dx).expect("input-sized");
-    }
-    // 2×2 windows: every element of the gradient is written (no zero fill); a plane holding a NaN takes the scan.
     let xs = x.value().as_standard_layout();
     let xs = xs.as_slice().expect("standard layout");
     let os = out.as_standard_layout();
     let os = os.as_slice().expect("standard layout");
+    let win = Windows::new(p, h, w, ho, wo);
     let len = planes * h * w;
     let mut dx = Vec::with_capacity(len);
+    // 2×2 tiles on the vector kernels write every element of a plane (no zero fill); any other window, or a
+    // plane holding a NaN, takes the separable backward over zeros.
+    let dense = tiles_2x2(p, h, w, ho, wo) && super::simd::accelerated();
     dx.spare_capacity_mut()[..len]
         .par_chunks_mut(h * w)
         .zip(xs.par_chunks(h * w))
         .zip(os.par_chunks(per).zip(gs.par_chunks(per)))
+        .with_min_len(8)
         .for_each(|((d, plane), (op, gp))| {
-            if !super::simd::max_pool_2x2_backward(plane, h, w, op, gp, d) {
-                let (mut o, mut idx) = (vec![0.0f32; per], vec![0u32; per]);
-                max_pool_plane(plane, &mut o, &mut idx, h, w, w / 2, &Pool2dParams::square(2));
-                let mut local = vec![0.0f32; h * w];
-                scatter(&mut local, gp, &idx);
-                for (slot, v) in d.iter_mut().zip(local) {
-                    slot.write(v);
-                }
+            if !(dense && super::simd::max_pool_2x2_backward(plane, h, w, op, gp, d)) {
+                d.iter_mut().for_each(|slot| {
+                    slot.write(0.0);
+                });
+                // SAFETY: every element was just initialised.
+                let d = unsafe { &mut *(d as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+                win.max_backward(plane, op, gp, d);
             }
         });
     // SAFETY: every plane was written in full, by the kernel or by the fill.
@@ -248,20 +237,8 @@ fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
     let xs = x.value().as_standard_layout();
     let xs = xs.as_slice().expect("standard layout");
     let mut out = vec![0.0f32; n * c * ho * wo];
-    out.par_chunks_mut(ho * wo).zip(xs.par_chunks(h * w)).for_each(|(o, plane)| {
-        for i in 0..ho {
-            let (r0, r1, rn) = window(i, p.stride.0, p.padding.0, p.kernel.0, h);
-            for j in 0..wo {
-                let (c0, c1, cn) = window(j, p.stride.1, p.padding.1, p.kernel.1, w);
-                let mut s = 0.0f32;
-                for r in r0..r1 {
-                    s += plane[r * w + c0..r * w + c1].iter().sum::<f32>();
-                }
-                let count = if p.count_include_pad { rn * cn } else { (r1 - r0) * (c1 - c0) };
-                o[i * wo + j] = s / count.max(1) as f32;
-            }
-        }
-    });
+    let win = Windows::new(&p, h, w, ho, wo);
+    per_plane(xs, &mut out, (h, w, ho * wo), 0.0, &win, |buf, plane, o| win.avg(plane, o, buf));
     let value = Array4::from_shape_vec((n, c, ho, wo), out).expect("sized above").into_dyn();
     Ok(record(value, Op::AvgPool2d { x: x.clone(), p }))
 }
@@ -275,19 +252,11 @@ pub(crate) fn avg_pool2d_backward(shape: &[usize], p: &Pool2dParams, g: &ArrayD<
     let gs = g.as_standard_layout();
     let gs = gs.as_slice().expect("standard layout");
     let mut out = vec![0.0f32; shape.iter().product()];
-    out.par_chunks_mut(h * w).zip(gs.par_chunks(ho * wo)).for_each(|(o, gp)| {
-        for i in 0..ho {
-            let (r0, r1, rn) = window(i, p.stride.0, p.padding.0, p.kernel.0, h);
-            for j in 0..wo {
-                let (c0, c1, cn) = window(j, p.stride.1, p.padding.1, p.kernel.1, w);
-                let count = if p.count_include_pad { rn * cn } else { (r1 - r0) * (c1 - c0) };
-                let v = gp[i * wo + j] / count.max(1) as f32;
-                for r in r0..r1 {
-                    o[r * w + c0..r * w + c1].iter_mut().for_each(|d| *d += v);
-                }
-            }
-        }
-    });
+    let win = Windows::new(p, h, w, ho, wo);
+    out.par_chunks_mut(h * w)
+        .zip(gs.par_chunks(ho * wo))
+        .with_min_len(8)
+        .for_each_init(|| win.buffer(0.0), |buf, (o, gp)| win.avg_backward(gp, o, buf));
     ArrayD::from_shape_vec(shape, out).expect("input-sized")
 }
 
