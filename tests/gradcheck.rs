@@ -130,6 +130,7 @@ fn unary_functions() {
     check("relu", &[x.clone()], &|t| Ok(t[0].relu()));
     check("leaky_relu", &[x.clone()], &|t| Ok(t[0].leaky_relu(0.1)));
     check("sigmoid", &[x.clone()], &|t| Ok(t[0].sigmoid()));
+    check("silu", &[x.clone()], &|t| Ok(t[0].silu()));
     check("tanh", &[x.clone()], &|t| Ok(t[0].tanh()));
     check("softplus", &[x.mapv(|v| v * 10.0)], &|t| Ok(t[0].softplus()));
     check("atanh", &[open], &|t| Ok(t[0].atanh()));

@@ -56,8 +56,10 @@ pub enum UnaryKind {
     Relu,
     /// x for x > 0, else s·x; derivative 1 or s.
     LeakyRelu(f32),
-    /// 1/(1+e⁻ˣ); derivative σ(1−σ).
+    /// 1/(1+e⁻ˣ) (within 2.4e-7 relative, see `vmath::sigmoid`); derivative σ(1−σ).
     Sigmoid,
+    /// SiLU (swish) x·σ(x); derivative σ(x)·(1 + x·(1 − σ(x))).
+    Silu,
     /// tanh x; derivative 1 − tanh².
     Tanh,
     /// ln(1+eˣ), computed stably; derivative σ(x).
@@ -93,6 +95,7 @@ impl UnaryKind {
             UnaryKind::Relu => "relu",
             UnaryKind::LeakyRelu(_) => "leaky_relu",
             UnaryKind::Sigmoid => "sigmoid",
+            UnaryKind::Silu => "silu",
             UnaryKind::Tanh => "tanh",
             UnaryKind::Softplus => "softplus",
             UnaryKind::Atanh => "atanh",
@@ -124,7 +127,8 @@ impl UnaryKind {
                     s * x
                 }
             }
-            UnaryKind::Sigmoid => sigmoid(x),
+            UnaryKind::Sigmoid => vmath::sigmoid(x),
+            UnaryKind::Silu => vmath::silu(x),
             UnaryKind::Tanh => x.tanh(),
             UnaryKind::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
             UnaryKind::Atanh => x.atanh(),
@@ -158,8 +162,9 @@ impl UnaryKind {
                 }
             }
             UnaryKind::Sigmoid => y * (1.0 - y),
+            UnaryKind::Silu => vmath::silu_derivative(x),
             UnaryKind::Tanh => 1.0 - y * y,
-            UnaryKind::Softplus => sigmoid(x),
+            UnaryKind::Softplus => vmath::sigmoid(x),
             UnaryKind::Atanh => 1.0 / (1.0 - x * x),
             UnaryKind::Erf => vmath::erf_derivative(x),
             UnaryKind::Gelu => vmath::gelu_derivative(x),
@@ -214,16 +219,6 @@ fn hard_swish_derivative(x: f32) -> f32 {
         x / 3.0 + 0.5
     } else {
         1.0
-    }
-}
-
-#[inline]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
     }
 }
 
@@ -493,6 +488,8 @@ pub(crate) fn unary(kind: UnaryKind, x: &Tensor) -> Tensor {
     // same expression, same bits.
     let value = match kind {
         UnaryKind::Relu => map(x.value(), |v| v.max(0.0)),
+        UnaryKind::Sigmoid => map(x.value(), vmath::sigmoid),
+        UnaryKind::Silu => map(x.value(), vmath::silu),
         UnaryKind::Erf => map(x.value(), vmath::erf),
         UnaryKind::Gelu => map(x.value(), vmath::gelu),
         UnaryKind::GeluTanh => map(x.value(), vmath::gelu_tanh),
@@ -525,6 +522,8 @@ pub(crate) fn unary_backward(kind: UnaryKind, x: &Array, y: &Array, g: &ArrayD<f
         // All three in standard layout: one flat pass, collected without zero-filling first.
         let v = match kind {
             UnaryKind::Relu => zip_slices(gs, xs, ys, |g, x, _| g * f32::from(x > 0.0)),
+            UnaryKind::Sigmoid => zip_slices(gs, xs, ys, |g, _, y| g * (y * (1.0 - y))),
+            UnaryKind::Silu => zip_slices(gs, xs, ys, |g, x, _| g * vmath::silu_derivative(x)),
             UnaryKind::Erf => zip_slices(gs, xs, ys, |g, x, _| g * vmath::erf_derivative(x)),
             UnaryKind::Gelu => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_derivative(x)),
             UnaryKind::GeluTanh => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_tanh_derivative(x)),
@@ -626,6 +625,10 @@ impl Tensor {
     /// The logistic sigmoid.
     pub fn sigmoid(&self) -> Tensor {
         unary(UnaryKind::Sigmoid, self)
+    }
+    /// SiLU (swish): x·σ(x), as one vectorised pass.
+    pub fn silu(&self) -> Tensor {
+        unary(UnaryKind::Silu, self)
     }
     /// tanh.
     pub fn tanh(&self) -> Tensor {
