@@ -7,6 +7,7 @@ mod ops;
 mod ops_fold;
 mod ops_nn;
 mod ops_shape;
+mod ops_transformer;
 
 use std::sync::Arc;
 

@@ -26,23 +26,7 @@ use serde::Deserialize;
 use crate::common::fixture;
 
 /// Exports that do not load yet: (model, export tag, the ops it needed that the importer lacked when listed).
-const NOT_YET: &[(&str, &str, &str)] = &[
-    ("shufflenet_v2", "dynamo18", "Split"),
-    ("convnext_t", "ts13", "Erf"),
-    ("convnext_t", "ts17", "Erf, LayerNormalization"),
-    ("convnext_t", "dynamo18", "Erf, LayerNormalization, Range"),
-    ("vit_b_16", "ts17", "ConstantOfShape, Equal, Erf, Expand, LayerNormalization, Mod, Where"),
-    ("vit_b_16", "dynamo18", "Erf, Expand, LayerNormalization"),
-    ("swin_t", "ts13", "ConstantOfShape, Equal, Erf, Expand, Mod, Not, Range, ScatterND, Where"),
-    ("swin_t", "ts17", "ConstantOfShape, Equal, Erf, Expand, LayerNormalization, Mod, Not, Range, ScatterND, Where"),
-    ("swin_t", "dynamo18", "ConstantOfShape, Equal, Erf, LayerNormalization, Not, Range, ScatterND, Where"),
-    ("maxvit_t", "ts13", "Einsum, Erf"),
-    ("maxvit_t", "ts17", "Einsum, Erf, LayerNormalization"),
-    ("maxvit_t", "dynamo18", "Einsum, Erf, LayerNormalization, Split"),
-    ("mobilenet_v3", "ts13", "HardSigmoid"),
-    ("mobilenet_v3", "ts17", "HardSigmoid, HardSwish"),
-    ("mobilenet_v3", "dynamo18", "HardSigmoid, HardSwish"),
-];
+const NOT_YET: &[(&str, &str, &str)] = &[];
 
 /// The smallest distance of a ReLU-like input from its kink (over the forward pass on the fixture's x) above
 /// which the input gradients must agree to cosine 0.9995: f32 rounding moves these pre-activations (of order

@@ -9,10 +9,12 @@
 //! BatchNormalization running statistics are buffers; integer initialisers are constants.
 //!
 //! Supported operators (opsets 11–21, with the attribute forms of older opsets where they differ): Conv (strides,
-//! pads, `auto_pad`, dilations, group), Gemm (transA/B, alpha, beta), MatMul, Add, Sub, Mul, Div, Neg, Relu,
-//! LeakyRelu, PRelu, Sigmoid, Tanh, Clip, Softmax, LogSoftmax, Exp, Log, Sqrt, Pow (constant scalar exponent),
+//! pads, `auto_pad`, dilations, group), Gemm (transA/B, alpha, beta), MatMul, Einsum (no diagonals), Add, Sub, Mul,
+//! Div, Neg, Relu, LeakyRelu, PRelu, Sigmoid, Tanh, Erf, Gelu (`approximate`), HardSigmoid, HardSwish, Clip,
+//! Softmax, LogSoftmax (any axis; the 2-D form before opset 13), Exp, Log, Sqrt, Pow (constant scalar exponent),
 //! MaxPool, AveragePool (`count_include_pad`), GlobalAveragePool, GlobalMaxPool, BatchNormalization (inference),
-//! Flatten, Reshape, Transpose, Concat, Squeeze, Unsqueeze, Gather (constant indices), Slice, Pad (constant,
+//! LayerNormalization (with its Mean and InvStdDev outputs), Flatten, Reshape, Transpose, Concat, Split (sizes as
+//! attribute, input or `num_outputs`), Squeeze, Unsqueeze, Gather (constant indices), Slice, Pad (constant,
 //! reflect, edge), ReduceMean, ReduceSum, Dropout and Identity (no-ops), Constant, Shape and Cast; and the
 //! shape-path operators ConstantOfShape, Equal, Expand, Mod (`fmod`), Range, Where, Not and ScatterND (reduction
 //! `none`), of which Expand, Where, ScatterND and Mod (of floats) are differentiable where they sit on the data
@@ -25,10 +27,10 @@
 //! # Layout
 //!
 //! An operator lives in one place: its family's file under `src/onnx/ops/` (`conv.rs`, `pool.rs`, `matmul.rs`,
-//! `binary.rs`, `unary.rs`, `norm.rs`, `softmax.rs`, `reshape.rs`, `concat.rs`, `gather.rs`, `slice.rs`, `pad.rs`,
-//! `reduce.rs`, `constant.rs`, `identity.rs`, `logic.rs`) holds its attribute parsing, the role of each input, its
-//! shape rule and its execution, as one type implementing the `Op` trait (`ops/mod.rs`); the `OPS` table there maps
-//! each ONNX operator name to its parser. A shape rule is a method generic over `Arg`, so the one function serves
+//! `einsum.rs`, `binary.rs`, `unary.rs`, `norm.rs`, `softmax.rs`, `reshape.rs`, `concat.rs`, `split.rs`,
+//! `gather.rs`, `slice.rs`, `pad.rs`, `reduce.rs`, `constant.rs`, `identity.rs`, `logic.rs`) holds its attribute
+//! parsing, the role of each input, its shape rule and its execution, as one type implementing the `Op` trait
+//! (`ops/mod.rs`); the `OPS` table there maps each ONNX operator name to its parser. A shape rule is a method generic over `Arg`, so the one function serves
 //! shape inference at load (on `Meta`: shapes, or values for shape arithmetic) and execution (on the values).
 //! Around the operators: `attrs.rs` reads attributes (an attribute nobody reads is an error), `value.rs` and
 //! `ints.rs` hold the values (f32 tensors and i64 shape arithmetic), `meta.rs` what is known before computing,

@@ -198,6 +198,17 @@ fn contract(
     Ok((y.reshape(&shape)?, labels))
 }
 
+/// The shape of `einsum(equation, operands)` for operands of these shapes: the shape rule of [`Tensor::einsum`]
+/// (and of ONNX's Einsum), with the same errors.
+pub(crate) fn einsum_shape(equation: &str, shapes: &[&[usize]]) -> Result<Vec<usize>> {
+    if shapes.is_empty() {
+        return Err(unsupported(equation, "no operands"));
+    }
+    let spec = parse(equation, shapes)?;
+    let sizes = sizes(equation, &spec, shapes)?;
+    Ok(spec.output.iter().map(|l| sizes[l]).collect())
+}
+
 /// Einstein summation.
 impl Tensor {
     /// Einstein summation over `operands` (NumPy's and PyTorch's `einsum`, ONNX's Einsum): index letters

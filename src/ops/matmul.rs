@@ -246,49 +246,59 @@ pub fn measured_peak_gflops(seconds: f64) -> Option<f64> {
     Some(flops / elapsed / 1e9)
 }
 
+/// The shape of NumPy's `matmul` of shapes `a` and `b`: vectors promoted to matrices (and their axis dropped from
+/// the result), leading axes broadcast. The shape rule of [`Tensor::matmul`] (and of ONNX's MatMul).
+pub(crate) fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let mismatch = || Error::ShapeMismatch { op: "matmul", expected: a.to_vec(), got: b.to_vec() };
+    let (ra, rb) = (a.len(), b.len());
+    if ra == 0 || rb == 0 {
+        return Err(mismatch());
+    }
+    // The inner sizes, and the leading axes of each side (none for a vector).
+    let (ka, kb) = (a[ra - 1], if rb == 1 { b[0] } else { b[rb - 2] });
+    if ka != kb {
+        return Err(mismatch());
+    }
+    let (la, lb) = (&a[..ra.saturating_sub(2)], &b[..rb.saturating_sub(2)]);
+    let mut shape = super::elementwise::broadcast_shape(la, lb).ok_or_else(|| Error::Broadcast {
+        op: "matmul",
+        lhs: a.to_vec(),
+        rhs: b.to_vec(),
+    })?;
+    if ra > 1 {
+        shape.push(a[ra - 2]);
+    }
+    if rb > 1 {
+        shape.push(b[rb - 1]);
+    }
+    Ok(shape)
+}
+
 /// NumPy's `matmul` on shapes that are not one of [`Tensor::matmul`]'s direct forms: vectors promoted to matrices
 /// (and their axis dropped from the result), leading axes broadcast, then one 2-D or batched product.
 fn matmul_broadcast(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let mismatch = || Error::ShapeMismatch { op: "matmul", expected: a.shape().to_vec(), got: b.shape().to_vec() };
-    if a.rank() == 0 || b.rank() == 0 {
-        return Err(mismatch());
-    }
-    let (va, vb) = (a.rank() == 1, b.rank() == 1);
-    let a2 = if va { a.unsqueeze(0)? } else { a.clone() };
-    let b2 = if vb { b.unsqueeze(1)? } else { b.clone() };
+    let out = matmul_shape(a.shape(), b.shape())?;
+    let a2 = if a.rank() == 1 { a.unsqueeze(0)? } else { a.clone() };
+    let b2 = if b.rank() == 1 { b.unsqueeze(1)? } else { b.clone() };
     let (ra, rb) = (a2.rank(), b2.rank());
-    let (m, k, k2, n) = (a2.shape()[ra - 2], a2.shape()[ra - 1], b2.shape()[rb - 2], b2.shape()[rb - 1]);
-    if k != k2 {
-        return Err(mismatch());
-    }
-    let (la, lb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
-    let lead = super::elementwise::broadcast_shape(la, lb).ok_or_else(|| Error::Broadcast {
-        op: "matmul",
-        lhs: a.shape().to_vec(),
-        rhs: b.shape().to_vec(),
-    })?;
+    let (m, k, n) = (a2.shape()[ra - 2], a2.shape()[ra - 1], b2.shape()[rb - 1]);
+    let lead = super::elementwise::broadcast_shape(&a2.shape()[..ra - 2], &b2.shape()[..rb - 2])
+        .expect("checked by matmul_shape");
     let p: usize = lead.iter().product();
-    let mut shape = lead.clone();
-    shape.extend([m, n]);
     // Each operand broadcast to the leading axes (a copy only where they differ), as `[p, rows, cols]`.
     let full = |t: &Tensor, r: usize, c: usize| -> Result<Tensor> {
         let s = [&lead[..], &[r, c]].concat();
         let t = if t.shape() == s.as_slice() { t.clone() } else { t.broadcast_to(&s)? };
         t.reshape(&[p, r, c])
     };
-    let y = if lb.iter().product::<usize>() == 1 {
+    let y = if b2.shape()[..rb - 2].iter().product::<usize>() == 1 {
         // One right-hand matrix for every item: a single product over the flattened rows.
         let rows = full(&a2, m, k)?.reshape(&[p * m, k])?;
-        rows.matmul(&b2.reshape(&[k, n])?)?.reshape(&shape)?
+        rows.matmul(&b2.reshape(&[k, n])?)?
     } else {
-        full(&a2, m, k)?.matmul(&full(&b2, k, n)?)?.reshape(&shape)?
+        full(&a2, m, k)?.matmul(&full(&b2, k, n)?)?
     };
-    let y = if vb { y.squeeze(y.rank() - 1)? } else { y };
-    if va {
-        y.squeeze(y.rank() - if vb { 1 } else { 2 })
-    } else {
-        Ok(y)
-    }
+    y.reshape(&out)
 }
 
 /// Matrix products.

@@ -7,6 +7,7 @@ mod binary;
 mod concat;
 pub(crate) mod constant;
 pub(crate) mod conv;
+mod einsum;
 mod gather;
 mod identity;
 mod logic;
@@ -18,6 +19,7 @@ mod reduce;
 mod reshape;
 mod slice;
 mod softmax;
+mod split;
 pub(crate) mod unary;
 pub(crate) mod window;
 
@@ -76,6 +78,10 @@ const OPS: &[(&str, Parse)] = &[
     ("Exp", unary::exp),
     ("Log", unary::log),
     ("Sqrt", unary::sqrt),
+    ("Erf", unary::erf),
+    ("Gelu", unary::gelu),
+    ("HardSigmoid", unary::hard_sigmoid),
+    ("HardSwish", unary::hard_swish),
     ("LeakyRelu", unary::leaky_relu),
     ("PRelu", unary::prelu),
     ("Clip", unary::clip),
@@ -90,6 +96,7 @@ const OPS: &[(&str, Parse)] = &[
     ("GlobalAveragePool", pool::global_avg_pool),
     ("GlobalMaxPool", pool::global_max_pool),
     ("BatchNormalization", norm::batch_norm),
+    ("LayerNormalization", norm::layer_norm),
     ("Flatten", reshape::flatten),
     ("Reshape", reshape::reshape),
     ("Transpose", reshape::transpose),
@@ -100,6 +107,8 @@ const OPS: &[(&str, Parse)] = &[
     ("Gather", gather::gather),
     ("ScatterND", gather::scatter_nd),
     ("Slice", slice::slice),
+    ("Split", split::split),
+    ("Einsum", einsum::einsum),
     ("Pad", pad::pad),
     ("ReduceMean", reduce::reduce_mean),
     ("ReduceSum", reduce::reduce_sum),

@@ -1,6 +1,6 @@
-//! Elementwise operators of one tensor and activations: Neg, Exp, Log, Sqrt, Relu, LeakyRelu, Sigmoid, Tanh (the
-//! core's [`UnaryKind`]), PRelu, Clip (bounds as attributes before opset 11, inputs after) and Pow (a constant
-//! scalar exponent).
+//! Elementwise operators of one tensor and activations: Neg, Exp, Log, Sqrt, Erf, Relu, LeakyRelu, Sigmoid, Tanh,
+//! Gelu (opset 20, `approximate` "none" or "tanh"), HardSigmoid, HardSwish (the core's [`UnaryKind`]), PRelu, Clip
+//! (bounds as attributes before opset 11, inputs after) and Pow (a constant scalar exponent).
 
 use std::sync::Arc;
 
@@ -46,6 +46,27 @@ pub(super) fn log(_: &Attrs) -> Result<Arc<dyn Op>> {
 
 pub(super) fn sqrt(_: &Attrs) -> Result<Arc<dyn Op>> {
     unary(UnaryKind::Sqrt)
+}
+
+pub(super) fn erf(_: &Attrs) -> Result<Arc<dyn Op>> {
+    unary(UnaryKind::Erf)
+}
+
+pub(super) fn gelu(a: &Attrs) -> Result<Arc<dyn Op>> {
+    match a.string("approximate", "none")?.as_str() {
+        "none" => unary(UnaryKind::Gelu),
+        "tanh" => unary(UnaryKind::GeluTanh),
+        other => Err(a.info.unsupported(format!("approximate = '{other}'"))),
+    }
+}
+
+/// clamp(α·x + β, 0, 1); ONNX's defaults are α = 0.2, β = 0.5 (PyTorch's `hardsigmoid` exports α = 1/6).
+pub(super) fn hard_sigmoid(a: &Attrs) -> Result<Arc<dyn Op>> {
+    unary(UnaryKind::HardSigmoid(a.float("alpha", 0.2)?, a.float("beta", 0.5)?))
+}
+
+pub(super) fn hard_swish(_: &Attrs) -> Result<Arc<dyn Op>> {
+    unary(UnaryKind::HardSwish)
 }
 
 pub(super) fn leaky_relu(a: &Attrs) -> Result<Arc<dyn Op>> {
