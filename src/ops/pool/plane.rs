@@ -223,7 +223,7 @@ mod tests {
                                 stride: (sh, sw),
                                 padding: (ph, pw),
                                 ceil_mode: ceil,
-                                count_include_pad: seed % 2 == 0,
+                                count_include_pad: seed.is_multiple_of(2),
                             };
                             let (Some(ho), Some(wo)) = (
                                 Pool2dParams::out_len(h, kh, sh, ph, ceil),
@@ -235,7 +235,7 @@ mod tests {
                             // Few distinct values, so windows hold ties; a NaN in some planes.
                             let mut plane: Vec<f32> =
                                 (0..h * w).map(|i| ((i * 7919 + seed) % 5) as f32 - 2.0).collect();
-                            if seed % 3 == 0 {
+                            if seed.is_multiple_of(3) {
                                 plane[(seed * 13) % (h * w)] = f32::NAN;
                             }
                             let win = Windows::new(&p, h, w, ho, wo);
