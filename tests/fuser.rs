@@ -20,8 +20,8 @@ pub(crate) fn batch_norm(c: usize, seed: u64) -> BatchNorm2d {
 }
 
 /// conv1 (3→6, 3×3, pad 1, bias) → bn1 → relu1 → pool1 (2×2) → conv2 (6→4, 3×3, no bias; boxed behind an `Arc`) →
-/// bn2 (boxed) → relu2 → flatten → fc (4·3·3 → 5). 8×8 RGB inputs.
-fn net() -> Sequential {
+/// bn2 (boxed) → relu2, on 8×8 RGB inputs.
+fn convolutional() -> Sequential {
     let same = Conv2dParams { padding: (1, 1), ..Conv2dParams::default() };
     let conv2 = Arc::new(Conv2d::new(6, 4, 3, Conv2dParams::default(), false, 11).expect("conv2"));
     Sequential::new()
@@ -32,8 +32,11 @@ fn net() -> Sequential {
         .add("conv2", conv2)
         .add("bn2", Box::new(batch_norm(4, 30)) as Box<dyn Module>)
         .add("relu2", ReLU)
-        .add("flatten", Flatten)
-        .add("fc", Linear::new(4 * 2 * 2, 5, true, 12))
+}
+
+/// [`convolutional`] → flatten → fc (4·2·2 → 5).
+fn net() -> Sequential {
+    convolutional().add("flatten", Flatten).add("fc", Linear::new(4 * 2 * 2, 5, true, 12))
 }
 
 fn fusion(fused: Fused, layers: &[&str]) -> Fusion {
@@ -127,4 +130,116 @@ fn native_taps_inside_fused_steps_are_the_layer_by_layer_values() {
         assert_eq!(t.to_vec(), at(name).to_vec(), "{name}: every output asked for is the layer-by-layer run");
     }
     assert_eq!(y.to_vec(), at("fc").to_vec());
+}
+
+/// [`convolutional`] as an ONNX graph written here with the same weights: node names `conv1` … `relu2`, values
+/// `c1`, `b1`, `r1`, `p1`, `c2`, `b2`, `y`.
+fn convolutional_onnx() -> armoury::onnx::OnnxModel {
+    use crate::onnx::build::{attr_f, attr_ints, node, Graph};
+    use armoury::ModuleExt;
+    let mut g = Graph::new(13, &[-1, 3, 8, 8]);
+    for (name, p) in convolutional().named_params().iter().filter(|(n, _)| !n.ends_with("num_batches_tracked")) {
+        g = g.init(name, &p.shape(), &p.value().iter().copied().collect::<Vec<f32>>());
+    }
+    let k3 = || attr_ints("kernel_shape", &[3, 3]);
+    let bn = |i: &str, n: &str, o: &str| {
+        let stats = ["weight", "bias", "running_mean", "running_var"].map(|s| format!("{n}.{s}"));
+        let ins = [i, &stats[0], &stats[1], &stats[2], &stats[3]];
+        node("BatchNormalization", &ins, &[o], n, vec![attr_f("epsilon", 1e-5)])
+    };
+    let pool = vec![attr_ints("kernel_shape", &[2, 2]), attr_ints("strides", &[2, 2])];
+    g.node(node("Conv", &["x", "conv1.weight", "conv1.bias"], &["c1"], "conv1", vec![k3(), attr_ints("pads", &[1; 4])]))
+        .node(bn("c1", "bn1", "b1"))
+        .node(node("Relu", &["b1"], &["r1"], "relu1", vec![]))
+        .node(node("MaxPool", &["r1"], &["p1"], "pool1", pool))
+        .node(node("Conv", &["p1", "conv2.weight"], &["c2"], "conv2", vec![k3()]))
+        .node(bn("c2", "bn2", "b2"))
+        .node(node("Relu", &["b2"], &["y"], "relu2", vec![]))
+        .output("y", &[])
+        .model()
+}
+
+/// The gap this closes: the importer had its own fuser, which folded no BatchNorm, so an imported network ran
+/// other kernels than the same network built natively. Now one planner plans both: the same plan, and the same
+/// logits and input gradients bit for bit.
+#[test]
+fn an_imported_network_runs_the_native_kernels() {
+    let (native, imported) = (convolutional(), convolutional_onnx());
+    let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let want = vec![
+        Fusion { fused: conv(true, true, true), layers: names(&["conv1", "bn1", "relu1", "pool1"]) },
+        Fusion { fused: conv(true, true, false), layers: names(&["conv2", "bn2", "relu2"]) },
+    ];
+    assert_eq!(native.plan(false), want);
+    assert_eq!(imported.plan(), want);
+    let x = Tensor::uniform(&[5, 3, 8, 8], -1.0, 1.0, 7);
+    let a = imported.forward_t(&x, false).expect("imported");
+    let b = native.forward_t(&x, false).expect("native");
+    assert_eq!(a.to_vec(), b.to_vec(), "the same kernels on the same weights");
+    let ga = input_gradient(|x| imported.forward_t(x, false).expect("imported"), &x, 8);
+    let gb = input_gradient(|x| native.forward_t(x, false).expect("native"), &x, 8);
+    assert_eq!(ga.to_vec(), gb.to_vec());
+    // The graph always runs in inference mode: a training-mode call plans and computes the same.
+    assert_eq!(imported.forward_t(&x, true).expect("train").to_vec(), a.to_vec());
+}
+
+/// The imported graph's fused forward against its own layer-by-layer run (every value tapped ends every step):
+/// within rounding in values and input gradients, folded (some bit differs), and a tap inside a fused step is
+/// the layer-by-layer value — exactly for the convolution's and the BatchNorm's own outputs.
+#[test]
+fn imported_taps_inside_fused_steps_are_the_layer_by_layer_values() {
+    let model = convolutional_onnx();
+    let x = Tensor::uniform(&[4, 3, 8, 8], -1.0, 1.0, 9);
+    let every = ["c1", "b1", "r1", "p1", "c2", "b2"];
+    let layered = |x: &Tensor| model.forward_taps(x, false, &every).expect("every tap");
+    let (y_layered, reference) = layered(&x);
+    let y = model.forward_t(&x, false).expect("forward");
+    close("imported logits", &y, &y_layered, 1e-5);
+    assert_ne!(y.to_vec(), y_layered.to_vec(), "the fused forward folded");
+    let g = input_gradient(|x| model.forward_t(x, false).expect("forward"), &x, 10);
+    let gl = input_gradient(|x| layered(x).0, &x, 10);
+    close("imported input gradient", &g, &gl, 1e-4);
+    for (i, name) in every.iter().enumerate() {
+        let (out, taps) = model.forward_taps(&x, false, &[name]).expect("one tap");
+        close(name, &taps[0], &reference[i], 1e-5);
+        if ["c1", "b1"].contains(name) {
+            assert_eq!(taps[0].to_vec(), reference[i].to_vec(), "{name} exactly");
+        }
+        close(&format!("output tapping {name}"), &out, &y, 1e-5);
+    }
+}
+
+/// A residual add and its ReLU run as one step, a Conv → BatchNorm before it folds, and the legacy exporter's
+/// fixture (`zoo_opset13.onnx`: BatchNormalization nodes) folds its BatchNorms.
+#[test]
+fn imported_residual_add_relu_and_the_legacy_fixture_fold() {
+    use crate::onnx::build::{attr_ints, node, Graph};
+    let w = Tensor::uniform(&[3, 3, 3, 3], -0.5, 0.5, 11).to_vec();
+    let stats: Vec<Vec<f32>> = (0..4).map(|i| Tensor::uniform(&[3], 0.2, 1.2, 12 + i).to_vec()).collect();
+    let mut g = Graph::new(13, &[-1, 3, 6, 6]).init("w", &[3, 3, 3, 3], &w);
+    for (name, v) in ["s", "b", "m", "v"].iter().zip(&stats) {
+        g = g.init(name, &[3], v);
+    }
+    let k3 = vec![attr_ints("kernel_shape", &[3, 3]), attr_ints("pads", &[1; 4])];
+    let g = g
+        .node(node("Conv", &["x", "w"], &["c"], "conv", k3))
+        .node(node("BatchNormalization", &["c", "s", "b", "m", "v"], &["n"], "bn", vec![]))
+        .node(node("Add", &["x", "n"], &["a"], "add", vec![]))
+        .node(node("Relu", &["a"], &["y"], "relu", vec![]))
+        .output("y", &[]);
+    let model = g.model();
+    let plan: Vec<(Fused, Vec<String>)> = model.plan().into_iter().map(|f| (f.fused, f.layers)).collect();
+    let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        plan,
+        vec![(conv(true, false, false), names(&["conv", "bn"])), (Fused::AddRelu, names(&["add", "relu"]))]
+    );
+    let x = Tensor::uniform(&[2, 3, 6, 6], -1.0, 1.0, 16);
+    let (layered, _) = model.forward_taps(&x, false, &["c", "n", "a"]).expect("layer by layer");
+    close("residual", &model.forward_t(&x, false).expect("forward"), &layered, 1e-5);
+
+    let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture("zoo_opset13.onnx")).expect("loads");
+    let folded: Vec<Fusion> =
+        zoo.plan().into_iter().filter(|f| matches!(f.fused, Fused::Conv { bn: true, .. })).collect();
+    assert_eq!(folded.len(), 2, "the stem's and the block's BatchNorm fold: {folded:?}");
 }

@@ -1,8 +1,8 @@
 //! The one fuser. A layer says what it is ([`Module::describe`](super::Module::describe) returns a [`Layer`]);
 //! [`plan`] turns a run of layers into [`Step`]s, fusing the patterns that have one kernel; [`Fused::run`] runs a
-//! fused step from the layers' descriptions. A native [`Sequential`](super::Sequential) plans over its children
-//! (and an imported ONNX graph, once it moves onto this planner, over its chains of nodes): the same network runs
-//! the same kernels whichever front end built it.
+//! fused step from the layers' descriptions. A native [`Sequential`](super::Sequential) plans over its children,
+//! an imported ONNX graph ([`crate::onnx::OnnxModel`]) over its steps in order: the same network runs the same
+//! kernels whichever front end built it.
 //!
 //! The rules (tinygrad's scheduler works the same way: a value read elsewhere is realised, and fusion stops
 //! there):
@@ -19,8 +19,8 @@
 //!
 //! # Adding a fused step (a new kernel)
 //! 1. If the pattern needs a layer the planner cannot see yet, add a [`Layer`] variant and its [`Kind`]: the native
-//!    layer returns it from `describe`, and the ONNX importer maps its node to it (`Kind` at load, `Layer` from the
-//!    node's input values at run time, both in `src/onnx/`).
+//!    layer returns it from `describe`, and the ONNX op from `Op::kind` (at load) and `Op::describe` (from the
+//!    node's input values at run time), in its family's file in `src/onnx/ops/`.
 //! 2. Add a [`Fused`] variant naming the pattern, match it in [`plan`] (every output the step runs through must be
 //!    [`Output::Open`]; ask `train` where evaluation mode matters), and run it in [`Fused::run`] with one kernel call.
 //! 3. Test it on both front ends (tests/fuser.rs): the plan contains the step, its values and input gradients equal
@@ -73,7 +73,7 @@ pub enum Layer {
     Relu,
     /// Max pooling with this window.
     MaxPool(Pool2dParams),
-    /// `x + other`, `other` a second value of the graph of the same shape (a residual connection: ONNX `Add`).
+    /// `x + other` (broadcast as NumPy), `other` a second value of the graph: a residual connection (ONNX `Add`).
     Add {
         /// The other operand.
         other: Tensor,
@@ -164,8 +164,8 @@ impl Step {
     }
 }
 
-/// One step of a model's plan by the names of its layers (a [`Sequential`](super::Sequential)'s children): what
-/// [`Sequential::plan`](super::Sequential::plan) shows.
+/// One step of a model's plan by the names of its layers (a [`Sequential`](super::Sequential)'s children, an ONNX
+/// graph's nodes): what [`Sequential::plan`](super::Sequential::plan) and [`crate::onnx::OnnxModel::plan`] show.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fusion {
     /// How the layers run.

@@ -1,5 +1,5 @@
 //! Loading: an ONNX graph proto becomes a [`Graph`] ready to run — initialisers decoded, nodes compiled and
-//! constant-folded within the memory budget, Conv → Relu (→ MaxPool) fused, slots scheduled and freed after
+//! constant-folded within the memory budget, planned by the fuser, slots scheduled and freed after
 //! their last reader, and the memory a forward pass needs estimated by shape inference.
 
 use std::collections::HashMap;

@@ -1,26 +1,105 @@
-//! The importer's fusion, kept apart so that a shared planner can replace it: a Relu, and a 2×2 max pooling after
-//! it, folded into the Conv step before them where the intermediate values are read by nothing else and are not
-//! the graph's output — one op with the same values and gradients ([`crate::Tensor::conv2d_relu_max_pool2`]), as
-//! the native layers run. A pass that taps a value inside a fused step runs it unfused ([`run_unfused`]).
+//! The importer's side of the one fuser ([`crate::nn::plan`]): the steps, in order, are planned like a
+//! `Sequential`'s children — each node says what it is ([`Op::kind`]), and the output of a step is
+//! [`Output::Open`] when it is the step's only output, read by the next step alone (as its data input: the first,
+//! or either operand of an Add) and not the graph's output. A planned step of several nodes becomes one step
+//! running a [`Planned`] op, which describes its nodes from their inputs ([`Op::describe`]) and runs
+//! [`Fused::run`]: BatchNorm folded into the Conv before it, Conv + Relu (+ 2×2 MaxPool), Add + Relu — the
+//! kernels a native network of the same layers runs. A pass that taps a value inside a fused step plans its nodes
+//! again with that value [`Output::Tapped`] ([`run_tapped`]).
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
-use super::ops::conv::{Conv, Fused};
-use super::ops::pool::MaxPool;
-use super::ops::unary::Unary;
-use super::ops::Op;
+use super::attrs::NodeInfo;
+use super::meta::{Cost, Meta};
+use super::ops::{self, Op};
 use super::value::Value;
 use super::Step;
-use crate::ops::UnaryKind;
-use crate::{Error, Result};
+use crate::nn::plan::{self, Fused, Fusion, Kind, Layer, Output};
+use crate::Result;
 
-fn downcast<T: 'static>(op: &dyn Op) -> Option<&T> {
-    (op as &dyn Any).downcast_ref::<T>()
+/// One node of a fused step: its op, where its inputs sit among the step's, which of them is the data the step
+/// carries from the node before (`None` among the step's inputs, except for the first node), and its output slot.
+#[derive(Debug)]
+struct Member {
+    info: NodeInfo,
+    op: Arc<dyn Op>,
+    inputs: Range<usize>,
+    data: usize,
+    output: usize,
 }
 
-/// Fuses Conv → Relu (→ 2×2 MaxPool) runs; `unfused` keeps the steps a fused one replaced.
+/// The op of a fused step: its nodes, run as the plan says.
+#[derive(Debug)]
+pub(super) struct Planned {
+    fused: Fused,
+    members: Vec<Member>,
+}
+
+impl Planned {
+    /// Member `k` as the planner's [`Layer`], from the step's inputs (its data input left out).
+    fn describe(&self, k: usize, ins: &[Option<&Value>]) -> Result<Layer> {
+        let m = &self.members[k];
+        let mut own: Vec<Option<&Value>> = ins.get(m.inputs.clone()).unwrap_or_default().to_vec();
+        if let Some(d) = own.get_mut(m.data) {
+            *d = None;
+        }
+        m.op.describe(&m.info, &own)
+    }
+
+    /// Member `k`'s inputs, its data input replaced by `data`.
+    fn inputs<'a, A>(&self, k: usize, ins: &[Option<&'a A>], data: Option<&'a A>) -> Vec<Option<&'a A>> {
+        let m = &self.members[k];
+        let mut own: Vec<Option<&A>> = ins.get(m.inputs.clone()).unwrap_or_default().to_vec();
+        if let Some(d) = own.get_mut(m.data) {
+            *d = data;
+        }
+        own
+    }
+
+    /// Runs members `layers` as the fused step `fused` on the data `x`.
+    fn run_fused(&self, fused: Fused, layers: Range<usize>, x: &Value, ins: &[Option<&Value>]) -> Result<Value> {
+        let described = layers.map(|k| self.describe(k, ins)).collect::<Result<Vec<Layer>>>()?;
+        Ok(Value::F(fused.run(&x.to_tensor()?, &described)?))
+    }
+
+    /// The first member's data input.
+    fn data<'a>(&self, info: &NodeInfo, ins: &[Option<&'a Value>]) -> Result<&'a Value> {
+        let m = &self.members[0];
+        ops::input(info, ins, m.inputs.start + m.data)
+    }
+}
+
+impl Op for Planned {
+    /// The last node's output, with every node's scratch and the largest value it skips counted as held (the
+    /// fused kernels hold less).
+    fn infer(&self, _: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
+        let mut chain: Option<Meta> = None;
+        let (mut scratch, mut skipped) = (0, 0);
+        for (k, m) in self.members.iter().enumerate() {
+            let cost = {
+                let data = if k == 0 { ins.get(m.inputs.start + m.data).copied().flatten() } else { chain.as_ref() };
+                ops::infer(&*m.op, &m.info, &self.inputs(k, ins, data))?
+            };
+            scratch += cost.scratch;
+            if k + 1 < self.members.len() {
+                skipped = skipped.max(cost.outputs.iter().map(Meta::bytes).sum::<u128>());
+            }
+            chain = cost.outputs.into_iter().next();
+        }
+        let out = chain.ok_or_else(|| super::malformed("a fused step computes no output"))?;
+        Ok(Cost { outputs: vec![out], scratch: scratch + skipped })
+    }
+
+    fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
+        Ok(vec![self.run_fused(self.fused, 0..self.members.len(), self.data(info, ins)?, ins)?])
+    }
+}
+
+/// Plans `steps` and replaces every planned run of several nodes by one step running them as a [`Planned`] op;
+/// `unfused` keeps the steps it replaced (their outputs stay taps).
 pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
     let mut readers: HashMap<usize, usize> = HashMap::new();
     for s in steps.iter() {
@@ -28,64 +107,96 @@ pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
             *readers.entry(slot).or_default() += 1;
         }
     }
-    let sole_input = |slot: usize, next: &Step| {
-        slot != output_slot && readers.get(&slot) == Some(&1) && next.inputs.first() == Some(&Some(slot))
+    // Where step i + 1 reads step i's output as its data input, when nothing else needs that output.
+    let link = |i: usize| -> Option<usize> {
+        let (s, next) = (&steps[i], steps.get(i + 1)?);
+        let &[out] = s.outputs.as_slice() else { return None };
+        if out == output_slot || readers.get(&out) != Some(&1) {
+            return None;
+        }
+        let at = next.inputs.iter().position(|&slot| slot == Some(out))?;
+        (at == 0 || next.op.kind() == Kind::Add).then_some(at)
     };
-    let mut out = Vec::with_capacity(steps.len());
-    let mut rest = std::mem::take(steps).into_iter().peekable();
-    while let Some(mut step) = rest.next() {
-        let Some(conv) = downcast::<Conv>(&*step.op).cloned() else {
-            out.push(step);
+    let links: Vec<Option<usize>> = (0..steps.len()).map(link).collect();
+    let kinds: Vec<Kind> = steps.iter().map(|s| s.op.kind()).collect();
+    let outputs: Vec<Output> = links.iter().map(|l| if l.is_some() { Output::Open } else { Output::Kept }).collect();
+    let mut rest = std::mem::take(steps).into_iter();
+    for p in plan::plan(&kinds, &outputs, false) {
+        let nodes: Vec<Step> = rest.by_ref().take(p.len).collect();
+        if p.fused == Fused::Single {
+            steps.extend(nodes);
             continue;
-        };
-        let is_relu = |n: &Step| matches!(downcast::<Unary>(&*n.op), Some(Unary(UnaryKind::Relu)));
-        let Some(relu) = rest.next_if(|n| is_relu(n) && sole_input(step.outputs[0], n)) else {
-            out.push(step);
-            continue;
-        };
-        let is_pool2 = |n: &Step| downcast::<MaxPool>(&*n.op).is_some_and(|p| p.0.is_max_pool2());
-        let pool = rest.next_if(|n| is_pool2(n) && sole_input(relu.outputs[0], n));
-        let then = if pool.is_some() { Fused::ReluMaxPool2 } else { Fused::Relu };
-        let mut unfused = vec![step.clone(), relu];
-        unfused.extend(pool);
-        step.op = Arc::new(Conv { then, ..conv });
-        step.outputs = unfused.last().map(|s| s.outputs.clone()).unwrap_or_default();
-        step.unfused = unfused;
-        out.push(step);
+        }
+        let (mut inputs, mut members) = (Vec::new(), Vec::with_capacity(nodes.len()));
+        for (k, s) in nodes.iter().enumerate() {
+            let data = if k == 0 { 0 } else { links[p.start + k - 1].expect("the plan runs only through links") };
+            let start = inputs.len();
+            inputs.extend(s.inputs.iter().enumerate().map(|(j, &slot)| if k > 0 && j == data { None } else { slot }));
+            let output = s.outputs.first().copied().expect("a linked step has one output");
+            members.push(Member { info: s.info.clone(), op: s.op.clone(), inputs: start..inputs.len(), data, output });
+        }
+        let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
+        steps.push(Step {
+            info: first.info.clone(),
+            op: Arc::new(Planned { fused: p.fused, members }),
+            inputs,
+            outputs: last.outputs.clone(),
+            free: Vec::new(),
+            unfused: nodes,
+        });
     }
-    *steps = out;
 }
 
-/// Runs a fused step as the steps it replaced, keeping the tapped values the fused op skips: the Conv alone when
-/// its own output is tapped, else the Conv with its Relu fused and the pooling on its own (the same values: a fused
-/// op computes exactly what the separate ones do). Returns the fused step's outputs.
-pub(super) fn run_unfused(
+fn planned(step: &Step) -> Option<&Planned> {
+    (&*step.op as &dyn Any).downcast_ref::<Planned>()
+}
+
+/// The step by the names of its nodes, as the plan runs it.
+pub(super) fn fusion(step: &Step) -> Fusion {
+    match planned(step) {
+        Some(p) => Fusion { fused: p.fused, layers: p.members.iter().map(|m| m.info.name.clone()).collect() },
+        None => Fusion { fused: Fused::Single, layers: vec![step.info.name.clone()] },
+    }
+}
+
+/// Whether a pass tapping `taps` must plan `step` again: a value inside it is tapped.
+pub(super) fn tapped_inside(step: &Step, taps: &[usize]) -> bool {
+    planned(step).is_some_and(|p| p.members.iter().rev().skip(1).any(|m| taps.contains(&m.output)))
+}
+
+/// Runs a fused step with the values in `taps` that it would skip handed out ([`Output::Tapped`]: the plan ends
+/// a step at each, and a tapped BatchNorm runs itself); `keep` receives each. Returns the step's outputs.
+pub(super) fn run_tapped(
     step: &Step,
     ins: &[Option<&Value>],
     taps: &[usize],
     keep: &mut impl FnMut(usize, &Value) -> Result<()>,
 ) -> Result<Vec<Value>> {
-    let (Some(first), Some(conv)) = (step.unfused.first(), downcast::<Conv>(&*step.op)) else {
+    let Some(p) = planned(step) else {
         return step.op.run(&step.info, ins);
     };
-    let conv_tapped = first.outputs.iter().any(|o| taps.contains(o));
-    let then = if conv_tapped { Fused::Nothing } else { Fused::Relu };
-    let mut h = Conv { then, ..conv.clone() }.run(&first.info, ins)?;
-    let from = if conv_tapped { 1 } else { 2 };
-    let mut prev = &step.unfused[from - 1];
-    for s in step.unfused.iter().skip(from) {
-        let (Some(&slot), Some(v)) = (prev.outputs.first(), h.first()) else {
-            return Err(Error::invalid("onnx", format!("node '{}' computed no output", prev.info.name)));
+    let n = p.members.len();
+    let kinds: Vec<Kind> = p.members.iter().map(|m| m.op.kind()).collect();
+    let outputs: Vec<Output> = (0..n)
+        .map(|k| match k {
+            _ if taps.contains(&p.members[k].output) => Output::Tapped,
+            _ if k + 1 == n => Output::Kept,
+            _ => Output::Open,
+        })
+        .collect();
+    let mut h = p.data(&step.info, ins)?.clone();
+    for s in plan::plan(&kinds, &outputs, false) {
+        h = match s.fused {
+            Fused::Single => {
+                let m = &p.members[s.start];
+                let outs = m.op.run(&m.info, &p.inputs(s.start, ins, Some(&h)))?;
+                outs.into_iter().next().ok_or_else(|| m.info.malformed("computed no output"))?
+            }
+            fused => p.run_fused(fused, s.layers(), &h, ins)?,
         };
-        keep(slot, v)?;
-        h = s.op.run(&s.info, &[Some(v)])?;
-        prev = s;
+        if s.last() + 1 < n {
+            keep(p.members[s.last()].output, &h)?;
+        }
     }
-    Ok(h)
-}
-
-/// Whether a pass tapping `taps` must run `step` unfused: a value it skips is tapped.
-pub(super) fn needs_unfused(step: &Step, taps: &[usize]) -> bool {
-    let skipped = step.unfused.iter().take(step.unfused.len().saturating_sub(1));
-    skipped.flat_map(|s| &s.outputs).any(|o| taps.contains(o))
+    Ok(vec![h])
 }

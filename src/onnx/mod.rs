@@ -2,9 +2,11 @@
 //! then attack, evaluate, defend or fine-tune it like a native model.
 //!
 //! [`OnnxModel::load`] reads the protobuf file (no `protoc` involved: the messages are in [`proto`]), checks every
-//! node against the operators Armoury implements, folds constants, fuses Conv → Relu (→ 2×2
-//! MaxPool) into one op as the native layers run them, and returns a [`Module`] whose forward pass runs Armoury's
-//! own differentiable ops. Float initialisers become [`Param`]s named as in the file —
+//! node against the operators Armoury implements, folds constants, plans the nodes with the same fuser as a
+//! native [`crate::Sequential`] ([`crate::nn::plan`]: BatchNorm folded into the Conv before it, Conv + Relu (+ 2×2
+//! MaxPool), Add + Relu; [`OnnxModel::plan`] shows it), so the kernels are those of the same network built
+//! natively, and returns a [`Module`] whose forward pass runs Armoury's own differentiable ops. Float
+//! initialisers become [`Param`]s named as in the file —
 //! a PyTorch export keeps its `state_dict` names (`conv1.weight`, …), so safetensors files load and save unchanged;
 //! BatchNormalization running statistics are buffers; integer initialisers are constants.
 //!
@@ -34,7 +36,8 @@
 //! shape inference at load (on `Meta`: shapes, or values for shape arithmetic) and execution (on the values).
 //! Around the operators: `attrs.rs` reads attributes (an attribute nobody reads is an error), `value.rs` and
 //! `ints.rs` hold the values (f32 tensors and i64 shape arithmetic), `meta.rs` what is known before computing,
-//! `build.rs` loads, folds and schedules, `fuse.rs` fuses Conv → Relu (→ MaxPool) and `mod.rs` runs the graph.
+//! `build.rs` loads, folds and schedules, `fuse.rs` plans the steps with the fuser (an `Op` says what it is to the
+//! planner with `kind` and `describe`) and `mod.rs` runs the graph.
 //!
 //! # Folding
 //!
@@ -111,8 +114,7 @@ struct Step {
     outputs: Vec<usize>,
     /// Slots whose last reader is this step: freed after it runs.
     free: Vec<usize>,
-    /// For a Conv with a Relu (and a pooling) fused in by [`fuse`]: the original steps, run instead when a
-    /// value the fused op skips is tapped.
+    /// For a step the fuser made of several nodes ([`fuse`]): those nodes, whose outputs stay taps.
     unfused: Vec<Step>,
 }
 
@@ -273,7 +275,7 @@ impl OnnxModel {
         &self.0.output_dims
     }
 
-    /// How many nodes run per forward pass (after folding the constants of the file).
+    /// How many steps run per forward pass (after folding the constants of the file; a fused step counts once).
     pub fn num_nodes(&self) -> usize {
         self.0.steps.len()
     }
@@ -302,6 +304,13 @@ impl OnnxModel {
         }
         folds.push((shape.to_vec(), f.clone()));
         f
+    }
+
+    /// The fuser's plan ([`crate::nn::plan`]) for a pass that taps nothing: every step that runs, by the names of
+    /// its nodes (a node without a name by its first output: `<output NAME>`), and how it runs them. A pass that
+    /// taps a value inside a fused step runs that step as the plan with the value tapped says.
+    pub fn plan(&self) -> Vec<crate::nn::plan::Fusion> {
+        self.0.steps.iter().map(fuse::fusion).collect()
     }
 
     /// The graph as a [`crate::Classifier`] with the given input bounds; the input shape (C, H, W) and the class
@@ -401,8 +410,8 @@ impl OnnxModel {
             if !skip {
                 let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
                 let inferred = budget.check(step, &ins)?;
-                let outs = if fuse::needs_unfused(step, taps) {
-                    fuse::run_unfused(step, &ins, taps, &mut keep)?
+                let outs = if fuse::tapped_inside(step, taps) {
+                    fuse::run_tapped(step, &ins, taps, &mut keep)?
                 } else {
                     step.op.run(&step.info, &ins)?
                 };
@@ -495,8 +504,8 @@ impl Module for OnnxModel {
         self.0.taps.iter().map(|(n, _)| n.clone()).collect()
     }
 
-    /// Any value of [`Module::tap_names`]; a Conv → Relu (→ MaxPool) fused at load time runs unfused in the
-    /// passes that tap a value inside it.
+    /// Any value of [`Module::tap_names`]; a fused step ends at a tapped value inside it (and a tapped
+    /// BatchNorm output runs the BatchNorm itself), as in a native [`crate::Sequential`].
     fn forward_taps(&self, x: &Tensor, _train: bool, names: &[&str]) -> Result<(Tensor, Vec<Tensor>)> {
         let slots = names
             .iter()

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::{input, Op};
+use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::ints;
 use crate::onnx::meta::{Arg, Cost, Meta};
@@ -75,6 +76,23 @@ impl Op for Binary {
             }
         };
         Ok(vec![y])
+    }
+
+    /// An Add is a residual connection to the fuser (an Add and the Relu after it run as one step).
+    fn kind(&self) -> Kind {
+        if self.0 == Bin::Add {
+            Kind::Add
+        } else {
+            Kind::Opaque
+        }
+    }
+
+    /// The operand that is not the fused step's data input.
+    fn describe(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Layer> {
+        match (self.kind(), ins) {
+            (Kind::Add, [Some(other), None] | [None, Some(other)]) => Ok(Layer::Add { other: other.to_tensor()? }),
+            _ => Err(info.malformed("planned as a fused residual Add")),
+        }
     }
 }
 

@@ -1,25 +1,16 @@
-//! Conv (2-D: strides, pads, `auto_pad`, dilations, group), with the Relu (and 2×2 max pooling) after it that
-//! [`crate::onnx::fuse`] folds in.
+//! Conv (2-D: strides, pads, `auto_pad`, dilations, group); with explicit symmetric padding the fuser sees it as a
+//! [`Layer::Conv`] (a BatchNorm, a Relu and a 2×2 max pooling after it may run in its kernel).
 
 use std::sync::Arc;
 
-use super::window::{has_extra, rank4, split_pads, Pads, Window};
+use super::window::{has_extra, rank4, split_pads, AutoPad, Pads, Window};
 use super::{input, opt_tensor, tensor, Op};
+use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::meta::{Arg, Cost, Meta};
 use crate::onnx::value::Value;
 use crate::ops::Conv2dParams;
 use crate::Result;
-
-/// What a Conv step computes after the convolution itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fused {
-    Nothing,
-    /// A Relu.
-    Relu,
-    /// A Relu, then MaxPool over 2×2 windows of stride 2 (no padding, floor).
-    ReluMaxPool2,
-}
 
 /// Conv: the symmetric part of the padding goes to the kernel, any asymmetric remainder is padded first; the
 /// bias is fused into the convolution.
@@ -27,7 +18,6 @@ pub(crate) enum Fused {
 pub(crate) struct Conv {
     pub(crate) window: Window,
     pub(crate) group: usize,
-    pub(crate) then: Fused,
 }
 
 pub(super) fn conv(a: &Attrs) -> Result<Arc<dyn Op>> {
@@ -35,7 +25,7 @@ pub(super) fn conv(a: &Attrs) -> Result<Arc<dyn Op>> {
     if group < 1 {
         return Err(a.info.malformed(format!("group = {group}")));
     }
-    Ok(Arc::new(Conv { window: super::window::parse(a, false)?, group: group as usize, then: Fused::Nothing }))
+    Ok(Arc::new(Conv { window: super::window::parse(a, false)?, group: group as usize }))
 }
 
 /// The geometry of a convolution of `x` by `w`: input and weight dimensions checked, the padding split into the
@@ -76,7 +66,7 @@ impl Conv {
 }
 
 impl Op for Conv {
-    /// Output `[n, o, ho, wo]` (halved by a fused 2×2 pooling), with the asymmetric padding copy and one sample's
+    /// Output `[n, o, ho, wo]`, with the asymmetric padding copy and one sample's
     /// unfolded columns per thread as scratch.
     fn infer(&self, info: &NodeInfo, ins: &[Option<&Meta>]) -> Result<Cost> {
         let g = self.geometry(info, input(info, ins, 0)?.shape(), input(info, ins, 1)?.shape())?;
@@ -85,17 +75,12 @@ impl Op for Conv {
         let out = |len, k, s, p, d| crate::ops::conv::out_size(len, k, s, p, d);
         let ho = out(hp, kh, win.strides[0], g.sym.0, win.dilations[0]);
         let wo = out(wp, kw, win.strides[1], g.sym.1, win.dilations[1]);
-        let (Some(mut ho), Some(mut wo)) = (ho, wo) else {
+        let (Some(ho), Some(wo)) = (ho, wo) else {
             return Err(info.malformed(format!("kernel {kh}x{kw} does not fit input {h}x{wd}")));
         };
         let padded = if has_extra(&g.extra) { (n * c * hp * wp) as u128 * 4 } else { 0 };
         let columns = (cg * kh * kw) as u128 * (ho * wo) as u128 * 4 * rayon::current_num_threads() as u128;
-        let mut scratch = padded + columns;
-        if self.then == Fused::ReluMaxPool2 {
-            // Counted as if the unpooled activations were held (the fused kernel needs less).
-            scratch += (n * o) as u128 * (ho * wo) as u128 * 4;
-            (ho, wo) = (ho / 2, wo / 2);
-        }
+        let scratch = padded + columns;
         Ok(Cost { outputs: vec![Meta::float(vec![n, o, ho, wo])], scratch })
     }
 
@@ -103,12 +88,30 @@ impl Op for Conv {
         let (x, w, b) = (tensor(info, ins, 0)?, tensor(info, ins, 1)?, opt_tensor(ins, 2)?);
         let g = self.geometry(info, x.shape(), w.shape())?;
         let x = if has_extra(&g.extra) { x.pad(&g.extra, 0.0)? } else { x };
-        let p = self.params(g.sym);
-        let y = match self.then {
-            Fused::Nothing => x.conv2d(&w, b.as_ref(), p),
-            Fused::Relu => x.conv2d_relu(&w, b.as_ref(), p),
-            Fused::ReluMaxPool2 => x.conv2d_relu_max_pool2(&w, b.as_ref(), p),
-        }?;
+        let y = x.conv2d(&w, b.as_ref(), self.params(g.sym))?;
         Ok(vec![Value::F(y)])
+    }
+
+    /// A [`Layer::Conv`] when the padding is explicit and symmetric (the kernel's own); anything else pads first
+    /// and runs on its own.
+    fn kind(&self) -> Kind {
+        let win = &self.window;
+        let symmetric = win.pads[0] == win.pads[2] && win.pads[1] == win.pads[3];
+        if symmetric && matches!(win.auto_pad, AutoPad::NotSet | AutoPad::Valid) {
+            Kind::Conv
+        } else {
+            Kind::Opaque
+        }
+    }
+
+    fn describe(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Layer> {
+        let w = tensor(info, ins, 1)?;
+        let [_, _, kh, kw] = rank4(info, w.shape())?;
+        // Explicit pads (or none): the input's size does not enter.
+        let (sym, extra) = split_pads(self.window.padding([0, 0], [kh, kw]));
+        if has_extra(&extra) {
+            return Err(info.malformed("a Conv with asymmetric padding planned as a fused layer"));
+        }
+        Ok(Layer::Conv { weight: w, bias: opt_tensor(ins, 2)?, params: self.params(sym) })
     }
 }

@@ -30,6 +30,7 @@ use super::attrs::{Attrs, NodeInfo};
 use super::meta::{Arg, Cost, Meta};
 use super::proto::NodeProto;
 use super::value::{Ints, Value};
+use crate::nn::plan::{Kind, Layer};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -48,6 +49,18 @@ pub(crate) trait Op: Any + std::fmt::Debug + Send + Sync {
     /// How many outputs the node computes.
     fn outputs(&self) -> usize {
         1
+    }
+    /// What the fuser ([`crate::nn::plan`]) sees of this node at load: [`Kind::Opaque`] unless it is a layer the
+    /// planner fuses (then [`Op::describe`] must describe it).
+    fn kind(&self) -> Kind {
+        Kind::Opaque
+    }
+    /// The node as the planner's [`Layer`], from its inputs other than the data input a fused step carries (which
+    /// is `None` in `ins`, since the step computes it without handing it out): weights, statistics, a residual's
+    /// other operand.
+    fn describe(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Layer> {
+        let _ = ins;
+        Err(info.malformed("planned as a fused layer but describes none"))
     }
 }
 

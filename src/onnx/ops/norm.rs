@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::{axis, input, opt_tensor, tensor, InputRole, Op};
+use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::meta::{Arg, Cost, Meta};
 use crate::onnx::value::Value;
@@ -56,6 +57,20 @@ impl Op for BatchNorm {
         let a = scale.mul(&var.add_scalar(self.eps).powf(-0.5))?;
         let shift = bias.sub(&mean.mul(&a)?)?;
         Ok(vec![Value::F(x.mul(&a.reshape(&bshape)?)?.add(&shift.reshape(&bshape)?)?)])
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::BatchNorm
+    }
+
+    fn describe(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Layer> {
+        Ok(Layer::BatchNorm {
+            weight: tensor(info, ins, 1)?,
+            bias: tensor(info, ins, 2)?,
+            running_mean: tensor(info, ins, 3)?,
+            running_var: tensor(info, ins, 4)?,
+            eps: self.eps,
+        })
     }
 
     fn input_role(&self, i: usize) -> InputRole {

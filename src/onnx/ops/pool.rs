@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::window::{has_extra, rank4, Pads, Window};
 use super::{input, tensor, Op};
+use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::meta::{Arg, Cost, Meta};
 use crate::onnx::value::Value;
@@ -104,6 +105,22 @@ impl Op for MaxPool {
         let (sym, extra) = pool_pads(info, h, w, &self.0)?;
         let x = if has_extra(&extra) { x.pad(&extra, f32::NEG_INFINITY)? } else { x };
         Ok(vec![Value::F(x.max_pool2d(pool_params(info, &self.0, sym, true)?)?)])
+    }
+
+    /// The 2×2 pooling of stride 2 the fused convolution kernel pools; any other window is its own op.
+    fn kind(&self) -> Kind {
+        if self.0.is_max_pool2() {
+            Kind::MaxPool(Pool2dParams::square(2))
+        } else {
+            Kind::Opaque
+        }
+    }
+
+    fn describe(&self, info: &NodeInfo, _: &[Option<&Value>]) -> Result<Layer> {
+        match self.kind() {
+            Kind::MaxPool(p) => Ok(Layer::MaxPool(p)),
+            _ => Err(info.malformed("planned as a fused 2×2 max pooling")),
+        }
     }
 }
 

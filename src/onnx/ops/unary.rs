@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::{data_then_constants, input, opt_scalar, tensor, InputRole, Op};
+use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::meta::{Arg, Cost, Meta};
 use crate::onnx::value::Value;
@@ -85,6 +86,21 @@ impl Op for Unary {
 
     fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
         Ok(vec![Value::F(tensor(info, ins, 0)?.unary(self.0))])
+    }
+
+    fn kind(&self) -> Kind {
+        if self.0 == UnaryKind::Relu {
+            Kind::Relu
+        } else {
+            Kind::Opaque
+        }
+    }
+
+    fn describe(&self, info: &NodeInfo, _: &[Option<&Value>]) -> Result<Layer> {
+        match self.kind() {
+            Kind::Relu => Ok(Layer::Relu),
+            _ => Err(info.malformed("planned as a fused Relu")),
+        }
     }
 }
 
