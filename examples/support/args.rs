@@ -89,7 +89,9 @@ impl ModelArgs {
     /// The data, with an image folder resized and centre-cropped to the model's input
     /// ([`armoury::load::load_data_for`]).
     pub fn load_data(&self) -> armoury::Result<armoury::data::TrainTest> {
-        let input = if self.data.is_some() { self.model.input_shape()? } else { None };
+        // Only an image folder is fitted to the model; reading its shape parses the model file once more.
+        let folder = self.data.as_deref().is_some_and(armoury::data::is_image_folder);
+        let input = if folder { self.model.input_shape()? } else { None };
         crate::model::load_data_for(self.data.as_deref(), input, self.resize)
     }
 }
