@@ -1,0 +1,193 @@
+//! `cargo bench --bench zoo -- DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json]`: the full-size
+//! model zoo of the performance issue, on Armoury's side.
+//!
+//! `DIR` holds what `benches/reference/zoo_full.py export DIR` writes: `<model>.onnx`, `<model>_input.safetensors`
+//! (the batch `x`, its labels `y` and PyTorch's `logits` on it) and `<model>.json` (the forward's FLOPs as
+//! PyTorch's `FlopCounterMode` counts them). For each model (default: every `*.onnx` in `DIR`, sorted) it loads
+//! the file, checks the logits against PyTorch's, and times the forward (evaluation mode, no gradient) and the
+//! forward + input gradient of the summed cross-entropy (what an attack step costs) — one warm-up of each, then
+//! `--reps` rounds (default 5) of one forward and one forward + gradient in turn; medians in ms per call.
+//! GFLOP/s counts PyTorch's forward FLOPs (×2 with the input gradient: its backward is one more pass of the same
+//! products), and "% peak" is against [`armoury::ops::measured_peak_gflops`] measured first (`--peak` passes a
+//! value measured elsewhere, `--no-peak` skips it, `--peak-only` prints it and exits).
+//!
+//! `--json` prints one JSON line per model instead of the table: `benches/reference/zoo_full.py compare` runs this
+//! binary once per round, interleaved with onnxruntime and PyTorch, and reads those lines.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use armoury::io::SafetensorsFile;
+use armoury::onnx::OnnxModel;
+use armoury::{Classifier, Tensor};
+
+type BoxError = Box<dyn std::error::Error>;
+
+struct Args {
+    dir: PathBuf,
+    models: Vec<String>,
+    reps: usize,
+    peak: Option<Option<f64>>,
+    json: bool,
+}
+
+fn parse_args() -> Result<Args, BoxError> {
+    let mut dir = None;
+    let mut models = Vec::new();
+    let (mut reps, mut peak, mut json) = (5, None, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--bench" => {}
+            "--help" | "-h" => {
+                println!("{}", HELP);
+                std::process::exit(0);
+            }
+            "--reps" => reps = args.next().ok_or("--reps needs a number")?.parse()?,
+            "--peak" => peak = Some(Some(args.next().ok_or("--peak needs GFLOP/s")?.parse()?)),
+            "--no-peak" => peak = Some(None),
+            "--json" => json = true,
+            "--peak-only" => {
+                let peak = armoury::ops::measured_peak_gflops(1.0).ok_or("no vector kernels: no peak")?;
+                println!("{peak:.1}");
+                std::process::exit(0);
+            }
+            flag if flag.starts_with("--") => return Err(format!("unknown flag '{flag}'\n\n{HELP}").into()),
+            _ if dir.is_none() => dir = Some(PathBuf::from(a)),
+            _ => models.push(a),
+        }
+    }
+    let dir = dir.ok_or_else(|| format!("no directory given\n\n{HELP}"))?;
+    if models.is_empty() {
+        let mut found: Vec<String> = std::fs::read_dir(&dir)
+            .map_err(|e| format!("reading {}: {e}", dir.display()))?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".onnx").map(str::to_string))
+            .collect();
+        found.sort();
+        if found.is_empty() {
+            return Err(
+                format!("no .onnx files in {} (run benches/reference/zoo_full.py export)", dir.display()).into()
+            );
+        }
+        models = found;
+    }
+    Ok(Args { dir, models, reps: reps.max(1), peak, json })
+}
+
+const HELP: &str = "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json]
+  DIR      what `python benches/reference/zoo_full.py export DIR` wrote
+  MODEL    model names (files DIR/MODEL.onnx); default: every .onnx in DIR
+  --reps   timed rounds of forward and forward + input gradient (default 5)
+  --peak   the machine's f32 peak in GFLOP/s, measured elsewhere (default: measured here for 1 s)
+  --no-peak  skip the peak
+  --peak-only  measure the peak, print it in GFLOP/s and exit
+  --json   one JSON line per model instead of the table";
+
+/// One model's measurements.
+struct Measured {
+    name: String,
+    batch: usize,
+    hw: usize,
+    flops: f64,
+    load_s: f64,
+    logit_diff: f32,
+    forward_ms: f64,
+    grad_ms: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn measure(dir: &Path, name: &str, reps: usize) -> Result<Measured, BoxError> {
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("{name}.json"))).map_err(|e| format!("{name}.json: {e}"))?,
+    )?;
+    let flops = meta["forward_flops"].as_f64().ok_or("forward_flops missing")?;
+    let input = SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?;
+    let x = Tensor::new(input.f32("x")?);
+    let y: Vec<usize> = input.i64("y")?.iter().map(|&v| v as usize).collect();
+    let reference = input.f32("logits")?;
+    let t = Instant::now();
+    let model = OnnxModel::load(dir.join(format!("{name}.onnx")))?;
+    let clf = model.classifier((0.0, 1.0))?;
+    let load_s = t.elapsed().as_secs_f64();
+    let logits = clf.logits(&x)?;
+    let logit_diff = logits.iter().zip(reference.iter()).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    clf.loss_gradient(&x, &y)?;
+    let (mut fwd, mut grad) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        std::hint::black_box(clf.logits(&x)?);
+        fwd.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        std::hint::black_box(clf.loss_gradient(&x, &y)?);
+        grad.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let shape = x.shape();
+    Ok(Measured {
+        name: name.to_string(),
+        batch: shape[0],
+        hw: shape[shape.len() - 1],
+        flops,
+        load_s,
+        logit_diff,
+        forward_ms: median(fwd),
+        grad_ms: median(grad),
+    })
+}
+
+fn main() -> Result<(), BoxError> {
+    let args = parse_args()?;
+    let peak = match args.peak {
+        Some(p) => p,
+        None => armoury::ops::measured_peak_gflops(1.0),
+    };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    if !args.json {
+        println!(
+            "{} threads, measured f32 peak {}, load average {}",
+            rayon::current_num_threads(),
+            peak.map_or("n/a".to_string(), |p| format!("{p:.1} GFLOP/s")),
+            load.join(" ")
+        );
+        println!(
+            "{:<17} {:>10} {:>8} {:>10} {:>9} {:>7} {:>12} {:>9} {:>7} {:>10}",
+            "model", "batch×size", "GFLOP", "fwd ms", "GFLOP/s", "% peak", "fwd+∂x ms", "GFLOP/s", "% peak", "max |Δ|"
+        );
+    }
+    for name in &args.models {
+        let m = measure(&args.dir, name, args.reps).map_err(|e| format!("{name}: {e}"))?;
+        let rate = |ms: f64, factor: f64| factor * m.flops / (ms / 1e3) / 1e9;
+        let (rf, rg) = (rate(m.forward_ms, 1.0), rate(m.grad_ms, 2.0));
+        let pct = |r: f64| peak.map_or("-".to_string(), |p| format!("{:.1}", 100.0 * r / p));
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "model": m.name, "batch": m.batch, "hw": m.hw, "forward_flops": m.flops,
+                    "forward_ms": m.forward_ms, "grad_ms": m.grad_ms, "load_s": m.load_s,
+                    "max_logit_diff": m.logit_diff, "peak_gflops": peak, "threads": rayon::current_num_threads(),
+                    "load_average": load,
+                })
+            );
+        } else {
+            println!(
+                "{:<17} {:>10} {:>8.2} {:>10.1} {:>9.1} {:>7} {:>12.1} {:>9.1} {:>7} {:>10.1e}",
+                m.name,
+                format!("{}×{}²", m.batch, m.hw),
+                m.flops / 1e9,
+                m.forward_ms,
+                rf,
+                pct(rf),
+                m.grad_ms,
+                rg,
+                pct(rg),
+                m.logit_diff
+            );
+        }
+    }
+    Ok(())
+}
