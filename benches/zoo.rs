@@ -11,6 +11,10 @@
 //! products), and "% peak" is against [`armoury::ops::measured_peak_gflops`] measured first (`--peak` passes a
 //! value measured elsewhere, `--no-peak` skips it, `--peak-only` prints it and exits).
 //!
+//! `--autoattack N` runs AutoAttack's standard L∞ evaluation (ε = 8/255) of each model on its first N images
+//! instead, labelled with the model's own predictions, and prints the time as a JSON line; `zoo_full.py
+//! autoattack` runs the authors' AutoAttack (`pyautoattack`) on the same weights, images and labels.
+//!
 //! `--json` prints one JSON line per model instead of the table: `benches/reference/zoo_full.py compare` runs this
 //! binary once per round, interleaved with onnxruntime and PyTorch, and reads those lines.
 
@@ -29,12 +33,13 @@ struct Args {
     reps: usize,
     peak: Option<Option<f64>>,
     json: bool,
+    autoattack: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
     let mut dir = None;
     let mut models = Vec::new();
-    let (mut reps, mut peak, mut json) = (5, None, false);
+    let (mut reps, mut peak, mut json, mut autoattack) = (5, None, false, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -47,6 +52,7 @@ fn parse_args() -> Result<Args, BoxError> {
             "--peak" => peak = Some(Some(args.next().ok_or("--peak needs GFLOP/s")?.parse()?)),
             "--no-peak" => peak = Some(None),
             "--json" => json = true,
+            "--autoattack" => autoattack = Some(args.next().ok_or("--autoattack needs a sample count")?.parse()?),
             "--peak-only" => {
                 let peak = armoury::ops::measured_peak_gflops(1.0).ok_or("no vector kernels: no peak")?;
                 println!("{peak:.1}");
@@ -71,17 +77,19 @@ fn parse_args() -> Result<Args, BoxError> {
         }
         models = found;
     }
-    Ok(Args { dir, models, reps: reps.max(1), peak, json })
+    Ok(Args { dir, models, reps: reps.max(1), peak, json, autoattack })
 }
 
-const HELP: &str = "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json]
+const HELP: &str = "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json] [--autoattack N]
   DIR      what `python benches/reference/zoo_full.py export DIR` wrote
   MODEL    model names (files DIR/MODEL.onnx); default: every .onnx in DIR
   --reps   timed rounds of forward and forward + input gradient (default 5)
   --peak   the machine's f32 peak in GFLOP/s, measured elsewhere (default: measured here for 1 s)
   --no-peak  skip the peak
   --peak-only  measure the peak, print it in GFLOP/s and exit
-  --json   one JSON line per model instead of the table";
+  --json   one JSON line per model instead of the table
+  --autoattack N  instead of timing passes: AutoAttack's standard L∞ evaluation at ε = 8/255 of the first N
+           images, labelled with the model's own predictions; one JSON line per model";
 
 /// One model's measurements.
 struct Measured {
@@ -138,8 +146,39 @@ fn measure(dir: &Path, name: &str, reps: usize) -> Result<Measured, BoxError> {
     })
 }
 
+/// AutoAttack's standard L∞ evaluation (ε = 8/255) of the model on its first `n` images, labelled with its own
+/// predictions (so every image is attacked), as one JSON line; `benches/reference/zoo_full.py autoattack` runs
+/// the authors' code on the same weights, images and labels.
+fn autoattack(dir: &Path, name: &str, n: usize) -> Result<(), BoxError> {
+    let input = SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?;
+    let x = input.f32("x")?;
+    let n = n.min(x.shape()[0]);
+    let x = Tensor::new(x.slice_axis(ndarray::Axis(0), (0..n).into()).to_owned());
+    let model = OnnxModel::load(dir.join(format!("{name}.onnx")))?;
+    let clf = model.classifier((0.0, 1.0))?;
+    let y = clf.predict(&x)?;
+    let t = Instant::now();
+    let result = armoury_attacks::autoattack(&clf, &x, &y, armoury::attack::Norm::Linf, 8.0 / 255.0)?;
+    let seconds = t.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        serde_json::json!({
+            "model": name, "n": n, "eps": 8.0 / 255.0, "seconds": seconds, "labels": y,
+            "clean_accuracy": result.clean_accuracy(), "robust_accuracy": result.robust_accuracy(),
+            "threads": rayon::current_num_threads(),
+        })
+    );
+    Ok(())
+}
+
 fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
+    if let Some(n) = args.autoattack {
+        for name in &args.models {
+            autoattack(&args.dir, name, n).map_err(|e| format!("{name}: {e}"))?;
+        }
+        return Ok(());
+    }
     let peak = match args.peak {
         Some(p) => p,
         None => armoury::ops::measured_peak_gflops(1.0),

@@ -3,6 +3,7 @@
     python benches/reference/zoo_full.py export DIR [MODEL ...] [--exporter ts17|ts13|dynamo18]
     python benches/reference/zoo_full.py time DIR [MODEL ...] [--threads 2] [--rounds 7]
     python benches/reference/zoo_full.py compare DIR [MODEL ...] --armoury BIN [--threads 2] [--rounds 5]
+    python benches/reference/zoo_full.py autoattack DIR MODEL [--n 32] [--threads 2] [--labels FILE]
 
 The architectures and their seeded random weights are those of tests/fixtures/scripts/zoo_models.py at
 torchvision's default configurations (`full_model` there): ImageNet models at 224×224, batch 4; the CIFAR models
@@ -26,6 +27,13 @@ each workload, RAYON_NUM_THREADS=--threads), then the three peer workloads three
 medians over all rounds, the ratios (the peer's time over Armoury's: above 1, Armoury is faster), Armoury's
 GFLOP/s and its share of the machine's peak (measured once, at the start, by the bench binary), and the load
 average before and after.
+
+`autoattack` runs the authors' AutoAttack (`pyautoattack`, standard version: APGD-CE, APGD-T, FAB-T, Square;
+L∞, ε = 8/255, seed 0, CPU, one batch) on the model's first N images labelled with the model's own predictions
+(so every image is attacked; `--labels` takes the `labels` of the JSON line `zoo --autoattack N` printed, so both
+attack the same labels) and prints one JSON line: seconds of `run_standard_evaluation`, clean and robust
+accuracy, and the cumulative time after each attack from the library's log. The bench binary's `--autoattack N`
+is Armoury's side of the same run.
 """
 
 import argparse
@@ -138,6 +146,46 @@ def timings(directory, names, threads, rounds):
         print(f"| {name} | {batch} × {hw}² | {o:.1f} | {t:.1f} | {g:.1f} | {d:.1e} |")
 
 
+def autoattack(directory, name, n, threads, labels):
+    import logging
+    import re
+
+    import pyautoattack
+    from pyautoattack import AutoAttack
+
+    torch.set_num_threads(threads)
+    model, _, _ = zoo_models.full_model(name)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    x = torch.from_numpy(load_file(os.path.join(directory, f"{name}_input.safetensors"))["x"][:n])
+    with torch.no_grad():
+        predicted = model(x).argmax(1)
+    y = torch.tensor(json.loads(labels)["labels"]) if labels else predicted
+    log = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            log.append(record.getMessage())
+
+    logger = logging.getLogger("auto-attack")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(Capture())
+    logger.propagate = False
+    attack = AutoAttack(model, norm="Linf", eps=8 / 255, version="standard", device="cpu", seed=0)
+    t = time.perf_counter()
+    x_adv, _ = attack.run_standard_evaluation(x, y, batch_size=len(x))
+    seconds = time.perf_counter() - t
+    with torch.no_grad():
+        robust = (model(x_adv).argmax(1) == y).float().mean().item()
+    after = [m for m in log if re.search(r"robust accuracy after|total time", m)]
+    print(json.dumps({
+        "model": name, "n": len(x), "eps": 8 / 255, "seconds": seconds,
+        "clean_accuracy": (predicted == y).float().mean().item(), "robust_accuracy": robust,
+        "per_attack": after, "threads": threads,
+        "versions": {"pyautoattack": pyautoattack.__version__, "torch": torch.__version__},
+    }))
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -197,7 +245,9 @@ def compare(directory, names, armoury, threads, rounds):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["export", "time", "compare"])
+    parser.add_argument("command", choices=["export", "time", "compare", "autoattack"])
+    parser.add_argument("--n", type=int, default=32, help="autoattack: images")
+    parser.add_argument("--labels", help="autoattack: a JSON line of `zoo --autoattack` (its labels are used)")
     parser.add_argument("directory")
     parser.add_argument("models", nargs="*")
     parser.add_argument("--exporter", choices=sorted(EXPORTERS), default="ts17")
@@ -211,6 +261,9 @@ def main():
         sys.exit(f"unknown models {unknown}; known: {list(zoo_models.ARCHS)}")
     if args.command == "export":
         export(args.directory, names, args.exporter)
+    elif args.command == "autoattack":
+        for name in names:
+            autoattack(args.directory, name, args.n, args.threads, args.labels)
     elif args.command == "time":
         timings(args.directory, names, args.threads, args.rounds or 7)
     else:
