@@ -15,6 +15,8 @@
 //! instead, labelled with the model's own predictions, and prints the time as a JSON line; `zoo_full.py
 //! autoattack` runs the authors' AutoAttack (`pyautoattack`) on the same weights, images and labels.
 //!
+//! `--profile ROWS` prints where one forward + input gradient spends its time instead ([`armoury::profile`]).
+//!
 //! `--json` prints one JSON line per model instead of the table: `benches/reference/zoo_full.py compare` runs this
 //! binary once per round, interleaved with onnxruntime and PyTorch, and reads those lines.
 
@@ -34,12 +36,13 @@ struct Args {
     peak: Option<Option<f64>>,
     json: bool,
     autoattack: Option<usize>,
+    profile: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
     let mut dir = None;
     let mut models = Vec::new();
-    let (mut reps, mut peak, mut json, mut autoattack) = (5, None, false, None);
+    let (mut reps, mut peak, mut json, mut autoattack, mut profile) = (5, None, false, None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -52,6 +55,7 @@ fn parse_args() -> Result<Args, BoxError> {
             "--peak" => peak = Some(Some(args.next().ok_or("--peak needs GFLOP/s")?.parse()?)),
             "--no-peak" => peak = Some(None),
             "--json" => json = true,
+            "--profile" => profile = Some(args.next().ok_or("--profile needs a row count")?.parse()?),
             "--autoattack" => autoattack = Some(args.next().ok_or("--autoattack needs a sample count")?.parse()?),
             "--peak-only" => {
                 let peak = armoury::ops::measured_peak_gflops(1.0).ok_or("no vector kernels: no peak")?;
@@ -77,10 +81,11 @@ fn parse_args() -> Result<Args, BoxError> {
         }
         models = found;
     }
-    Ok(Args { dir, models, reps: reps.max(1), peak, json, autoattack })
+    Ok(Args { dir, models, reps: reps.max(1), peak, json, autoattack, profile })
 }
 
-const HELP: &str = "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json] [--autoattack N]
+const HELP: &str =
+    "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json] [--autoattack N] [--profile ROWS]
   DIR      what `python benches/reference/zoo_full.py export DIR` wrote
   MODEL    model names (files DIR/MODEL.onnx); default: every .onnx in DIR
   --reps   timed rounds of forward and forward + input gradient (default 5)
@@ -89,7 +94,9 @@ const HELP: &str = "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-p
   --peak-only  measure the peak, print it in GFLOP/s and exit
   --json   one JSON line per model instead of the table
   --autoattack N  instead of timing passes: AutoAttack's standard L∞ evaluation at ε = 8/255 of the first N
-           images, labelled with the model's own predictions; one JSON line per model";
+           images, labelled with the model's own predictions; one JSON line per model
+  --profile ROWS  instead of timing passes: where one forward + input gradient spends its time, the ROWS most
+           expensive steps (forward: graph steps; backward: ops) and the totals per operator";
 
 /// One model's measurements.
 struct Measured {
@@ -171,8 +178,54 @@ fn autoattack(dir: &Path, name: &str, n: usize) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Where one forward + input gradient of the model spends its time ([`armoury::profile`]), after a warm-up: the
+/// `rows` most expensive steps, then the time per operator in each phase.
+fn profile(dir: &Path, name: &str, rows: usize) -> Result<(), BoxError> {
+    use armoury::profile::Phase;
+    let input = SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?;
+    let x = Tensor::new(input.f32("x")?);
+    let y: Vec<usize> = input.i64("y")?.iter().map(|&v| v as usize).collect();
+    let clf = OnnxModel::load(dir.join(format!("{name}.onnx")))?.classifier((0.0, 1.0))?;
+    clf.loss_gradient(&x, &y)?;
+    let t = Instant::now();
+    let (result, p) = armoury::profile::record(|| clf.loss_gradient(&x, &y));
+    let wall = t.elapsed().as_secs_f64() * 1e3;
+    result?;
+    let (fwd, bwd) = (p.total_ms(Phase::Forward), p.total_ms(Phase::Backward));
+    println!("{name}: forward + ∂x {wall:.1} ms: graph steps {fwd:.1} ms, backward ops {bwd:.1} ms");
+    println!("{:>9} {:>6} {:>6}  {:<9} {:<40} {:<22} → output", "ms", "%", "calls", "phase", "op", "input");
+    for e in p.entries.iter().take(rows) {
+        println!(
+            "{:>9.2} {:>6.1} {:>6}  {:<9} {:<40} {:<22} → {:?}",
+            e.ms,
+            100.0 * e.ms / wall,
+            e.calls,
+            format!("{:?}", e.phase),
+            e.op,
+            format!("{:?}", e.input),
+            e.output
+        );
+    }
+    for phase in [Phase::Forward, Phase::Backward] {
+        let ops: Vec<String> = p
+            .by_op(phase)
+            .iter()
+            .take(8)
+            .map(|(op, ms)| format!("{op} {ms:.1} ms ({:.0}%)", 100.0 * ms / wall))
+            .collect();
+        println!("{phase:?} by operator: {}", ops.join(", "));
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
+    if let Some(rows) = args.profile {
+        for name in &args.models {
+            profile(&args.dir, name, rows).map_err(|e| format!("{name}: {e}"))?;
+        }
+        return Ok(());
+    }
     if let Some(n) = args.autoattack {
         for name in &args.models {
             autoattack(&args.dir, name, n).map_err(|e| format!("{name}: {e}"))?;

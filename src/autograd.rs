@@ -110,7 +110,12 @@ fn run(root: &Tensor, is_target: impl Fn(&Tensor) -> bool) -> Result<Gradients> 
         let Some(op) = &t.0.op else { continue };
         let inputs = op.inputs();
         let need: Vec<bool> = inputs.iter().map(|i| needed.contains(&i.id())).collect();
-        let input_grads = op.backward(t.value(), g, &need)?;
+        let input_grads = crate::profile::time(
+            crate::profile::Phase::Backward,
+            || (op.name().to_string(), inputs.first().map(|i| i.shape().to_vec()).unwrap_or_default()),
+            |_| t.shape().to_vec(),
+            || op.backward(t.value(), g, &need),
+        )?;
         for ((input, ig), n) in inputs.iter().zip(input_grads).zip(need) {
             let (Some(ig), true) = (ig, n) else { continue };
             if ig.shape() != input.shape() {

@@ -65,6 +65,7 @@ pub mod metrics;
 pub mod nn;
 pub mod onnx;
 pub mod optim;
+pub mod profile;
 pub mod report;
 pub mod robustness;
 pub mod seed;

@@ -31,6 +31,7 @@ mod onnx;
 mod onnx_zoo;
 mod ops;
 mod ops_transformer;
+mod profile;
 mod registry;
 mod reliability;
 mod report;

@@ -159,6 +159,15 @@ pub(super) fn fusion(step: &Step) -> Fusion {
     }
 }
 
+/// The step's operator types, joined by `+` for a fused step (`Conv+BatchNormalization+Relu`), as
+/// [`crate::profile`] names it.
+pub(super) fn label(step: &Step) -> String {
+    match planned(step) {
+        Some(p) => p.members.iter().map(|m| m.info.op.as_str()).collect::<Vec<_>>().join("+"),
+        None => step.info.op.clone(),
+    }
+}
+
 /// Whether a pass tapping `taps` must plan `step` again: a value inside it is tapped.
 pub(super) fn tapped_inside(step: &Step, taps: &[usize]) -> bool {
     planned(step).is_some_and(|p| p.members.iter().rev().skip(1).any(|m| taps.contains(&m.output)))

@@ -410,11 +410,20 @@ impl OnnxModel {
             if !skip {
                 let ins: Vec<Option<&Value>> = step.inputs.iter().map(|i| i.and_then(|i| slots[i].as_ref())).collect();
                 let inferred = budget.check(step, &ins)?;
-                let outs = if fuse::tapped_inside(step, taps) {
-                    fuse::run_tapped(step, &ins, taps, &mut keep)?
-                } else {
-                    step.op.run(&step.info, &ins)?
-                };
+                let outs = crate::profile::time(
+                    crate::profile::Phase::Forward,
+                    || (fuse::label(step), ins.first().copied().flatten().map_or(Vec::new(), |v| v.shape().to_vec())),
+                    |outs: &Result<Vec<Value>>| {
+                        outs.as_ref().ok().and_then(|o| o.first()).map_or(Vec::new(), |v| v.shape().to_vec())
+                    },
+                    || {
+                        if fuse::tapped_inside(step, taps) {
+                            fuse::run_tapped(step, &ins, taps, &mut keep)
+                        } else {
+                            step.op.run(&step.info, &ins)
+                        }
+                    },
+                )?;
                 debug_assert!(
                     outs.iter().map(Value::shape).eq(inferred.iter().map(Vec::as_slice)),
                     "node '{}': shape inference said {inferred:?}",
