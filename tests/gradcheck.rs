@@ -269,6 +269,14 @@ fn normalisation_and_softmax() {
     check("normalize", &[x.clone()], &|t| norm.forward(&t[0]));
     let bn1 = BatchNorm::new(5);
     check("batch_norm1d_train", &[uniform(&[6, 5], -1.0, 1.0, 3)], &|t| bn1.forward_t(&t[0], true));
+    // The fused op on x, scale and bias together: [N, C] (planes of one value), small planes, and planes longer
+    // than a statistics block (cut into runs).
+    for (i, shape) in [&[6, 5][..], &[4, 3, 2, 2], &[2, 2, 48, 48]].into_iter().enumerate() {
+        let c = shape[1];
+        let s = 30 + 3 * i as u64;
+        let inputs = [uniform(shape, -1.0, 2.0, s), uniform(&[c], 0.5, 1.5, s + 1), uniform(&[c], -0.5, 0.5, s + 2)];
+        check(&format!("batch_norm {shape:?}"), &inputs, &|t| t[0].batch_norm(&t[1], &t[2], 1e-5));
+    }
     let z = uniform(&[3, 6], -3.0, 3.0, 22);
     check("softmax", &[z.clone()], &|t| t[0].softmax(1));
     check("log_softmax", &[z.clone()], &|t| t[0].log_softmax(1));

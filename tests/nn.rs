@@ -43,6 +43,50 @@ fn batch_norm_updates_running_statistics_like_pytorch() {
     assert!(bn.forward_t(&Tensor::zeros(&[4, 3]), true).is_err());
 }
 
+/// The fused BatchNorm against the composition it replaced (mean, centred square, mean, normalise, affine as
+/// broadcasting ops): values and the gradients of x, γ and β, in training and evaluation mode, to rounding.
+#[test]
+fn batch_norm_matches_the_composition_it_replaced() {
+    let composed = |x: &Tensor, bn: &BatchNorm, train: bool| -> armoury::Result<Tensor> {
+        let c = bn.weight.shape()[0];
+        let mut bshape = vec![1; x.rank()];
+        bshape[1] = c;
+        let (gamma, beta) = (bn.weight.tensor().reshape(&bshape)?, bn.bias.tensor().reshape(&bshape)?);
+        let (mean, var) = if train {
+            let axes: Vec<usize> = (0..x.rank()).filter(|&a| a != 1).collect();
+            let mean = x.mean(&axes, true)?;
+            let var = x.sub(&mean)?.powf(2.0).mean(&axes, true)?;
+            (mean, var)
+        } else {
+            (bn.running_mean.tensor().reshape(&bshape)?, bn.running_var.tensor().reshape(&bshape)?)
+        };
+        x.sub(&mean)?.mul(&var.add_scalar(bn.eps).powf(-0.5))?.mul(&gamma)?.add(&beta)
+    };
+    for shape in [&[8, 3][..], &[4, 3, 5, 5], &[2, 3, 50, 50]] {
+        let bn = BatchNorm::new(3);
+        bn.weight.set(Tensor::uniform(&[3], 0.5, 1.5, 1).to_array()).unwrap();
+        bn.bias.set(Tensor::uniform(&[3], -0.5, 0.5, 2).to_array()).unwrap();
+        bn.running_mean.set(Tensor::uniform(&[3], -0.5, 0.5, 3).to_array()).unwrap();
+        bn.running_var.set(Tensor::uniform(&[3], 0.5, 2.0, 4).to_array()).unwrap();
+        let x = Tensor::uniform(shape, -1.0, 3.0, 5).variable();
+        let r = Tensor::uniform(shape, -1.0, 1.0, 6);
+        for train in [true, false] {
+            let run = |y: Tensor| {
+                let (w, b) = (bn.weight.tensor(), bn.bias.tensor());
+                let g = y.mul(&r).unwrap().sum_all().grad_wrt(&[&x, &w, &b]).unwrap();
+                std::iter::once(y).chain(g).map(|t| t.to_vec()).collect::<Vec<_>>()
+            };
+            let want = run(composed(&x, &bn, train).unwrap());
+            let got = run(bn.forward_t(&x, train).unwrap());
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                let worst = a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                assert!(worst <= 2e-5 * scale, "{shape:?} train {train}: output/gradient {k} differs by {worst}");
+            }
+        }
+    }
+}
+
 #[test]
 fn sequential_names_modes_and_params() {
     let net = Sequential::new().add("flat", Flatten).add("fc", Linear::new(4, 2, true, 0)).add("bn", BatchNorm::new(2));

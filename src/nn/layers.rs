@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::{Layer, Module, Param};
+use crate::ops::batch_norm::{batch_norm, Stats};
 use crate::ops::{Conv2dParams, Pool2dParams};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -272,36 +273,27 @@ impl Module for BatchNorm {
                 got: x.shape().to_vec(),
             });
         }
-        let mut bshape = vec![1; x.rank()];
-        bshape[1] = c;
-        let gamma = self.weight.tensor().reshape(&bshape)?;
-        let beta = self.bias.tensor().reshape(&bshape)?;
-        let axes: Vec<usize> = (0..x.rank()).filter(|&a| a != 1).collect();
-        let (mean, var) = if train {
-            let count: usize = axes.iter().map(|&a| x.shape()[a]).product();
-            if count < 2 {
-                return Err(Error::invalid("batch_norm", "training needs more than one value per channel"));
-            }
-            let mean = x.mean(&axes, true)?;
-            let var = x.sub(&mean)?.powf(2.0).mean(&axes, true)?;
-            let m = self.momentum;
-            let unbias = count as f32 / (count - 1) as f32;
-            let new_mean =
-                &self.running_mean.value() * (1.0 - m) + &(mean.value().to_shape(c).expect("C values").mapv(|v| v * m));
-            let new_var = &self.running_var.value() * (1.0 - m)
-                + &(var.value().to_shape(c).expect("C values").mapv(|v| v * m * unbias));
-            self.running_mean.set(new_mean)?;
-            self.running_var.set(new_var)?;
-            self.num_batches_tracked.set(self.num_batches_tracked.value().mapv(|v| v + 1.0))?;
-            (mean, var)
-        } else {
-            // Evaluation: one per-channel affine map x·a + (β − mean·a) with a = γ/√(var + ε), two passes over x.
-            let a = gamma.mul(&self.running_var.tensor().reshape(&bshape)?.add_scalar(self.eps).powf(-0.5))?;
-            let shift = beta.sub(&self.running_mean.tensor().reshape(&bshape)?.mul(&a)?)?;
-            return x.mul(&a)?.add(&shift);
-        };
-        let inv_std = var.add_scalar(self.eps).powf(-0.5);
-        x.sub(&mean)?.mul(&inv_std)?.mul(&gamma)?.add(&beta)
+        let (gamma, beta) = (self.weight.tensor(), self.bias.tensor());
+        if !train {
+            let values = |p: &Param| p.value().iter().copied().collect::<Vec<f32>>();
+            let (mean, var) = (values(&self.running_mean), values(&self.running_var));
+            let stats = Stats::Given { mean: &mean, var: &var };
+            return Ok(batch_norm(x, stats, &gamma, &beta, self.eps)?.0);
+        }
+        let count: usize = x.shape().iter().enumerate().filter(|&(a, _)| a != 1).map(|(_, &d)| d).product();
+        if count < 2 {
+            return Err(Error::invalid("batch_norm", "training needs more than one value per channel"));
+        }
+        let (y, mean, var) = batch_norm(x, Stats::Batch, &gamma, &beta, self.eps)?;
+        let m = self.momentum;
+        let unbias = count as f32 / (count - 1) as f32;
+        let batch = |v: Vec<f32>| ArrayD::from_shape_vec(IxDyn(&[c]), v).expect("C values");
+        let new_mean = &self.running_mean.value() * (1.0 - m) + &batch(mean).mapv(|v| v * m);
+        let new_var = &self.running_var.value() * (1.0 - m) + &batch(var).mapv(|v| v * m * unbias);
+        self.running_mean.set(new_mean)?;
+        self.running_var.set(new_var)?;
+        self.num_batches_tracked.set(self.num_batches_tracked.value().mapv(|v| v + 1.0))?;
+        Ok(y)
     }
 
     /// Its evaluation-mode affine map, which the fuser folds into the convolution before it.

@@ -7,7 +7,8 @@
 //! - `elementwise`, `reduce`, `shape`, `index`, `loss`: plain loops over `ndarray`, split across threads above
 //!   `PAR_THRESHOLD` elements; the flat elementwise loops and the transcendental activations (erf, GELU) run on
 //!   `vmath`: branch-free functions and slice loops the compiler vectorises, on AVX2 when the CPU has it;
-//! - `norm`: layer normalisation, fused (statistics, output and backward one pass per row);
+//! - `norm`: layer normalisation, fused (statistics, output and backward one pass per row); `batch_norm`: batch
+//!   normalisation, fused (a statistics pass per channel, a normalise-and-affine pass; backward the same two);
 //! - `matmul`: products on `simd::gemm_nn` or the `gemm` crate, NumPy's broadcasting `matmul`; `einsum`: lowered
 //!   onto sums, permutes and products; `pool/`: max and average pooling, 2×2 windows on `simd::pool`,
 //!   any other window on separable per-plane passes;
@@ -19,6 +20,7 @@
 //!   dispatched at run time on `simd::level()` (the CPU, capped by `ARMOURY_SIMD`). Without the vector
 //!   instruction sets, or off x86-64, every entry returns `false` or no plan, and the callers' portable paths run.
 
+pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod einsum;
 pub(crate) mod elementwise;
@@ -118,6 +120,7 @@ pub(crate) enum Op {
         p: Pool2dParams,
     },
     LayerNorm(Box<norm::LayerNormSaved>),
+    BatchNorm(Box<batch_norm::BatchNormSaved>),
 }
 
 impl Op {
@@ -143,6 +146,7 @@ impl Op {
             Op::MaxPool2d { .. } => "max_pool2d",
             Op::AvgPool2d { .. } => "avg_pool2d",
             Op::LayerNorm(_) => "layer_norm",
+            Op::BatchNorm(_) => "batch_norm",
         }
     }
 
@@ -171,6 +175,7 @@ impl Op {
                 v
             }
             Op::LayerNorm(s) => std::iter::once(&s.x).chain(&s.scale).chain(&s.bias).collect(),
+            Op::BatchNorm(s) => vec![&s.x, &s.scale, &s.bias],
         }
     }
 
@@ -214,6 +219,7 @@ impl Op {
             Op::MaxPool2d { x, p } => Ok(vec![Some(pool::max_pool2d_backward(x, p, out, g))]),
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
             Op::LayerNorm(s) => Ok(norm::layer_norm_backward(s, g, need)),
+            Op::BatchNorm(s) => Ok(batch_norm::batch_norm_backward(s, g, need)),
         }
     }
 }

@@ -248,7 +248,7 @@ fn zip3_plain(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &impl Fn(f32,
 
 /// Whether the slice loops may run on AVX2: the CPU has it and the kernel level is not capped to portable.
 #[cfg(target_arch = "x86_64")]
-fn wide() -> bool {
+pub(crate) fn wide() -> bool {
     static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WIDE.get_or_init(|| super::simd::accelerated() && std::arch::is_x86_feature_detected!("avx2"))
 }
