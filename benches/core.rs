@@ -16,6 +16,7 @@ mod bench;
 use bench::Zoo;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    armoury::limits::reuse_freed_memory();
     let mut models = Vec::new();
     let mut batches = vec![1, 128, 1000];
     let mut budget_ms = 1500.0;

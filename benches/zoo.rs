@@ -219,6 +219,7 @@ fn profile(dir: &Path, name: &str, rows: usize) -> Result<(), BoxError> {
 }
 
 fn main() -> Result<(), BoxError> {
+    armoury::limits::reuse_freed_memory();
     let args = parse_args()?;
     if let Some(rows) = args.profile {
         for name in &args.models {

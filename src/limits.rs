@@ -10,6 +10,8 @@
 //!   dimensions, which `ndarray` also requires to fit) exceeds `isize::MAX` — a shape like `[0, 2^40, 2^40]` holds
 //!   no element but is still not a valid array.
 //! - [`MAX_CLASSES`]: the largest class count a data set or a model may declare.
+//! - [`reuse_freed_memory`]: keeps freed tensor memory in the process instead of handing it back to the system on
+//!   every free (the examples and benchmarks call it first).
 //!
 //! See `docs/reliability.md` for what each reader guarantees.
 
@@ -132,9 +134,63 @@ pub fn check_classes(what: &str, classes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Keeps the memory of freed tensors in the process for the next ones, instead of returning it to the operating
+/// system on every free; returns whether it applied (with glibc; elsewhere it does nothing).
+///
+/// glibc gives a block above its mmap threshold (128 KB at first, adjusted up to 32 MB) its own mapping and unmaps
+/// it when freed, so every pass of a model that allocates a fresh output per layer faults each page of each output
+/// in again: a MobileNetV2 forward + input gradient at batch 4 × 224² spent 40% of its CPU time in the kernel,
+/// 40,000 page faults per pass. This sets the mmap threshold to glibc's maximum (32 MB) and the trim threshold to
+/// 1 GiB, so blocks up to 32 MB come from the heap and stay there when freed (ONNX Runtime keeps an arena for the
+/// same reason). The settings are process-wide and stay; call it once, before any work.
+pub fn reuse_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes the allocator's parameters; both values are in the ranges glibc documents.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Freed blocks of 12 MB are reused without faulting their pages in again. With glibc's defaults they are
+    /// unmapped or trimmed from the heap when freed, and faulted in again by the next cycle (every page of every cycle
+    /// here: 73,504 in the 8 cycles); after [`reuse_freed_memory`] the later cycles fault (almost) none. Counted per thread, so other
+    /// tests' allocations do not count.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn freed_blocks_are_reused_without_page_faults() {
+        fn thread_faults() -> i64 {
+            // SAFETY: getrusage writes the struct it is given.
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) }, 0);
+            u.ru_minflt
+        }
+        assert!(reuse_freed_memory());
+        let faults = std::thread::spawn(|| {
+            // A layer's worth of outputs, as a pass allocates and frees them: three blocks of 12 MB.
+            let cycle = || {
+                let mut blocks: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; 12 << 20]).collect();
+                blocks.iter_mut().flat_map(|v| v.iter_mut().step_by(4096)).for_each(|b| *b = 1);
+                std::hint::black_box(&blocks);
+            };
+            cycle();
+            let before = thread_faults();
+            (0..8).for_each(|_| cycle());
+            thread_faults() - before
+        })
+        .join()
+        .unwrap();
+        assert!(faults < 1000, "{faults} page faults in 8 cycles of 3 × 3,072 pages");
+    }
 
     #[test]
     fn sizes_parse_in_powers_of_1024() {

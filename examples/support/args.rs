@@ -184,8 +184,10 @@ fn size(s: &str) -> Result<u64, String> {
 }
 
 impl Resources {
-    /// Sets the thread pool's size and the memory budget (`armoury::limits`) for this run; call it before any work.
+    /// Sets the thread pool's size and the memory budget (`armoury::limits`) for this run, and keeps freed tensor
+    /// memory for reuse ([`armoury::limits::reuse_freed_memory`]); call it before any work.
     pub fn apply(&self) -> Result<(), Box<dyn std::error::Error>> {
+        armoury::limits::reuse_freed_memory();
         if let Some(n) = self.threads {
             rayon::ThreadPoolBuilder::new().num_threads(n as usize).build_global()?;
         }
