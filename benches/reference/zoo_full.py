@@ -26,7 +26,8 @@ it first runs `BIN DIR MODEL --json --reps 3 --peak P` (a fresh process: load, o
 each workload, RAYON_NUM_THREADS=--threads), then the three peer workloads three times each; the table gives the
 medians over all rounds, the ratios (the peer's time over Armoury's: above 1, Armoury is faster), Armoury's
 GFLOP/s and its share of the machine's peak (measured once, at the start, by the bench binary), and the load
-average before and after.
+average before and after. `--before BIN2` runs a second build of the bench binary (an older commit's) in the same
+rounds, right after the first, and adds a before → after table.
 
 `autoattack` runs the authors' AutoAttack (`pyautoattack`, standard version: APGD-CE, APGD-T, FAB-T, Square;
 L∞, ε = 8/255, seed 0, CPU, one batch) on the model's first N images labelled with the model's own predictions
@@ -191,40 +192,44 @@ def loadavg():
         return " ".join(f.read().split()[:3])
 
 
-def compare(directory, names, armoury, threads, rounds):
+def compare(directory, names, armoury, threads, rounds, before=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     peak = subprocess.run([armoury, "--peak-only"], env=env, capture_output=True, text=True, check=True)
     peak = float(peak.stdout.strip())
-    before = loadavg()
+    load_before = loadavg()
     rows = []
     for name in names:
         runs = peers(directory, name, threads)
         for fn in runs.values():
             fn()
-        times = {k: [] for k in ["armoury_fwd", "armoury_grad", *runs]}
+        times = {k: [] for k in ["armoury_fwd", "armoury_grad", "before_fwd", "before_grad", *runs]}
         meta = None
         for _ in range(rounds):
-            out = subprocess.run(
-                [armoury, directory, name, "--json", "--reps", "3", "--peak", str(peak)],
-                env=env, capture_output=True, text=True,
-            )
-            if out.returncode != 0:
-                sys.exit(f"{name}: Armoury's bench failed:\n{out.stderr}")
-            meta = json.loads(out.stdout.strip().splitlines()[-1])
-            times["armoury_fwd"].append(meta["forward_ms"])
-            times["armoury_grad"].append(meta["grad_ms"])
+            for tag, binary in [("armoury", armoury), ("before", before)]:
+                if binary is None:
+                    continue
+                out = subprocess.run(
+                    [binary, directory, name, "--json", "--reps", "3", "--peak", str(peak)],
+                    env=env, capture_output=True, text=True,
+                )
+                if out.returncode != 0:
+                    sys.exit(f"{name}: {binary} failed:\n{out.stderr}")
+                m = json.loads(out.stdout.strip().splitlines()[-1])
+                meta = m if tag == "armoury" else meta
+                times[f"{tag}_fwd"].append(m["forward_ms"])
+                times[f"{tag}_grad"].append(m["grad_ms"])
             for _ in range(3):
                 for k, fn in runs.items():
                     t = time.perf_counter()
                     fn()
                     times[k].append((time.perf_counter() - t) * 1e3)
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = {k: statistics.median(v) for k, v in times.items() if v}
         rows.append((name, meta, med))
         print(f"{name}: done", file=sys.stderr)
-    after = loadavg()
+    load_after = loadavg()
     print(
         f"onnxruntime {onnxruntime.__version__}, torch {torch.__version__}, {threads} threads each, "
-        f"measured peak {peak:.0f} GFLOP/s, load average {before} before and {after} after; "
+        f"measured peak {peak:.0f} GFLOP/s, load average {load_before} before and {load_after} after; "
         f"medians of {rounds} interleaved rounds (ms per call)"
     )
     print(
@@ -241,6 +246,15 @@ def compare(directory, names, armoury, threads, rounds):
             f"| {t['grad'] / t['armoury_grad']:.2f} | {rf:.0f} / {rg:.0f} ({100 * rf / peak:.0f}% / {100 * rg / peak:.0f}%) "
             f"| {t['torch']:.1f} | {m['max_logit_diff']:.1e} |"
         )
+    if before:
+        print(f"\nArmoury before ({before}) → after, the same rounds (ms per call)")
+        print("| model | fwd before | fwd after | × | fwd + ∂x before | fwd + ∂x after | × |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name, m, t in rows:
+            print(
+                f"| {name} | {t['before_fwd']:.1f} | {t['armoury_fwd']:.1f} | {t['before_fwd'] / t['armoury_fwd']:.2f} "
+                f"| {t['before_grad']:.1f} | {t['armoury_grad']:.1f} | {t['before_grad'] / t['armoury_grad']:.2f} |"
+            )
 
 
 def main():
@@ -254,6 +268,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--armoury", help="Armoury's bench binary (cargo bench --bench zoo --no-run prints it)")
+    parser.add_argument("--before", help="compare: a second bench binary (an older build), run in the same rounds")
     args = parser.parse_args()
     names = args.models or list(zoo_models.ARCHS)
     unknown = [m for m in names if m not in zoo_models.ARCHS]
@@ -271,7 +286,7 @@ def main():
             sys.exit("compare needs --armoury BIN (cargo bench --bench zoo --no-run prints the path)")
         if not args.models:
             names = sorted(f[: -len(".onnx")] for f in os.listdir(args.directory) if f.endswith(".onnx"))
-        compare(args.directory, names, args.armoury, args.threads, args.rounds or 5)
+        compare(args.directory, names, args.armoury, args.threads, args.rounds or 5, args.before)
 
 
 if __name__ == "__main__":
