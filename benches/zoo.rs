@@ -154,7 +154,8 @@ fn measure(dir: &Path, name: &str, reps: usize) -> Result<Measured, BoxError> {
 }
 
 /// AutoAttack's standard L∞ evaluation (ε = 8/255) of the model on its first `n` images, labelled with its own
-/// predictions (so every image is attacked), as one JSON line; `benches/reference/zoo_full.py autoattack` runs
+/// predictions (so every image is attacked), as one JSON line with the samples passed forward and through the
+/// input gradient (Armoury's APGD stops a sample at its first success; the authors' runs every iteration); `benches/reference/zoo_full.py autoattack` runs
 /// the authors' code on the same weights, images and labels.
 fn autoattack(dir: &Path, name: &str, n: usize) -> Result<(), BoxError> {
     let input = SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?;
@@ -164,14 +165,17 @@ fn autoattack(dir: &Path, name: &str, n: usize) -> Result<(), BoxError> {
     let model = OnnxModel::load(dir.join(format!("{name}.onnx")))?;
     let clf = model.classifier((0.0, 1.0))?;
     let y = clf.predict(&x)?;
+    clf.counters().reset();
     let t = Instant::now();
     let result = armoury_attacks::autoattack(&clf, &x, &y, armoury::attack::Norm::Linf, 8.0 / 255.0)?;
     let seconds = t.elapsed().as_secs_f64();
+    let passes = clf.counters().snapshot();
     println!(
         "{}",
         serde_json::json!({
             "model": name, "n": n, "eps": 8.0 / 255.0, "seconds": seconds, "labels": y,
             "clean_accuracy": result.clean_accuracy(), "robust_accuracy": result.robust_accuracy(),
+            "forward_samples": passes.forward_samples, "gradient_samples": passes.backward_samples,
             "threads": rayon::current_num_threads(),
         })
     );

@@ -33,7 +33,9 @@ rounds, right after the first, and adds a before → after table.
 L∞, ε = 8/255, seed 0, CPU, one batch) on the model's first N images labelled with the model's own predictions
 (so every image is attacked; `--labels` takes the `labels` of the JSON line `zoo --autoattack N` printed, so both
 attack the same labels) and prints one JSON line: seconds of `run_standard_evaluation`, clean and robust
-accuracy, and the cumulative time after each attack from the library's log. The bench binary's `--autoattack N`
+accuracy, the cumulative time after each attack from the library's log, and the samples passed forward and with
+gradients (the bench binary counts the same; its APGD stops a sample at its first success, the authors' runs
+every iteration, so the time per sample pass compares the passes and the totals compare the evaluations). The bench binary's `--autoattack N`
 is Armoury's side of the same run.
 """
 
@@ -155,9 +157,24 @@ def autoattack(directory, name, n, threads, labels):
     from pyautoattack import AutoAttack
 
     torch.set_num_threads(threads)
-    model, _, _ = zoo_models.full_model(name)
-    for p in model.parameters():
+    net, _, _ = zoo_models.full_model(name)
+    for p in net.parameters():
         p.requires_grad_(False)
+    passes = {"forward_samples": 0, "gradient_samples": 0}
+
+    class Counted(torch.nn.Module):
+        """The model, counting the samples passed forward, and those passed with gradients recorded."""
+
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            passes["forward_samples"] += len(x)
+            passes["gradient_samples"] += len(x) if torch.is_grad_enabled() and x.requires_grad else 0
+            return self.net(x)
+
+    model = Counted().eval()
     x = torch.from_numpy(load_file(os.path.join(directory, f"{name}_input.safetensors"))["x"][:n])
     with torch.no_grad():
         predicted = model(x).argmax(1)
@@ -173,6 +190,7 @@ def autoattack(directory, name, n, threads, labels):
     logger.addHandler(Capture())
     logger.propagate = False
     attack = AutoAttack(model, norm="Linf", eps=8 / 255, version="standard", device="cpu", seed=0)
+    passes.update(forward_samples=0, gradient_samples=0)
     t = time.perf_counter()
     x_adv, _ = attack.run_standard_evaluation(x, y, batch_size=len(x))
     seconds = time.perf_counter() - t
@@ -182,7 +200,7 @@ def autoattack(directory, name, n, threads, labels):
     print(json.dumps({
         "model": name, "n": len(x), "eps": 8 / 255, "seconds": seconds,
         "clean_accuracy": (predicted == y).float().mean().item(), "robust_accuracy": robust,
-        "per_attack": after, "threads": threads,
+        "per_attack": after, "threads": threads, **passes,
         "versions": {"pyautoattack": pyautoattack.__version__, "torch": torch.__version__},
     }))
 
