@@ -191,6 +191,11 @@ fn indexing() {
     check("masked_fill", &[x], &|t| t[0].masked_fill(&mask, 3.0));
 }
 
+/// A depthwise convolution's parameters: `groups` = the input's channels.
+fn depthwise(stride: usize, pad: usize, channels: usize) -> Conv2dParams {
+    Conv2dParams { stride: (stride, stride), padding: (pad, pad), dilation: (1, 1), groups: channels }
+}
+
 #[test]
 fn convolution() {
     let cases = [
@@ -198,6 +203,14 @@ fn convolution() {
         ([1, 2, 6, 6], [2, 2, 3, 2], Conv2dParams { stride: (2, 1), padding: (1, 1), dilation: (1, 2), groups: 1 }),
         ([2, 4, 5, 5], [6, 2, 3, 3], Conv2dParams { stride: (1, 2), padding: (1, 0), dilation: (1, 1), groups: 2 }),
         ([3, 4, 3, 3], [2, 4, 1, 1], Conv2dParams::default()),
+        // Depthwise (groups = channels: its own kernel): 3×3 and 5×5 at stride 1 and 2, 7×7 padded by 3, and a
+        // channel multiplier of 2 with an odd size.
+        ([2, 3, 7, 9], [3, 1, 3, 3], depthwise(1, 1, 3)),
+        ([2, 3, 9, 8], [3, 1, 3, 3], depthwise(2, 1, 3)),
+        ([1, 2, 8, 7], [2, 1, 5, 5], depthwise(1, 2, 2)),
+        ([2, 2, 11, 9], [2, 1, 5, 5], depthwise(2, 2, 2)),
+        ([1, 2, 9, 8], [2, 1, 7, 7], depthwise(1, 3, 2)),
+        ([2, 2, 7, 5], [4, 1, 3, 3], depthwise(2, 0, 2)),
     ];
     for (i, (xs, ws, p)) in cases.iter().enumerate() {
         let s = 100 + i as u64 * 3;

@@ -5,13 +5,15 @@
 //! in cache; through the fused 2×2 pooling it is expanded from the windows' arg-max, or the whole backward goes
 //! sparse ([`super::sparse`]).
 //!
-//! Dispatch: [`InputGrad`] and [`WeightGrad`] plan the direct paths (`None`: unfold instead). Images go in fixed
+//! Dispatch: a depthwise convolution runs its own kernels ([`depthwise`]); otherwise [`InputGrad`] and
+//! [`WeightGrad`] plan the direct paths (`None`: unfold instead). Images go in fixed
 //! chunks whose weight and bias partial sums are added chunk after chunk, so the results do not depend on the
 //! thread count.
 
 use ndarray::{Array1, ArrayD};
 use rayon::prelude::*;
 
+use super::depthwise;
 use super::forward::for_each_pooling_plane;
 use super::plan::{InputGrad, WeightGrad};
 use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose};
@@ -76,6 +78,12 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
             let db = r.db.map(|v| Array1::from(v).into_dyn());
             return Ok(grads(dx, dw, db, has_bias));
         }
+    }
+    if let (OutGrad::Dense { g: gout, relu }, true) = (src, depthwise::applies(&g)) {
+        let (dx, dw, db) = depthwise::backward(xs, ws, &g, x.shape()[0], gout, *relu, (need_x, need_w, need_b));
+        let dx = dx.map(|v| ArrayD::from_shape_vec(x.shape(), v).expect("input-sized"));
+        let dw = dw.map(|v| ArrayD::from_shape_vec(w.shape(), v).expect("weight-sized"));
+        return Ok(grads(dx, dw, db.map(|v| Array1::from(v).into_dyn()), has_bias));
     }
     let dense = Dense::new(g, xs, ws, x.shape()[0], src, (need_x, need_w, need_b));
     let (dx, dws, dbs) = dense.run();
@@ -329,7 +337,7 @@ fn relu_masked<'a>(g: &'a [f32], y: Option<&[f32]>, buf: &'a mut Vec<f32>) -> &'
 
 /// The sum of `v` (where the fused ReLU's output `y`, if given, is positive) in sixteen interleaved partial sums
 /// (a fixed order, so deterministic, and not bound by the latency of one dependent chain of additions).
-fn lane_sum(v: &[f32], y: Option<&[f32]>) -> f32 {
+pub(super) fn lane_sum(v: &[f32], y: Option<&[f32]>) -> f32 {
     let pass = |v: f32, y: f32| if y > 0.0 { v } else { 0.0 };
     let mut acc = [0.0f32; 16];
     let chunks = v.chunks_exact(16);

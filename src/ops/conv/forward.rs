@@ -3,7 +3,7 @@
 //! image — read in place by the direct kernels, else written by im2col. Batch-parallel over images; one image
 //! splits its work across threads instead.
 //!
-//! Dispatch: [`DirectConv`] plans the direct path (`None`: unfold), which also pools in registers; otherwise each
+//! Dispatch: a depthwise convolution runs its own kernel ([`depthwise`]); otherwise [`DirectConv`] plans the direct path (`None`: unfold), which also pools in registers; otherwise each
 //! image's output goes to a buffer, in cache, and is pooled from there.
 
 use std::mem::MaybeUninit;
@@ -11,6 +11,7 @@ use std::mem::MaybeUninit;
 use ndarray::Array4;
 use rayon::prelude::*;
 
+use super::depthwise;
 use super::plan::DirectConv;
 use super::unfold::{direct_unfold, im2col, padded, product};
 use super::{geometry, mat, mat_mut, Conv2dParams, Geom};
@@ -140,7 +141,9 @@ pub(super) fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
-    let out = if let Some(plan) = direct_plan(&g) {
+    let out = if depthwise::applies(&g) {
+        depthwise::forward(xs, ws, bias, &g, n, relu)
+    } else if let Some(plan) = direct_plan(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];

@@ -7,6 +7,8 @@
 //!   layers' forward;
 //! - [`conv`]: the convolution tiles read straight from the image (forward with fused ReLU and pooling, weight
 //!   gradient, input gradient), driven by the planners in `ops::conv`;
+//! - [`depthwise`]: depthwise convolutions plane by plane (forward, input and weight gradients), driven by
+//!   `ops::conv::depthwise`;
 //! - [`layout`]: im2col, col2im and the 8×8-block transpose;
 //! - [`pool`]: 2×2 max pooling, its backward, and the fused ReLU-and-pooling backward's expansion;
 //! - [`rows`]: sums of scaled rows, for the sparse backward.
@@ -19,6 +21,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod conv;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod depthwise;
 mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod isa;
