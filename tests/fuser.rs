@@ -243,3 +243,36 @@ fn imported_residual_add_relu_and_the_legacy_fixture_fold() {
         zoo.plan().into_iter().filter(|f| matches!(f.fused, Fused::Conv { bn: true, .. })).collect();
     assert_eq!(folded.len(), 2, "the stem's and the block's BatchNorm fold: {folded:?}");
 }
+
+/// A Sigmoid and the Mul of its input by it (how the exporters write EfficientNet's SiLU) run as one SiLU; a Mul
+/// by the sigmoid of another value (a squeeze-and-excitation gate) is planned the same way but runs as the two
+/// ops. Values and input gradients match the layer-by-layer run; the EfficientNet-B0 export plans its SiLUs.
+#[test]
+fn imported_sigmoid_times_input_is_one_silu() {
+    use crate::onnx::build::{attr_i, attr_ints, node, Graph};
+    let w = Tensor::uniform(&[3, 1, 3, 3], -0.5, 0.5, 21).to_vec();
+    let dw = vec![attr_ints("kernel_shape", &[3, 3]), attr_ints("pads", &[1; 4]), attr_i("group", 3)];
+    let model = Graph::new(13, &[-1, 3, 6, 6])
+        .init("w", &[3, 1, 3, 3], &w)
+        .node(node("Conv", &["x", "w"], &["c"], "conv", dw))
+        .node(node("Sigmoid", &["c"], &["s"], "sig", vec![]))
+        .node(node("Mul", &["c", "s"], &["m"], "mul", vec![]))
+        .node(node("Sigmoid", &["x"], &["gx"], "gate", vec![]))
+        .node(node("Mul", &["gx", "m"], &["y"], "scale", vec![]))
+        .output("y", &[])
+        .model();
+    let fused: Vec<(Fused, Vec<String>)> =
+        model.plan().into_iter().filter(|f| f.fused != Fused::Single).map(|f| (f.fused, f.layers)).collect();
+    let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(fused, vec![(Fused::Silu, names(&["sig", "mul"])), (Fused::Silu, names(&["gate", "scale"]))]);
+    let x = Tensor::uniform(&[2, 3, 6, 6], -2.0, 2.0, 22);
+    let every = ["c", "s", "m", "gx"];
+    let layered = |x: &Tensor| model.forward_taps(x, false, &every).expect("layer by layer").0;
+    close("silu", &model.forward_t(&x, false).expect("forward"), &layered(&x), 1e-6);
+    let g = input_gradient(|x| model.forward_t(x, false).expect("forward"), &x, 23);
+    close("silu input gradient", &g, &input_gradient(layered, &x, 23), 1e-5);
+
+    let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture("zoo/efficientnet_b0_ts17.onnx")).expect("loads");
+    let silu = zoo.plan().into_iter().filter(|f| f.fused == Fused::Silu).count();
+    assert!(silu >= 16, "EfficientNet-B0's SiLUs are planned as one op each: {silu}");
+}

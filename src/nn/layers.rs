@@ -195,7 +195,7 @@ macro_rules! activation {
 activation!(/// max(x, 0).
     ReLU, |x| x.relu(), Layer::Relu);
 activation!(/// The logistic sigmoid.
-    Sigmoid, |x| x.sigmoid(), Layer::Opaque);
+    Sigmoid, |x| x.sigmoid(), Layer::Sigmoid);
 activation!(/// tanh.
     Tanh, |x| x.tanh(), Layer::Opaque);
 

@@ -73,6 +73,14 @@ pub enum Layer {
     Relu,
     /// Max pooling with this window.
     MaxPool(Pool2dParams),
+    /// The logistic sigmoid ([`crate::nn::Sigmoid`], ONNX `Sigmoid`).
+    Sigmoid,
+    /// `x · other` (broadcast as NumPy), `other` a second value of the graph (ONNX `Mul`): after a sigmoid of that
+    /// same value, the SiLU `x·σ(x)` that EfficientNet's exporters write as two nodes.
+    Mul {
+        /// The other operand.
+        other: Tensor,
+    },
     /// `x + other` (broadcast as NumPy), `other` a second value of the graph: a residual connection (ONNX `Add`).
     Add {
         /// The other operand.
@@ -97,6 +105,10 @@ pub enum Kind {
     Relu,
     /// [`Layer::MaxPool`] with its window.
     MaxPool(Pool2dParams),
+    /// [`Layer::Sigmoid`].
+    Sigmoid,
+    /// [`Layer::Mul`].
+    Mul,
     /// [`Layer::Add`].
     Add,
     /// [`Layer::Opaque`].
@@ -112,6 +124,8 @@ impl Layer {
             Layer::BatchNorm { .. } => Kind::BatchNorm,
             Layer::Relu => Kind::Relu,
             Layer::MaxPool(p) => Kind::MaxPool(*p),
+            Layer::Sigmoid => Kind::Sigmoid,
+            Layer::Mul { .. } => Kind::Mul,
             Layer::Add { .. } => Kind::Add,
             Layer::Opaque => Kind::Opaque,
         }
@@ -136,9 +150,11 @@ pub enum Fused {
         /// A 2×2 max pooling fused after the ReLU.
         pool: bool,
     },
-    /// A residual add and the ReLU after it. It runs as the add then the ReLU until an add-and-ReLU kernel exists
-    /// (issue 32): the step marks the one place that kernel goes.
+    /// A residual add and the ReLU after it: one [`Tensor::add_relu`].
     AddRelu,
+    /// A sigmoid and the product of its input with it, `x·σ(x)`: one [`Tensor::silu`]. (A product with any other
+    /// value — a squeeze-and-excitation gate — runs as the two ops.)
+    Silu,
 }
 
 /// One step of a plan: the layers `start..start + len` of the run, computed as `fused` says.
@@ -217,6 +233,7 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
                 }
             }
             Kind::Add if open(i) && at(i + 1) == Kind::Relu => (2, Fused::AddRelu),
+            Kind::Sigmoid if open(i) && at(i + 1) == Kind::Mul => (2, Fused::Silu),
             _ => (1, Fused::Single),
         };
         steps.push(Step { start: i, len, fused });
@@ -274,7 +291,10 @@ impl Fused {
                     (false, _) => x.conv2d(&w, b.as_ref(), *params),
                 }
             }
-            (Fused::AddRelu, [Layer::Add { other }, Layer::Relu]) => Ok(x.add(other)?.relu()),
+            (Fused::AddRelu, [Layer::Add { other }, Layer::Relu]) => x.add_relu(other),
+            // The same value on both sides (one tensor, so one node of the graph): the SiLU.
+            (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) if other.id() == x.id() => Ok(x.silu()),
+            (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) => x.sigmoid().mul(other),
             _ => Err(mismatch(self)),
         }
     }
@@ -339,5 +359,19 @@ mod tests {
         let k = [Kind::Add, Kind::Relu, Kind::Linear, Kind::Relu];
         assert_eq!(steps(&k, &[], &[], false), vec![(0, 2, Fused::AddRelu), (2, 1, ALONE), (3, 1, ALONE)]);
         assert_eq!(steps(&k, &[0], &[], false)[0], (0, 1, ALONE), "the sum read elsewhere");
+    }
+
+    #[test]
+    fn sigmoid_times_its_input_is_one_silu() {
+        let k = [Kind::Conv, Kind::Sigmoid, Kind::Mul, Kind::Sigmoid, Kind::Mul];
+        assert_eq!(steps(&k, &[0], &[], false), vec![(0, 1, ALONE), (1, 2, Fused::Silu), (3, 2, Fused::Silu)]);
+        assert_eq!(steps(&k, &[0], &[3], false)[2..], [(3, 1, ALONE), (4, 1, ALONE)], "a tapped sigmoid");
+        let x = Tensor::uniform(&[2, 3], -4.0, 4.0, 1);
+        let silu = Fused::Silu.run(&x, &[Layer::Sigmoid, Layer::Mul { other: x.clone() }]).unwrap();
+        assert_eq!(silu.to_vec(), x.silu().to_vec());
+        // A gate by another value: the two ops.
+        let g = Tensor::uniform(&[2, 3], -1.0, 1.0, 2);
+        let gated = Fused::Silu.run(&g, &[Layer::Sigmoid, Layer::Mul { other: x.clone() }]).unwrap();
+        assert_eq!(gated.to_vec(), g.sigmoid().mul(&x).unwrap().to_vec());
     }
 }

@@ -3,7 +3,7 @@
 //! [`Output::Open`] when it is the step's only output, read by the next step alone (as its data input: the first,
 //! or either operand of an Add) and not the graph's output. A planned step of several nodes becomes one step
 //! running a [`Planned`] op, which describes its nodes from their inputs ([`Op::describe`]) and runs
-//! [`Fused::run`]: BatchNorm folded into the Conv before it, Conv + Relu (+ 2×2 MaxPool), Add + Relu — the
+//! [`Fused::run`]: BatchNorm folded into the Conv before it, Conv + Relu (+ 2×2 MaxPool), Add + Relu, Sigmoid + Mul (SiLU) — the
 //! kernels a native network of the same layers runs. A pass that taps a value inside a fused step plans its nodes
 //! again with that value [`Output::Tapped`] ([`run_tapped`]).
 
@@ -115,7 +115,7 @@ pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
             return None;
         }
         let at = next.inputs.iter().position(|&slot| slot == Some(out))?;
-        (at == 0 || next.op.kind() == Kind::Add).then_some(at)
+        (at == 0 || matches!(next.op.kind(), Kind::Add | Kind::Mul)).then_some(at)
     };
     let links: Vec<Option<usize>> = (0..steps.len()).map(link).collect();
     let kinds: Vec<Kind> = steps.iter().map(|s| s.op.kind()).collect();

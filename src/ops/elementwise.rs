@@ -471,6 +471,14 @@ pub(crate) fn binary_backward(
     vec![ga, gb]
 }
 
+/// The gradient of [`Tensor::add_relu`] for both operands: `g` where the output is positive (the ReLU's backward,
+/// which masks by the sum being positive: the same lanes).
+pub(crate) fn add_relu_backward(out: &Array, g: &ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
+    let masked = zip2(g, out, |g, y| g * f32::from(y > 0.0));
+    let gb = need[1].then(|| masked.clone());
+    vec![need[0].then_some(masked), gb]
+}
+
 /// The share of `g` that goes to the winner `x` of a max against `y`: all of it, none, or half on a tie (PyTorch).
 #[inline]
 fn tie_share(g: f32, x: f32, y: f32) -> f32 {
@@ -551,6 +559,16 @@ impl Tensor {
     /// a + b with broadcasting.
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
         binary(BinaryKind::Add, self, other)
+    }
+    /// max(a + b, 0) as one op (a residual connection and its ReLU): one pass over the data each way instead of
+    /// two, the same values and gradients as [`Tensor::add`] then [`Tensor::relu`] bit for bit. Operands of
+    /// different shapes run as the two ops.
+    pub fn add_relu(&self, other: &Tensor) -> Result<Tensor> {
+        if self.shape() != other.shape() {
+            return Ok(self.add(other)?.relu());
+        }
+        let value = zip2(self.value(), other.value(), |x, y| (x + y).max(0.0));
+        Ok(record(value, Op::AddRelu(self.clone(), other.clone())))
     }
     /// a − b with broadcasting.
     pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
@@ -670,6 +688,29 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused residual add and ReLU: the bits of the two ops, values and both gradients, with ties at zero, a
+    /// NaN and runs long enough to split across threads.
+    #[test]
+    fn add_relu_is_add_then_relu_bit_for_bit() {
+        let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for len in [7, PAR_THRESHOLD + 5] {
+            let mut av = Tensor::uniform(&[len], -1.0, 1.0, 1).to_vec();
+            let mut bv = Tensor::uniform(&[len], -1.0, 1.0, 2).to_vec();
+            (av[0], bv[0], av[1]) = (0.5, -0.5, f32::NAN);
+            let a = Tensor::from_vec(av, &[len]).unwrap().variable();
+            let b = Tensor::from_vec(bv, &[len]).unwrap().variable();
+            let r = Tensor::uniform(&[len], -1.0, 1.0, 3);
+            let fused = a.add_relu(&b).unwrap();
+            let plain = a.add(&b).unwrap().relu();
+            assert_eq!(bits(&fused), bits(&plain));
+            let gf = fused.mul(&r).unwrap().sum_all().grad_wrt(&[&a, &b]).unwrap();
+            let gp = plain.mul(&r).unwrap().sum_all().grad_wrt(&[&a, &b]).unwrap();
+            for (f, p) in gf.iter().zip(&gp) {
+                assert_eq!(bits(f), bits(p));
+            }
+        }
+    }
 
     /// The per-run slice loops give the bits of the `Zip` over broadcast views, for every kind, both operand
     /// orders, and runs long enough to split across threads.

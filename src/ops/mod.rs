@@ -57,6 +57,8 @@ pub fn simd_level_name() -> &'static str {
 /// How a tracked tensor was computed: the op, its inputs and whatever its backward needs.
 pub(crate) enum Op {
     Binary(elementwise::BinaryKind, Tensor, Tensor),
+    /// max(a + b, 0), same shapes; the backward masks by the output.
+    AddRelu(Tensor, Tensor),
     Unary(UnaryKind, Tensor),
     MatMul(Tensor, Tensor),
     Sum {
@@ -127,6 +129,7 @@ impl Op {
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Op::Binary(k, ..) => k.name(),
+            Op::AddRelu(..) => "add_relu",
             Op::Unary(k, _) => k.name(),
             Op::MatMul(..) => "matmul",
             Op::Sum { .. } => "sum",
@@ -153,7 +156,7 @@ impl Op {
     /// The tensors this op read, in the order `backward` returns their gradients.
     pub(crate) fn inputs(&self) -> Vec<&Tensor> {
         match self {
-            Op::Binary(_, a, b) | Op::MatMul(a, b) | Op::Where { a, b, .. } => vec![a, b],
+            Op::Binary(_, a, b) | Op::AddRelu(a, b) | Op::MatMul(a, b) | Op::Where { a, b, .. } => vec![a, b],
             Op::Unary(_, x)
             | Op::Sum { x, .. }
             | Op::MaxAlong { x, .. }
@@ -194,6 +197,7 @@ impl Op {
     fn backward_borrowed(&self, out: &Array, g: &ArrayD<f32>, need: &[bool]) -> Result<Vec<Option<ArrayD<f32>>>> {
         match self {
             Op::Binary(k, a, b) => Ok(elementwise::binary_backward(*k, a, b, g, need)),
+            Op::AddRelu(..) => Ok(elementwise::add_relu_backward(out, g, need)),
             Op::Unary(k, x) => Ok(vec![Some(elementwise::unary_backward(*k, x.value(), out, g))]),
             Op::MatMul(a, b) => matmul::matmul_backward(a, b, g, need),
             Op::Sum { x, axes, keepdim } => Ok(vec![Some(reduce::sum_backward(x.shape(), axes, *keepdim, g))]),

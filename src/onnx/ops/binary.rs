@@ -78,12 +78,13 @@ impl Op for Binary {
         Ok(vec![y])
     }
 
-    /// An Add is a residual connection to the fuser (an Add and the Relu after it run as one step).
+    /// An Add is a residual connection to the fuser (an Add and the Relu after it run as one step), a Mul a
+    /// product (a Sigmoid and the Mul of its input by it run as one SiLU).
     fn kind(&self) -> Kind {
-        if self.0 == Bin::Add {
-            Kind::Add
-        } else {
-            Kind::Opaque
+        match self.0 {
+            Bin::Add => Kind::Add,
+            Bin::Mul => Kind::Mul,
+            _ => Kind::Opaque,
         }
     }
 
@@ -91,7 +92,8 @@ impl Op for Binary {
     fn describe(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Layer> {
         match (self.kind(), ins) {
             (Kind::Add, [Some(other), None] | [None, Some(other)]) => Ok(Layer::Add { other: other.to_tensor()? }),
-            _ => Err(info.malformed("planned as a fused residual Add")),
+            (Kind::Mul, [Some(other), None] | [None, Some(other)]) => Ok(Layer::Mul { other: other.to_tensor()? }),
+            _ => Err(info.malformed("planned as a fused residual Add or a SiLU's Mul")),
         }
     }
 }

@@ -89,17 +89,18 @@ impl Op for Unary {
     }
 
     fn kind(&self) -> Kind {
-        if self.0 == UnaryKind::Relu {
-            Kind::Relu
-        } else {
-            Kind::Opaque
+        match self.0 {
+            UnaryKind::Relu => Kind::Relu,
+            UnaryKind::Sigmoid => Kind::Sigmoid,
+            _ => Kind::Opaque,
         }
     }
 
     fn describe(&self, info: &NodeInfo, _: &[Option<&Value>]) -> Result<Layer> {
         match self.kind() {
             Kind::Relu => Ok(Layer::Relu),
-            _ => Err(info.malformed("planned as a fused Relu")),
+            Kind::Sigmoid => Ok(Layer::Sigmoid),
+            _ => Err(info.malformed("planned as a fused Relu or Sigmoid")),
         }
     }
 }
