@@ -1,5 +1,5 @@
 //! Branch-free `f32` functions the compiler vectorises (eˣ, erf, the logistic sigmoid, GELU in both forms), and the
-//! slice loops that run them on 256-bit vectors when the CPU has them.
+//! slice loops that run them on 512-bit or 256-bit vectors when the CPU has them.
 //!
 //! A libm call per element (`f32::exp`) keeps a loop scalar. These functions are plain arithmetic, bit
 //! manipulation and selects, so LLVM turns a loop over a slice into vector code. None uses `mul_add` (without FMA in
@@ -207,15 +207,17 @@ pub(crate) fn erf_derivative(x: f32) -> f32 {
     std::f32::consts::FRAC_2_SQRT_PI * exp(-x * x)
 }
 
-/// `out[i] = f(a[i])` over equal-length slices, on 256-bit vectors when the CPU has AVX2 (and the kernel level,
-/// `ARMOURY_SIMD`, allows vector kernels). Same bits either way.
+/// `out[i] = f(a[i])` over equal-length slices, on 512-bit vectors with AVX-512 and 256-bit with AVX2 (as the
+/// kernel level, `ARMOURY_SIMD`, allows). Same bits either way.
 #[inline]
 pub(crate) fn map_into(a: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
     assert_eq!(a.len(), out.len(), "map_into: equal lengths");
     #[cfg(target_arch = "x86_64")]
-    if wide() {
-        // SAFETY: `wide` checked that the CPU has AVX2.
-        return unsafe { map_avx2(a, out, f) };
+    match super::simd::level() {
+        // SAFETY: the level says the CPU has the instruction set.
+        Level::Avx512 => return unsafe { map_avx512(a, out, f) },
+        Level::Avx2 => return unsafe { map_avx2(a, out, f) },
+        Level::Portable => {}
     }
     map_plain(a, out, f)
 }
@@ -225,9 +227,11 @@ pub(crate) fn map_into(a: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
 pub(crate) fn zip3_into(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &impl Fn(f32, f32, f32) -> f32) {
     assert!(a.len() == out.len() && b.len() == out.len() && c.len() == out.len(), "zip3_into: equal lengths");
     #[cfg(target_arch = "x86_64")]
-    if wide() {
-        // SAFETY: `wide` checked that the CPU has AVX2.
-        return unsafe { zip3_avx2(a, b, c, out, f) };
+    match super::simd::level() {
+        // SAFETY: the level says the CPU has the instruction set.
+        Level::Avx512 => return unsafe { zip3_avx512(a, b, c, out, f) },
+        Level::Avx2 => return unsafe { zip3_avx2(a, b, c, out, f) },
+        Level::Portable => {}
     }
     zip3_plain(a, b, c, out, f)
 }
@@ -246,12 +250,16 @@ fn zip3_plain(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &impl Fn(f32,
     }
 }
 
-/// Whether the slice loops may run on AVX2: the CPU has it and the kernel level is not capped to portable.
+/// Whether the slice loops may run on AVX2 (at least): the CPU has it and the kernel level is not capped to
+/// portable.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn wide() -> bool {
     static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WIDE.get_or_init(|| super::simd::accelerated() && std::arch::is_x86_feature_detected!("avx2"))
 }
+
+#[cfg(target_arch = "x86_64")]
+use super::simd::Level;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -260,8 +268,20 @@ unsafe fn map_avx2<F: Fn(f32) -> f32>(a: &[f32], out: &mut [f32], f: &F) {
 }
 
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn map_avx512<F: Fn(f32) -> f32>(a: &[f32], out: &mut [f32], f: &F) {
+    map_plain(a, out, f)
+}
+
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn zip3_avx2<F: Fn(f32, f32, f32) -> f32>(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &F) {
+    zip3_plain(a, b, c, out, f)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn zip3_avx512<F: Fn(f32, f32, f32) -> f32>(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &F) {
     zip3_plain(a, b, c, out, f)
 }
 
