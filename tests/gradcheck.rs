@@ -99,7 +99,9 @@ fn elementwise_binary_with_broadcasting_and_batch_one() {
         let a = uniform(sa, -2.0, 2.0, s);
         let b = away_from_zero(sb, 0.5, 2.0, s + 1);
         check("add", &[a.clone(), b.clone()], &|t| t[0].add(&t[1]));
-        check("add_relu", &[a.clone(), b.clone()], &|t| t[0].add_relu(&t[1]));
+        // The fused add and ReLU, with every sum at least 0.25 from the kink.
+        let (a1, b1) = (away_from_zero(sa, 0.5, 2.0, s + 2), uniform(sb, -0.25, 0.25, s + 3));
+        check("add_relu", &[a1, b1], &|t| t[0].add_relu(&t[1]));
         check("sub", &[a.clone(), b.clone()], &|t| t[0].sub(&t[1]));
         check("mul", &[a.clone(), b.clone()], &|t| t[0].mul(&t[1]));
         check("div", &[a.clone(), b.clone()], &|t| t[0].div(&t[1]));
