@@ -156,22 +156,32 @@ pub fn attacks(weights: &std::path::Path, test: &Dataset, reps: usize) -> armour
 }
 
 /// A residual block: `body(x) + shortcut(x)` (the identity without a shortcut), PyTorch-named `body.*` and
-/// `shortcut.*`. The ReLU after the sum is the next child of the enclosing [`Sequential`].
+/// `shortcut.*`; with `pre` (a pre-activation block, He et al. 2016's identity mappings), `body` and a projection
+/// shortcut read `pre(x)` (`pre.*`) while the identity shortcut still adds `x`. The ReLU after the sum is the next
+/// child of the enclosing [`Sequential`].
 pub struct Residual {
+    pub pre: Option<Sequential>,
     pub body: Sequential,
     pub shortcut: Option<Sequential>,
 }
 
 impl Module for Residual {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = self.body.forward_t(x, train)?;
+        let input = match &self.pre {
+            Some(p) => p.forward_t(x, train)?,
+            None => x.clone(),
+        };
+        let y = self.body.forward_t(&input, train)?;
         match &self.shortcut {
-            Some(s) => y.add(&s.forward_t(x, train)?),
+            Some(s) => y.add(&s.forward_t(&input, train)?),
             None => y.add(x),
         }
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
+        if let Some(p) = &self.pre {
+            p.visit(&format!("{prefix}pre."), f);
+        }
         self.body.visit(&format!("{prefix}body."), f);
         if let Some(s) = &self.shortcut {
             s.visit(&format!("{prefix}shortcut."), f);
@@ -179,6 +189,9 @@ impl Module for Residual {
     }
 
     fn set_training(&self, training: bool) {
+        if let Some(p) = &self.pre {
+            p.set_training(training);
+        }
         self.body.set_training(training);
         if let Some(s) = &self.shortcut {
             s.set_training(training);
@@ -190,7 +203,8 @@ impl Module for Residual {
     }
 
     fn batch_independent(&self, train: bool) -> bool {
-        self.body.batch_independent(train) && self.shortcut.as_ref().is_none_or(|s| s.batch_independent(train))
+        let part = |m: &Option<Sequential>| m.as_ref().is_none_or(|m| m.batch_independent(train));
+        part(&self.pre) && self.body.batch_independent(train) && part(&self.shortcut)
     }
 }
 
@@ -326,11 +340,12 @@ pub fn resnet(seed: u64) -> Sequential {
         .add("stem", conv3(3, 16, 1, false, seed))
         .add("stem_bn", BatchNorm2d::new(16))
         .add("stem_relu", ReLU)
-        .add("block1", Residual { body: basic_body(16, 16, 1, seed + 2), shortcut: None })
+        .add("block1", Residual { pre: None, body: basic_body(16, 16, 1, seed + 2), shortcut: None })
         .add("block1_relu", ReLU)
         .add(
             "block2",
             Residual {
+                pre: None,
                 body: basic_body(16, 32, 2, seed + 4),
                 shortcut: Some(Sequential::new().add("conv", projection).add("bn", BatchNorm2d::new(32))),
             },
