@@ -232,22 +232,35 @@ pub(super) mod x86 {
     unsafe fn tile_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Tile) {
         let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
         let mut acc = if t.accumulate { load_tile::<S, R, V, TAIL>(last, t.c, t.rsc) } else { [[S::zero(); V]; R] };
-        let (mut ap, mut bp) = (t.a, t.b);
-        for _ in 0..t.k {
+        reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, t.rsa, t.csa), (t.b, t.rsb));
+        store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
+    }
+
+    /// A register tile's reduction: `k` steps of `acc[r][v] += a[r]·b[v]`, row `r` of `a` at `r·rsa` from `a`
+    /// and steps `csa` apart, `b`'s vectors contiguous and steps `rsb` apart (the last vector masked to `last`
+    /// with `TAIL`). Inlined into each tile body, so a caller's constant strides become immediate offsets.
+    #[inline(always)]
+    pub(in crate::ops::simd) unsafe fn reduce<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
+        acc: &mut [[S::V; V]; R],
+        last: S::M,
+        k: usize,
+        (mut ap, rsa, csa): (*const f32, isize, isize),
+        (mut bp, rsb): (*const f32, isize),
+    ) {
+        for _ in 0..k {
             let mut bv = [S::zero(); V];
             for (v, b) in bv.iter_mut().enumerate() {
                 *b = ld::<S, V, TAIL>(last, bp.add(S::LANES * v), v);
             }
             for (r, row) in acc.iter_mut().enumerate() {
-                let av = S::splat(*ap.offset(r as isize * t.rsa));
+                let av = S::splat(*ap.offset(r as isize * rsa));
                 for (a, &b) in row.iter_mut().zip(&bv) {
                     *a = S::fmadd(av, b, *a);
                 }
             }
-            ap = ap.offset(t.csa);
-            bp = bp.offset(t.rsb);
+            ap = ap.offset(csa);
+            bp = bp.offset(rsb);
         }
-        store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
     }
 }
 

@@ -1,11 +1,16 @@
 //! The packed, cache-blocked product `c (+)= a·b` for large operands of any strides ([`gemm_packed`]), in the
-//! manner of BLIS: the smaller side (`b`, or `aᵀ` of the transposed product) is packed once per call into slivers
-//! of one register tile's width (contiguous over the whole reduction, zero-padded); the output is computed in
-//! blocks of [`MC`] rows × the columns of a job, per [`KC`]-long piece of the reduction, by the register tile of
-//! [`gemm_nn`](super::gemm_nn) (6 rows × four 16-lane vectors on AVX-512, × two 8-lane vectors on AVX2) with
-//! unmasked vector loads from the packed slivers and broadcasts read in place from the other operand (a scalar
-//! load takes any stride, so that side needs no packing: below a `Linear` layer's width its weight is read in
-//! place, above it the weight is packed once for the whole batch).
+//! manner of BLIS: `b` is packed once per call into slivers of one register tile's width (contiguous over the whole
+//! reduction, zero-padded), and each job packs its block of rows of `a`, one `kc`-long piece of the reduction at a
+//! time, into panels of the tile's 6 rows (6 values a step, contiguous). The piece of a sliver (`kc ×` 64 floats on
+//! AVX-512, 32 KB) stays in L1 while every row tile of the block passes over it, and the block of `a` (at most
+//! [`MC`] rows × `kc`) stays in L2 while the slivers pass; the register tile is `gemm_nn`'s 6 rows × four 16-lane
+//! vectors (AVX-512) or × two 8-lane vectors (AVX2), here with constant strides: per step, unmasked vector loads
+//! from the sliver, broadcasts from the panel, nothing else. With fewer than [`PACK_A_COLS`] columns (a `Linear`
+//! layer's few rows, computed transposed) `a` is read in place instead: packing it would cost as much as using
+//! it. Packing buffers are per thread and reused, so a product does not page in fresh memory.
+//!
+//! The work is shared out in blocks of whole row tiles (and whole slivers when there are few rows), as many as
+//! evenly fill the pool's threads.
 //!
 //! The rounding is exactly that of `gemm_nn`: each output element is one fused multiply-add chain over `k` in
 //! order, started from zero (or from `c` when accumulating); a piece of the reduction stores the chain's value
@@ -17,17 +22,15 @@ use ndarray::{ArrayView2, ArrayViewMut2};
 
 use super::{level, Level};
 
-/// Rows of `c` per job block (a multiple of the register tile's 6 rows).
+/// Most rows of `c` per job block (a multiple of the register tile's 6 rows): their packed piece of `a`,
+/// `MC × kc`, stays in L2 while every sliver of `b` passes over it.
 #[cfg(target_arch = "x86_64")]
-const MC: usize = 96;
+const MC: usize = 144;
 
-/// Length of one piece of the reduction: a packed sliver of `b`, `KC ×` tile width, is reread by every row tile.
+/// From this many columns of `c` on, `a` is packed too (each piece once per job, reused by every sliver of `b`);
+/// with fewer, a tile's broadcasts read it in place.
 #[cfg(target_arch = "x86_64")]
-const KC: usize = 256;
-
-/// Columns per job (a multiple of either tile width) when the rows alone give too few jobs to share out.
-#[cfg(target_arch = "x86_64")]
-const NC: usize = 256;
+const PACK_A_COLS: usize = 32;
 
 /// `c = a·b`, or `c += a·b` when `accumulate`, for any strides of `a`, `b` and `c`. Returns `false` without
 /// touching `c` when the CPU has neither instruction set.
@@ -49,11 +52,13 @@ pub(crate) fn gemm_packed(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // Pack the smaller side: with more columns than rows compute cᵀ = bᵀ·aᵀ instead (each element is the
-        // same chain, a multiply-add being symmetric), so a `Linear` layer's weight is read in place, not
-        // repacked on every call (even for the few rows of a classifier's chunk).
+        // With a small side (a classifier chunk's few rows through a `Linear` layer), compute cᵀ = bᵀ·aᵀ when
+        // that puts the small side in `b` (each element is the same chain, a multiply-add being symmetric), so the
+        // weight is read in place, not repacked on every call. Otherwise keep `c`'s orientation (flip a
+        // column-major `c` only), so its rows stay contiguous and need no copy.
         let (a, b) = (a.reborrow(), b.reborrow());
-        let (a, b, mut c) = if n > m { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
+        let flip = if m.min(n) < PACK_A_COLS { n > m } else { c.strides()[1] != 1 && c.strides()[0] == 1 };
+        let (a, b, mut c) = if flip { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
         if c.ncols() == 1 || c.strides()[1] == 1 {
             x86::gemm(level, a, b, c, accumulate, parallel);
         } else {
@@ -73,11 +78,14 @@ pub(crate) fn gemm_packed(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use std::cell::Cell;
+
     use ndarray::{ArrayView2, ArrayViewMut2};
 
-    use super::super::gemm::x86::{tile, Tile};
+    use super::super::gemm::x86::{reduce, tile, Tile};
+    use super::super::isa::{load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
     use super::super::{run_jobs, Level, BLOCK_M};
-    use super::{KC, MC, NC};
+    use super::{MC, PACK_A_COLS};
 
     /// Columns of one register tile (and of a packed sliver of `b`).
     fn tile_cols(level: Level) -> usize {
@@ -86,6 +94,44 @@ mod x86 {
         } else {
             16
         }
+    }
+
+    /// Length of one piece of the reduction: a sliver of `b` over it, `kc ×` tile width, stays in L1 (32 KB of
+    /// the 48) while every row tile of the block reads it.
+    fn kc(level: Level) -> usize {
+        if level == Level::Avx512 {
+            128
+        } else {
+            512
+        }
+    }
+
+    thread_local! {
+        /// The packed `b` of the product this thread runs (reused, so a product does not page in fresh memory).
+        static PACKED_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+        /// The packed block of `a` of the job this thread runs.
+        static PANELS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    }
+
+    /// Scratch buffers larger than this (in floats) are freed after use instead of kept for the next product.
+    const KEEP: usize = 1 << 24;
+
+    /// `f` on `len` floats of the thread's buffer `slot` (contents unspecified). A product that starts while
+    /// another holds the buffer on this thread (a task stolen while waiting) gets a fresh one.
+    fn with_scratch<R>(
+        slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>,
+        len: usize,
+        f: impl FnOnce(&mut [f32]) -> R,
+    ) -> R {
+        let mut buf = slot.take();
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        let out = f(&mut buf[..len]);
+        if buf.len() <= KEEP {
+            slot.set(buf);
+        }
+        out
     }
 
     /// Raw operands of one product; `c` has contiguous rows.
@@ -99,6 +145,7 @@ mod x86 {
         rsc: isize,
         k: usize,
         accumulate: bool,
+        pack_a: bool,
         level: Level,
     }
 
@@ -117,54 +164,82 @@ mod x86 {
     ) {
         let ((m, k), n) = (a.dim(), b.ncols());
         let work = m * n * k;
-        let packed = pack_b(level, b, parallel && work >= super::super::PAR_WORK);
-        let p = Product {
-            a: a.as_ptr(),
-            rsa: a.strides()[0],
-            csa: a.strides()[1],
-            packed_b: packed.as_ptr(),
-            c: c.as_mut_ptr(),
-            rsc: c.strides()[0],
-            k,
-            accumulate,
-            level,
-        };
-        // Jobs: blocks of MC rows × NC columns (all columns in one job when the rows give enough jobs).
-        let row_blocks = m.div_ceil(MC);
-        let col_block = if row_blocks >= 4 { n } else { NC };
-        let mut jobs = Vec::new();
-        for rb in 0..row_blocks {
-            for j in (0..n).step_by(col_block) {
-                jobs.push((rb * MC, (m - rb * MC).min(MC), j, (n - j).min(col_block)));
-            }
-        }
-        run_jobs(jobs, parallel, work, |(i, mc, j, nc)| {
-            // SAFETY: jobs cover disjoint blocks of `c`; the operands are valid for the product's shape.
-            unsafe { p.block(i, mc, j, nc) }
+        let w = tile_cols(level);
+        with_scratch(&PACKED_B, n.div_ceil(w) * k * w, |packed| {
+            pack_b(w, b, packed, parallel && work >= super::super::PAR_WORK);
+            let p = Product {
+                a: a.as_ptr(),
+                rsa: a.strides()[0],
+                csa: a.strides()[1],
+                packed_b: packed.as_ptr(),
+                c: c.as_mut_ptr(),
+                rsc: c.strides()[0],
+                k,
+                accumulate,
+                pack_a: n >= PACK_A_COLS,
+                level,
+            };
+            run_jobs(jobs(m, n, w, parallel), parallel, work, |(i, mc, j, nc)| {
+                // SAFETY: jobs cover disjoint blocks of `c`; the operands are valid for the product's shape.
+                unsafe { p.block(i, mc, j, nc) }
+            });
         });
     }
 
-    /// `b` packed into slivers of one tile's width: sliver `s` holds columns `s·w..(s+1)·w` as `k` rows of `w`
-    /// contiguous values, zero beyond `n`.
-    fn pack_b(level: Level, b: ArrayView2<f32>, parallel: bool) -> Vec<f32> {
-        let (k, n) = b.dim();
-        let w = tile_cols(level);
+    /// The blocks of `c` the work is shared out in, `(first row, rows, first column, columns)`: rows in blocks of
+    /// whole register tiles, at most [`MC`] rows and as even as can be, in a multiple of the pool's threads when
+    /// `parallel`; split by columns too (whole slivers of `w`) while there are fewer than two blocks per thread.
+    /// The split changes only which thread computes an element, never how, so results do not depend on it.
+    fn jobs(m: usize, n: usize, w: usize, parallel: bool) -> Vec<(usize, usize, usize, usize)> {
+        let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
+        let tiles = m.div_ceil(BLOCK_M);
+        let mut row_parts = tiles.div_ceil(MC / BLOCK_M).max(1);
+        if threads > 1 {
+            row_parts = row_parts.div_ceil(threads) * threads;
+        }
+        let row_parts = row_parts.min(tiles);
         let slivers = n.div_ceil(w);
-        let mut out = vec![0.0f32; slivers * k * w];
+        let col_parts = if threads > 1 { (2 * threads).div_ceil(row_parts).clamp(1, slivers) } else { 1 };
+        let mut jobs = Vec::with_capacity(row_parts * col_parts);
+        for rp in 0..row_parts {
+            let (t0, t1) = (rp * tiles / row_parts, (rp + 1) * tiles / row_parts);
+            let (i0, i1) = (t0 * BLOCK_M, (t1 * BLOCK_M).min(m));
+            for cp in 0..col_parts {
+                let (s0, s1) = (cp * slivers / col_parts, (cp + 1) * slivers / col_parts);
+                let (j0, j1) = (s0 * w, (s1 * w).min(n));
+                if i1 > i0 && j1 > j0 {
+                    jobs.push((i0, i1 - i0, j0, j1 - j0));
+                }
+            }
+        }
+        jobs
+    }
+
+    /// `b` packed into `out` as slivers of `w` columns: sliver `s` holds columns `s·w..(s+1)·w` as `k` rows of
+    /// `w` contiguous values, zero beyond `n`.
+    fn pack_b(w: usize, b: ArrayView2<f32>, out: &mut [f32], parallel: bool) {
+        let (k, n) = b.dim();
         let (rs, cs) = (b.strides()[0], b.strides()[1]);
         let ptr = b.as_ptr() as usize;
         let jobs: Vec<(usize, &mut [f32])> = out.chunks_exact_mut(k * w).enumerate().collect();
         run_jobs(jobs, parallel, usize::MAX, |(s, dst)| {
             let ptr = ptr as *const f32;
             let (j0, cols) = (s * w, (n - s * w).min(w));
-            if cs == 1 || rs != 1 {
+            if cs == 1 || k == 1 {
                 for (p, row) in dst.chunks_exact_mut(w).enumerate() {
-                    for (q, d) in row[..cols].iter_mut().enumerate() {
-                        // SAFETY: (p, j0 + q) lies inside `b`.
-                        *d = unsafe { *ptr.offset(p as isize * rs + (j0 + q) as isize * cs) };
+                    // SAFETY: row p, columns j0..j0 + cols lie inside `b` (contiguous when cs == 1, or one row).
+                    let src = unsafe { std::slice::from_raw_parts(ptr.offset(p as isize * rs + j0 as isize), cols) };
+                    if cs == 1 {
+                        row[..cols].copy_from_slice(src);
+                    } else {
+                        for (q, d) in row[..cols].iter_mut().enumerate() {
+                            // SAFETY: (0, j0 + q) lies inside `b`.
+                            *d = unsafe { *ptr.offset((j0 + q) as isize * cs) };
+                        }
                     }
+                    row[cols..].fill(0.0);
                 }
-            } else {
+            } else if rs == 1 {
                 // A transposed matrix (rows of `bᵀ` contiguous): 16 rows at a time (one cache line of each
                 // column of `b` read, a few KB of the sliver written), so neither side leaves L1.
                 for p0 in (0..k).step_by(16) {
@@ -176,42 +251,131 @@ mod x86 {
                             dst[p * w + q] = unsafe { *src.add(p) };
                         }
                     }
+                    for row in dst[p0 * w..p1 * w].chunks_exact_mut(w) {
+                        row[cols..].fill(0.0);
+                    }
+                }
+            } else {
+                for (p, row) in dst.chunks_exact_mut(w).enumerate() {
+                    for (q, d) in row[..cols].iter_mut().enumerate() {
+                        // SAFETY: (p, j0 + q) lies inside `b`.
+                        *d = unsafe { *ptr.offset(p as isize * rs + (j0 + q) as isize * cs) };
+                    }
+                    row[cols..].fill(0.0);
                 }
             }
         });
-        out
+    }
+
+    /// One register tile over packed operands: `k` steps of a panel of `a` (6 values a step) and of a sliver of
+    /// `b` (one tile width a step); `c`'s last vector holds `tail` columns.
+    pub(super) struct Packed {
+        pub(super) k: usize,
+        pub(super) a: *const f32,
+        pub(super) b: *const f32,
+        pub(super) c: *mut f32,
+        pub(super) rsc: isize,
+        pub(super) tail: usize,
+        pub(super) accumulate: bool,
+    }
+
+    /// Runs [`packed_body`] specialised for `r` rows and `v` vectors.
+    pub(super) unsafe fn packed_tile(level: Level, t: &Packed, r: usize, v: usize) {
+        let tail = t.tail < if level == Level::Avx512 { 16 } else { 8 };
+        tile_dispatch!(packed_body, Packed, level, t, r, v, tail)
+    }
+
+    /// `R` rows × `V` vectors of `c`, one fused multiply-add chain per element over the piece: `gemm_nn`'s tile
+    /// body with the packed operands' strides as constants, so each step is `V` loads, `R` broadcasts and `R·V`
+    /// multiply-adds with no address arithmetic but two increments.
+    #[inline(always)]
+    unsafe fn packed_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Packed) {
+        let w: isize = if S::LANES == 16 { 64 } else { 16 };
+        let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
+        let mut acc = if t.accumulate { load_tile::<S, R, V, TAIL>(last, t.c, t.rsc) } else { [[S::zero(); V]; R] };
+        reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, 1, BLOCK_M as isize), (t.b, w));
+        store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
     }
 
     impl Product {
-        /// Rows `i..i + mc` × columns `j..j + nc` of `c` (`j` a multiple of the tile width).
+        /// Rows `i..i + mc` × columns `p0..p0 + kc` of `a` packed into `dst` as panels of [`BLOCK_M`] rows:
+        /// panel `t` holds rows `i + 6t..` as `kc` groups of 6 contiguous values (zero past the last row), so a
+        /// tile's broadcasts walk contiguous memory.
+        unsafe fn pack_a(&self, i: usize, mc: usize, p0: usize, kc: usize, dst: &mut [f32]) {
+            for (t, panel) in dst.chunks_exact_mut(BLOCK_M * kc).take(mc.div_ceil(BLOCK_M)).enumerate() {
+                let rows = (mc - t * BLOCK_M).min(BLOCK_M);
+                let src = self.a.offset((i + t * BLOCK_M) as isize * self.rsa + p0 as isize * self.csa);
+                let mut rows_at = [src; BLOCK_M];
+                for (r, at) in rows_at.iter_mut().enumerate().take(rows) {
+                    *at = src.offset(r as isize * self.rsa);
+                }
+                let d = panel.as_mut_ptr();
+                if self.csa == 1 {
+                    for p in 0..kc {
+                        for (r, at) in rows_at.iter().enumerate() {
+                            *d.add(p * BLOCK_M + r) = if r < rows { *at.add(p) } else { 0.0 };
+                        }
+                    }
+                } else {
+                    for p in 0..kc {
+                        for (r, at) in rows_at.iter().enumerate() {
+                            *d.add(p * BLOCK_M + r) = if r < rows { *at.offset(p as isize * self.csa) } else { 0.0 };
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Rows `i..i + mc` × columns `j..j + nc` of `c` (`j` a multiple of the tile width): per piece of the
+        /// reduction, the rows' block of `a` packed once (it stays in L2), then each sliver of `b` (in L1) times
+        /// every row tile.
         unsafe fn block(&self, i: usize, mc: usize, j: usize, nc: usize) {
             let w = tile_cols(self.level);
-            let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
-            for p0 in (0..self.k).step_by(KC) {
-                let kc = (self.k - p0).min(KC);
-                let load = self.accumulate || p0 > 0;
-                for jj in (j..j + nc).step_by(w) {
-                    let cols = (j + nc - jj).min(w);
-                    let nv = cols.div_ceil(lanes);
-                    let sliver = self.packed_b.add((jj / w) * self.k * w + p0 * w);
-                    for r0 in (0..mc).step_by(BLOCK_M) {
-                        let mr = (mc - r0).min(BLOCK_M);
-                        // The unpacked kernel's tile with a packed `b` (its sliver's rows `w` apart); `a` is
-                        // read in place (broadcasts: any strides do).
-                        let t = Tile {
-                            k: kc,
-                            a: self.a.offset((i + r0) as isize * self.rsa + p0 as isize * self.csa),
-                            rsa: self.rsa,
-                            csa: self.csa,
-                            b: sliver,
-                            rsb: w as isize,
-                            c: self.c.offset((i + r0) as isize * self.rsc).add(jj),
-                            rsc: self.rsc,
-                            tail: cols - (nv - 1) * lanes,
-                            accumulate: load,
-                        };
-                        tile(self.level, &t, mr, nv);
+            let kc_max = kc(self.level).min(self.k);
+            let len = if self.pack_a { mc.div_ceil(BLOCK_M) * BLOCK_M * kc_max } else { 0 };
+            with_scratch(&PANELS, len, |panels| {
+                for p0 in (0..self.k).step_by(kc_max) {
+                    let kc = (self.k - p0).min(kc_max);
+                    if self.pack_a {
+                        self.pack_a(i, mc, p0, kc, panels);
                     }
+                    for jj in (j..j + nc).step_by(w) {
+                        self.sliver(i, mc, jj, (j + nc - jj).min(w), p0, kc, panels);
+                    }
+                }
+            });
+        }
+
+        /// Rows `i..i + mc` × the `cols` columns from `jj` of `c`, over the piece `p0..p0 + kc` of the reduction.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn sliver(&self, i: usize, mc: usize, jj: usize, cols: usize, p0: usize, kc: usize, panels: &[f32]) {
+            let (w, lanes) = (tile_cols(self.level), if self.level == Level::Avx512 { 16 } else { 8 });
+            let nv = cols.div_ceil(lanes);
+            let tail = cols - (nv - 1) * lanes;
+            let load = self.accumulate || p0 > 0;
+            let sliver = self.packed_b.add((jj / w) * self.k * w + p0 * w);
+            for r0 in (0..mc).step_by(BLOCK_M) {
+                let mr = (mc - r0).min(BLOCK_M);
+                let c = self.c.offset((i + r0) as isize * self.rsc).add(jj);
+                if self.pack_a {
+                    let a = panels.as_ptr().add(r0 * kc);
+                    let t = Packed { k: kc, a, b: sliver, c, rsc: self.rsc, tail, accumulate: load };
+                    packed_tile(self.level, &t, mr, nv);
+                } else {
+                    // Few columns: `a` read in place by the unpacked kernel's tile (broadcasts take any strides).
+                    let t = Tile {
+                        k: kc,
+                        a: self.a.offset((i + r0) as isize * self.rsa + p0 as isize * self.csa),
+                        rsa: self.rsa,
+                        csa: self.csa,
+                        b: sliver,
+                        rsb: w as isize,
+                        c,
+                        rsc: self.rsc,
+                        tail,
+                        accumulate: load,
+                    };
+                    tile(self.level, &t, mr, nv);
                 }
             }
         }
@@ -225,7 +389,7 @@ mod tests {
     use super::super::{accelerated, gemm_nn, tests::random};
     use super::gemm_packed;
 
-    /// Every tail (rows mod 6, columns mod the tile width, reductions across pieces of [`super::KC`]), any
+    /// Every tail (rows mod 6, columns mod the tile width, reductions across pieces of `kc`), any
     /// strides of `a`, `b` and `c`, accumulating or not, serial and parallel: bit-identical to the unpacked
     /// kernel (the same multiply-add chains) and close to an f64 product.
     #[test]
@@ -265,8 +429,45 @@ mod tests {
         }
     }
 
-    /// A row of the product is bit-identical whichever other rows are computed with it (row blocks of 96 and
-    /// pieces of the reduction included).
+    /// The same bits whatever the thread count (1, 2 or 3 threads: other job splits, columns split too when
+    /// there are few rows) and when products run concurrently on the pool's threads (each with its own packing
+    /// buffers).
+    #[test]
+    fn results_do_not_depend_on_threads() {
+        if !accelerated() {
+            return;
+        }
+        use rayon::prelude::*;
+        for &(m, k, n) in &[(150, 700, 300), (40, 1500, 900), (20, 1000, 900)] {
+            let (a, b) = (random(m, k, 6), random(k, n, 7));
+            let mut want = Array2::zeros((m, n));
+            assert!(gemm_nn(a.view(), b.view(), want.view_mut(), false, false));
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let got = pool.install(|| {
+                    let mut c = Array2::zeros((m, n));
+                    assert!(gemm_packed(a.view(), b.view(), c.view_mut(), false, true));
+                    c
+                });
+                assert_eq!(got, want, "{m}x{k}x{n} on {threads} threads");
+            }
+            let mut top = Array2::zeros((m, n));
+            assert!(gemm_packed(a.view(), b.view(), top.view_mut(), false, true));
+            assert_eq!(top, want);
+            let concurrent: Vec<Array2<f32>> = (0..4)
+                .into_par_iter()
+                .map(|_| {
+                    let mut c = Array2::zeros((m, n));
+                    assert!(gemm_packed(a.view(), b.view(), c.view_mut(), false, true));
+                    c
+                })
+                .collect();
+            assert!(concurrent.iter().all(|c| c == want));
+        }
+    }
+
+    /// A row of the product is bit-identical whichever other rows are computed with it (row blocks and pieces of
+    /// the reduction included).
     #[test]
     fn rows_do_not_depend_on_other_rows() {
         if !accelerated() {
