@@ -6,8 +6,8 @@
 //! [`MC`] rows × `kc`) stays in L2 while the slivers pass; the register tile is `gemm_nn`'s 6 rows × four 16-lane
 //! vectors (AVX-512) or × two 8-lane vectors (AVX2), here with constant strides: per step, unmasked vector loads
 //! from the sliver, broadcasts from the panel, nothing else. With fewer than [`PACK_A_COLS`] columns (a `Linear`
-//! layer's few rows, computed transposed) `a` is read in place instead: packing it would cost as much as using
-//! it. Packing buffers are per thread and reused, so a product does not page in fresh memory.
+//! layer's outputs, or its few rows when computed transposed) `a` is read in place instead, by broadcasts that
+//! take any strides: packing it would cost about as much as using it. Packing buffers are per thread and reused, so a product does not page in fresh memory.
 //!
 //! The work is shared out in blocks of whole row tiles (and whole slivers when there are few rows), as many as
 //! evenly fill the pool's threads.
@@ -25,12 +25,18 @@ use super::{level, Level};
 /// Most rows of `c` per job block (a multiple of the register tile's 6 rows): their packed piece of `a`,
 /// `MC × kc`, stays in L2 while every sliver of `b` passes over it.
 #[cfg(target_arch = "x86_64")]
-const MC: usize = 144;
+const MC: usize = 96;
 
 /// From this many columns of `c` on, `a` is packed too (each piece once per job, reused by every sliver of `b`);
-/// with fewer, a tile's broadcasts read it in place.
+/// with fewer, a tile's broadcasts read it in place: packing a piece of `a` costs about as much as a few slivers'
+/// multiply-adds with it, so below this width it measured slower (a `Linear` layer of 128–512 outputs at batch
+/// 1000: 10–20%).
 #[cfg(target_arch = "x86_64")]
-const PACK_A_COLS: usize = 32;
+const PACK_A_COLS: usize = 768;
+
+/// Below this many rows or columns the small side goes to `b` (see [`gemm_packed`]).
+#[cfg(target_arch = "x86_64")]
+const SMALL_SIDE: usize = 32;
 
 /// `c = a·b`, or `c += a·b` when `accumulate`, for any strides of `a`, `b` and `c`. Returns `false` without
 /// touching `c` when the CPU has neither instruction set.
@@ -57,7 +63,7 @@ pub(crate) fn gemm_packed(
         // weight is read in place, not repacked on every call. Otherwise keep `c`'s orientation (flip a
         // column-major `c` only), so its rows stay contiguous and need no copy.
         let (a, b) = (a.reborrow(), b.reborrow());
-        let flip = if m.min(n) < PACK_A_COLS { n > m } else { c.strides()[1] != 1 && c.strides()[0] == 1 };
+        let flip = if m.min(n) < SMALL_SIDE { n > m } else { c.strides()[1] != 1 && c.strides()[0] == 1 };
         let (a, b, mut c) = if flip { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
         if c.ncols() == 1 || c.strides()[1] == 1 {
             x86::gemm(level, a, b, c, accumulate, parallel);
@@ -96,13 +102,14 @@ mod x86 {
         }
     }
 
-    /// Length of one piece of the reduction: a sliver of `b` over it, `kc ×` tile width, stays in L1 (32 KB of
-    /// the 48) while every row tile of the block reads it.
-    fn kc(level: Level) -> usize {
-        if level == Level::Avx512 {
+    /// Length of one piece of the reduction. With `a` packed, a sliver of `b` over it (`kc ×` tile width) stays
+    /// in L1 (32 KB of the 48) while every row tile of the block reads it; with `a` read in place, its rows'
+    /// broadcasts take L1 too and a longer piece (fewer passes over `c`) measured faster.
+    fn kc(level: Level, pack_a: bool) -> usize {
+        if level == Level::Avx512 && pack_a {
             128
         } else {
-            512
+            256
         }
     }
 
@@ -331,7 +338,7 @@ mod x86 {
         /// every row tile.
         unsafe fn block(&self, i: usize, mc: usize, j: usize, nc: usize) {
             let w = tile_cols(self.level);
-            let kc_max = kc(self.level).min(self.k);
+            let kc_max = kc(self.level, self.pack_a).min(self.k);
             let len = if self.pack_a { mc.div_ceil(BLOCK_M) * BLOCK_M * kc_max } else { 0 };
             with_scratch(&PANELS, len, |panels| {
                 for p0 in (0..self.k).step_by(kc_max) {
@@ -389,7 +396,8 @@ mod tests {
     use super::super::{accelerated, gemm_nn, tests::random};
     use super::gemm_packed;
 
-    /// Every tail (rows mod 6, columns mod the tile width, reductions across pieces of `kc`), any
+    /// Every tail (rows mod 6, columns mod the tile width, reductions across pieces of `kc`), `a` packed or
+    /// read in place, any
     /// strides of `a`, `b` and `c`, accumulating or not, serial and parallel: bit-identical to the unpacked
     /// kernel (the same multiply-add chains) and close to an f64 product.
     #[test]
@@ -397,7 +405,9 @@ mod tests {
         if !accelerated() {
             return;
         }
-        for &(m, k, n) in &[(1, 1, 1), (7, 3, 17), (97, 300, 65), (200, 513, 130), (1, 784, 256), (13, 40, 1)] {
+        for &(m, k, n) in
+            &[(1, 1, 1), (7, 3, 17), (97, 300, 65), (200, 513, 130), (1, 784, 256), (13, 40, 1), (97, 300, 1000)]
+        {
             let (a, b, c0) = (random(m, k, 1), random(k, n, 2), random(m, n, 3));
             let (at, bt) = (a.t().to_owned(), b.t().to_owned());
             for acc in [false, true] {
@@ -473,11 +483,11 @@ mod tests {
         if !accelerated() {
             return;
         }
-        let (a, b) = (random(300, 600, 4), random(600, 70, 5));
-        let mut full = Array2::zeros((300, 70));
+        let (a, b) = (random(300, 600, 4), random(600, 800, 5));
+        let mut full = Array2::zeros((300, 800));
         assert!(gemm_packed(a.view(), b.view(), full.view_mut(), false, true));
         for (lo, hi) in [(0, 1), (95, 98), (100, 299), (299, 300)] {
-            let mut part = Array2::zeros((hi - lo, 70));
+            let mut part = Array2::zeros((hi - lo, 800));
             assert!(gemm_packed(a.slice(s![lo..hi, ..]), b.view(), part.view_mut(), false, true));
             assert_eq!(part, full.slice(s![lo..hi, ..]));
         }
