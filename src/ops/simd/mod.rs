@@ -3,8 +3,8 @@
 //!
 //! The kernels are split by family, each file holding its entry points and its bodies:
 //! - [`gemm`]: the register-tiled product `c (+)= a·b` ([`gemm_nn`]);
-//! - [`packed`]: the same tile with one operand packed, cache-blocked, any strides ([`gemm_packed`]), for `Linear`
-//!   layers' forward;
+//! - [`packed`]: the same tile with both operands packed (or `b` alone for narrow products), cache-blocked, any
+//!   strides ([`gemm_packed`]), for `Linear` layers' forward and `matmul`;
 //! - [`conv`]: the convolution tiles read straight from the image (forward with fused ReLU and pooling, weight
 //!   gradient, input gradient), driven by the planners in `ops::conv`;
 //! - [`depthwise`]: depthwise convolutions plane by plane (forward, input and weight gradients), driven by
