@@ -115,18 +115,31 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The exported batch of model `name`: `x`, labels `y` and PyTorch's `logits`.
+fn input(dir: &Path, name: &str) -> Result<SafetensorsFile, BoxError> {
+    Ok(SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?)
+}
+
+/// The batch's labels `y`.
+fn labels(input: &SafetensorsFile) -> Result<Vec<usize>, BoxError> {
+    Ok(input.i64("y")?.iter().map(|&v| v as usize).collect())
+}
+
+/// Model `name` imported from `DIR/name.onnx`, inputs in [0, 1].
+fn classifier(dir: &Path, name: &str) -> Result<armoury::ModuleClassifier, BoxError> {
+    Ok(OnnxModel::load(dir.join(format!("{name}.onnx")))?.classifier((0.0, 1.0))?)
+}
+
 fn measure(dir: &Path, name: &str, reps: usize) -> Result<Measured, BoxError> {
     let meta: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join(format!("{name}.json"))).map_err(|e| format!("{name}.json: {e}"))?,
     )?;
     let flops = meta["forward_flops"].as_f64().ok_or("forward_flops missing")?;
-    let input = SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?;
-    let x = Tensor::new(input.f32("x")?);
-    let y: Vec<usize> = input.i64("y")?.iter().map(|&v| v as usize).collect();
+    let input = input(dir, name)?;
+    let (x, y) = (Tensor::new(input.f32("x")?), labels(&input)?);
     let reference = input.f32("logits")?;
     let t = Instant::now();
-    let model = OnnxModel::load(dir.join(format!("{name}.onnx")))?;
-    let clf = model.classifier((0.0, 1.0))?;
+    let clf = classifier(dir, name)?;
     let load_s = t.elapsed().as_secs_f64();
     let logits = clf.logits(&x)?;
     let logit_diff = logits.iter().zip(reference.iter()).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
@@ -158,12 +171,10 @@ fn measure(dir: &Path, name: &str, reps: usize) -> Result<Measured, BoxError> {
 /// input gradient (Armoury's APGD stops a sample at its first success; the authors' runs every iteration); `benches/reference/zoo_full.py autoattack` runs
 /// the authors' code on the same weights, images and labels.
 fn autoattack(dir: &Path, name: &str, n: usize) -> Result<(), BoxError> {
-    let input = SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?;
-    let x = input.f32("x")?;
+    let x = input(dir, name)?.f32("x")?;
     let n = n.min(x.shape()[0]);
     let x = Tensor::new(x.slice_axis(ndarray::Axis(0), (0..n).into()).to_owned());
-    let model = OnnxModel::load(dir.join(format!("{name}.onnx")))?;
-    let clf = model.classifier((0.0, 1.0))?;
+    let clf = classifier(dir, name)?;
     let y = clf.predict(&x)?;
     clf.counters().reset();
     let t = Instant::now();
@@ -186,10 +197,9 @@ fn autoattack(dir: &Path, name: &str, n: usize) -> Result<(), BoxError> {
 /// `rows` most expensive steps, then the time per operator in each phase.
 fn profile(dir: &Path, name: &str, rows: usize) -> Result<(), BoxError> {
     use armoury::profile::Phase;
-    let input = SafetensorsFile::open(dir.join(format!("{name}_input.safetensors")))?;
-    let x = Tensor::new(input.f32("x")?);
-    let y: Vec<usize> = input.i64("y")?.iter().map(|&v| v as usize).collect();
-    let clf = OnnxModel::load(dir.join(format!("{name}.onnx")))?.classifier((0.0, 1.0))?;
+    let input = input(dir, name)?;
+    let (x, y) = (Tensor::new(input.f32("x")?), labels(&input)?);
+    let clf = classifier(dir, name)?;
     clf.loss_gradient(&x, &y)?;
     let t = Instant::now();
     let (result, p) = armoury::profile::record(|| clf.loss_gradient(&x, &y));
