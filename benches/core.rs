@@ -7,6 +7,11 @@
 //! `--gemm` compares the products `Linear` layers run on (Armoury's packed kernel through `Tensor::matmul`, the
 //! `gemm` crate, and `matrixmultiply` through ndarray, its two halves on the two threads) on large shapes.
 //!
+//! `--conv [FILTER]` times the convolutions of the full-size ResNets (batch 4 at 224², the CIFAR ones at batch 32)
+//! one by one — forward, and the input gradient alone (the weight not tracked, as in an attack; the backward op's
+//! time as `armoury::profile` records it) — as GFLOP/s and
+//! the share of the measured peak; FILTER keeps the shapes whose label contains it.
+//!
 //! `--export DIR` writes every model's weights and a check batch for `benches/reference/zoo.py` (PyTorch and
 //! onnxruntime on the same models and weights) and exits.
 
@@ -25,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match a.as_str() {
             "--bench" => {}
             "--gemm" => return gemm_compare(budget_ms),
+            "--conv" => return conv_shapes(budget_ms, args.next().as_deref()),
             "--export" => {
                 let dir = args.next().ok_or("--export needs a directory")?;
                 let all = if models.is_empty() { Zoo::ALL.to_vec() } else { models };
@@ -56,6 +62,84 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows.extend(bench::zoo_rows(zoo, &batches, budget_ms)?);
     }
     bench::print_zoo(&rows, peak);
+    Ok(())
+}
+
+/// Forward and forward + input-gradient time of single convolutions of the shapes real ResNets, WideResNets and
+/// MobileNets spend their time in.
+fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
+    use armoury::ops::Conv2dParams;
+    use armoury::Tensor;
+    let peak = armoury::ops::measured_peak_gflops(1.0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("measured f32 peak {peak:?} GFLOP/s, {} threads, load {load}", rayon::current_num_threads());
+    /// `(label, [n, c, h, w], out channels, kernel, stride, padding)`.
+    type Shape = (&'static str, [usize; 4], usize, usize, usize, usize);
+    let shapes: &[Shape] = &[
+        ("stem 7x7/2", [4, 3, 224, 224], 64, 7, 2, 3),
+        ("3x3 64@56", [4, 64, 56, 56], 64, 3, 1, 1),
+        ("3x3 128@28", [4, 128, 28, 28], 128, 3, 1, 1),
+        ("3x3 256@14", [4, 256, 14, 14], 256, 3, 1, 1),
+        ("3x3 512@7", [4, 512, 7, 7], 512, 3, 1, 1),
+        ("3x3/2 128@56", [4, 128, 56, 56], 128, 3, 2, 1),
+        ("1x1 64>256@56", [4, 64, 56, 56], 256, 1, 1, 0),
+        ("1x1 256>64@56", [4, 256, 56, 56], 64, 1, 1, 0),
+        ("1x1 128>512@28", [4, 128, 28, 28], 512, 1, 1, 0),
+        ("1x1 256>1024@14", [4, 256, 14, 14], 1024, 1, 1, 0),
+        ("1x1 1024>256@14", [4, 1024, 14, 14], 256, 1, 1, 0),
+        ("1x1 512>2048@7", [4, 512, 7, 7], 2048, 1, 1, 0),
+        ("1x1 2048>512@7", [4, 2048, 7, 7], 512, 1, 1, 0),
+        ("1x1 24>144@56", [4, 24, 56, 56], 144, 1, 1, 0),
+        ("1x1 480>80@14", [4, 480, 14, 14], 80, 1, 1, 0),
+        ("cifar 3x3 64@32", [32, 64, 32, 32], 64, 3, 1, 1),
+        ("cifar 3x3 256@8", [32, 256, 8, 8], 256, 3, 1, 1),
+        ("cifar 3x3 512@4", [32, 512, 4, 4], 512, 3, 1, 1),
+    ];
+    println!(
+        "{:<18} {:>9} {:>8} {:>7} {:>10} {:>8} {:>7}",
+        "conv", "fwd ms", "GFLOP/s", "peak", "dx ms", "GFLOP/s", "peak"
+    );
+    for &(label, [n, c, h, w], o, k, s, pad) in shapes {
+        if filter.is_some_and(|f| !label.contains(f)) {
+            continue;
+        }
+        let p = Conv2dParams { stride: (s, s), padding: (pad, pad), ..Conv2dParams::default() };
+        let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, 1);
+        let wt = Tensor::uniform(&[o, c, k, k], -0.1, 0.1, 2);
+        let (ho, wo) = ((h + 2 * pad - k) / s + 1, (w + 2 * pad - k) / s + 1);
+        let flops = 2.0 * (n * o * ho * wo * c * k * k) as f64;
+        let fwd = bench::median_ms_within(budget_ms, 200, || {
+            std::hint::black_box(x.conv2d(&wt, None, p)?);
+            Ok(())
+        })?;
+        // The input gradient alone: the conv's backward op as the profile times it, the median over the runs.
+        let xv = x.variable();
+        let mut dx = Vec::new();
+        bench::median_ms_within(budget_ms, 200, || {
+            let y = xv.conv2d(&wt, None, p)?;
+            let (g, prof) = armoury::profile::record(|| y.grad_wrt(&[&xv]));
+            std::hint::black_box(g?);
+            dx.push(
+                prof.entries
+                    .iter()
+                    .filter(|e| e.phase == armoury::profile::Phase::Backward && e.op.starts_with("conv2d"))
+                    .map(|e| e.ms)
+                    .sum::<f64>(),
+            );
+            Ok(())
+        })?;
+        dx.sort_by(f64::total_cmp);
+        let dx = dx[dx.len() / 2];
+        let rate = |ms: f64| flops / ms / 1e6;
+        let share = |ms: f64| peak.map_or("n/a".to_string(), |pk| format!("{:.0}%", 100.0 * rate(ms) / pk));
+        println!(
+            "{label:<18} {fwd:>9.2} {:>8.1} {:>7} {dx:>10.2} {:>8.1} {:>7}",
+            rate(fwd),
+            share(fwd),
+            rate(dx),
+            share(dx)
+        );
+    }
     Ok(())
 }
 

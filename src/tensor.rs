@@ -43,6 +43,8 @@ pub(crate) struct Node {
     pub(crate) value: Array,
     pub(crate) role: Role,
     pub(crate) op: Option<Op>,
+    /// A layout of `value` an op derived from it and keeps for its next call (see [`Tensor::derived`]).
+    derived: std::sync::Mutex<Option<(u64, Arc<Vec<f32>>)>>,
 }
 
 /// An immutable f32 tensor: a shared value plus, when tracked, the op that computed it.
@@ -93,7 +95,23 @@ pub fn grad_enabled() -> bool {
 
 impl Tensor {
     pub(crate) fn from_node(value: Array, role: Role, op: Option<Op>) -> Tensor {
-        Tensor(Arc::new(Node { id: TensorId::fresh(), value, role, op }))
+        Tensor(Arc::new(Node { id: TensorId::fresh(), value, role, op, derived: Default::default() }))
+    }
+
+    /// `make(value)`, computed on the first call with this `key` and kept with the tensor for the next (a tensor's
+    /// value never changes, so the copy stays valid for the tensor's life and is freed with it). One slot: a call
+    /// with another key replaces it. For layouts an op rearranges a weight into on every call — the flipped,
+    /// transposed convolution weight of the input gradient, read by every backward pass of an attack.
+    pub(crate) fn derived(&self, key: u64, make: impl FnOnce(&Array) -> Vec<f32>) -> Arc<Vec<f32>> {
+        let mut slot = self.0.derived.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((k, v)) = slot.as_ref() {
+            if *k == key {
+                return v.clone();
+            }
+        }
+        let v = Arc::new(make(&self.0.value));
+        *slot = Some((key, v.clone()));
+        v
     }
 
     /// A constant tensor wrapping an array (shared, not copied).
@@ -268,5 +286,33 @@ impl fmt::Debug for Tensor {
 impl From<ArrayD<f32>> for Tensor {
     fn from(a: ArrayD<f32>) -> Tensor {
         Tensor::new(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tensor;
+
+    /// A derived layout is made once per key and shared; another key replaces it; a copy of the handle shares
+    /// it, a new tensor with the same values does not.
+    #[test]
+    fn derived_is_made_once_per_key() {
+        let t = Tensor::from_slice(&[1.0, 2.0, 3.0], &[3]).unwrap();
+        let calls = std::cell::Cell::new(0);
+        let make = |v: &super::Array| {
+            calls.set(calls.get() + 1);
+            let mut r: Vec<f32> = v.iter().copied().collect();
+            r.reverse();
+            r
+        };
+        let a = t.derived(1, make);
+        let b = t.clone().derived(1, make);
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        assert_eq!((a.as_slice(), calls.get()), (&[3.0, 2.0, 1.0][..], 1));
+        t.derived(2, make);
+        t.derived(1, make);
+        assert_eq!(calls.get(), 3);
+        Tensor::from_slice(&[1.0, 2.0, 3.0], &[3]).unwrap().derived(1, make);
+        assert_eq!(calls.get(), 4);
     }
 }

@@ -85,12 +85,71 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
         let dw = dw.map(|v| ArrayD::from_shape_vec(w.shape(), v).expect("weight-sized"));
         return Ok(grads(dx, dw, db.map(|v| Array1::from(v).into_dyn()), has_bias));
     }
-    let dense = Dense::new(g, xs, ws, x.shape()[0], src, (need_x, need_w, need_b));
-    let (dx, dws, dbs) = dense.run();
+    let n = x.shape()[0];
+    let flipped = (need_x && transposed_fits(&g)).then(|| input_grad_flipped(w, &g, n, src));
+    let dense = Dense::new(g, xs, ws, n, src, (need_x && flipped.is_none(), need_w, need_b));
+    let (dx, dws, dbs) = if dense.need_x || need_w || need_b { dense.run() } else { Default::default() };
     let dw = need_w.then(|| ArrayD::from_shape_vec(w.shape(), dense.weight_grad(&dws)).expect("weight-sized"));
     let db = need_b.then(|| Array1::from(sum_in_order(&dbs, g.o)).into_dyn());
-    let dx = need_x.then(|| ArrayD::from_shape_vec(x.shape(), dx).expect("input-sized"));
+    let dx = need_x.then(|| ArrayD::from_shape_vec(x.shape(), flipped.unwrap_or(dx)).expect("input-sized"));
     Ok(grads(dx, dw, db, has_bias))
+}
+
+/// Whether the input gradient runs as a forward convolution ([`input_grad_flipped`]): a row and column stride of 1
+/// and padding within the dilated kernel's reach (so the flipped convolution's padding is not negative).
+fn transposed_fits(g: &Geom) -> bool {
+    let (p, d) = (g.p.padding, g.p.dilation);
+    g.p.stride == (1, 1) && p.0 <= d.0 * (g.kh - 1) && p.1 <= d.1 * (g.kw - 1)
+}
+
+/// The input gradient of a stride-1 convolution as a forward convolution, on the forward's kernels (direct from
+/// the image, or unfolded): `dx = conv(dout, W')`, where `W'[g·Cg + c, o, i, j] = W[g·Og + o, c, kh−1−i, kw−1−j]`
+/// (per group, channels swapped and the taps flipped), padded by `dilation·(k − 1) − padding` on each side, with
+/// the same dilation and groups. Each element of `dx` is one fused multiply-add chain over `(o, i, j)` in order,
+/// so an image's gradient does not depend on the batch or the thread count. `W'` is kept with the weight tensor
+/// ([`Tensor::derived`]): an attack's passes flip it once.
+fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32> {
+    let (groups, og, cg, kh, kw) = (g.p.groups, g.og(), g.cg(), g.kh, g.kw);
+    let taps = kh * kw;
+    // The key names the layout: a weight used with other groups is flipped again.
+    let flipped = w.derived(groups as u64, |ws| {
+        let ws = ws.as_standard_layout();
+        let ws = ws.as_slice().expect("standard layout");
+        let mut out = vec![0.0f32; ws.len()];
+        for grp in 0..groups {
+            for o in 0..og {
+                for c in 0..cg {
+                    let from = &ws[((grp * og + o) * cg + c) * taps..][..taps];
+                    let to = &mut out[((grp * cg + c) * og + o) * taps..][..taps];
+                    for (t, v) in to.iter_mut().zip(from.iter().rev()) {
+                        *t = *v;
+                    }
+                }
+            }
+        }
+        out
+    });
+    // The output gradient with the fused ReLU's mask (or the pooling's expansion) applied, image by image.
+    let len = g.o * g.hw_out();
+    let masked: std::borrow::Cow<[f32]> = match src {
+        OutGrad::Dense { g: gout, relu: None } => std::borrow::Cow::Borrowed(gout),
+        _ => {
+            let mut all = vec![0.0f32; n * len];
+            all.par_chunks_mut(len).enumerate().for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(eb, gm), (i, dst)| {
+                    let (graw, yimg) = src.image(g, i, eb);
+                    dst.copy_from_slice(relu_masked(graw, yimg, gm));
+                },
+            );
+            std::borrow::Cow::Owned(all)
+        }
+    };
+    let (d, p) = (g.p.dilation, g.p.padding);
+    let params = Conv2dParams { stride: (1, 1), padding: (d.0 * (kh - 1) - p.0, d.1 * (kw - 1) - p.1), ..g.p };
+    let gt = geometry(&[n, g.o, g.ho, g.wo], &[g.c, og, kh, kw], None, params).expect("the adjoint geometry is valid");
+    debug_assert!((gt.ho, gt.wo) == (g.h, g.w));
+    super::forward::values(&masked, &flipped, None, &gt, n, false)
 }
 
 /// `[dx, dw]`, then `db` when the convolution has a bias.

@@ -140,8 +140,18 @@ pub(super) fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams
     let n = x.shape()[0];
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
+    let out = values(xs, ws, bias, &g, n, relu);
+    let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
+    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu, pool: None }))
+}
+
+/// The forward's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), weight and bias: the
+/// depthwise kernel, the direct kernels or unfolding, as the geometry allows. The input gradient of a stride-1
+/// convolution runs here too, as the convolution of the output gradient with the flipped weight.
+pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, relu: bool) -> Vec<f32> {
+    let g = *g;
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
-    let out = if depthwise::applies(&g) {
+    if depthwise::applies(&g) {
         depthwise::forward(xs, ws, bias, &g, n, relu)
     } else if let Some(plan) = direct_plan(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
@@ -178,9 +188,7 @@ pub(super) fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams
                 .for_each_init(Vec::new, |col, (o, img)| run(col, o, img, false));
         }
         out
-    };
-    let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
-    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu, pool: None }))
+    }
 }
 
 /// `max_pool2d(relu(conv2d(x)), 2×2, stride 2)` as one op: on the direct kernels each register tile is pooled as

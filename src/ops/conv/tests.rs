@@ -52,6 +52,12 @@ fn im2col_gemm_matches_direct_convolution() {
         (2, 2, 9, 37, 3, 3, 5, Conv2dParams { padding: (2, 1), ..Default::default() }),
         (1, 4, 11, 20, 4, 3, 3, Conv2dParams { stride: (2, 1), padding: (1, 3), dilation: (2, 2), groups: 2 }),
         (3, 16, 12, 12, 32, 5, 5, Conv2dParams::default()),
+        // Stride 1: the input gradient as the flipped convolution — dilated and grouped, pointwise, and padding
+        // beyond the kernel's reach (which takes the other path).
+        (2, 4, 9, 11, 6, 3, 3, Conv2dParams { padding: (2, 1), dilation: (2, 2), groups: 2, ..Default::default() }),
+        (2, 8, 5, 7, 6, 1, 1, Conv2dParams::default()),
+        (1, 2, 6, 6, 3, 3, 3, Conv2dParams { padding: (3, 3), ..Default::default() }),
+        (3, 6, 7, 7, 9, 3, 3, Conv2dParams { padding: (1, 1), groups: 3, ..Default::default() }),
     ];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed as u64);
@@ -161,7 +167,8 @@ fn implicit_weight_gradient_equals_unfolded_product() {
 
 /// The backward (input, weight and bias gradients) against the direct adjoint sums in f64, over the
 /// geometries the vectorised im2col/col2im distinguish: padding, row stride, dilation, groups, rows wider
-/// than one 16-lane vector, and a column stride that takes the scalar path.
+/// than one 16-lane vector, and a column stride that takes the scalar path; and those of the input gradient as a
+/// flipped forward convolution (stride 1).
 #[test]
 fn backward_matches_direct_adjoint() {
     let cases = [
