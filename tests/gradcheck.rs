@@ -297,6 +297,9 @@ fn normalisation_and_softmax() {
     check("softmax", &[z.clone()], &|t| t[0].softmax(1));
     check("log_softmax", &[z.clone()], &|t| t[0].log_softmax(1));
     check("log_softmax_axis0", &[z], &|t| t[0].log_softmax(0));
+    // The fused softmax (last axis) over more rows than a parallel block, on a permuted input.
+    let scores = uniform(&[3, 50, 40], -3.0, 3.0, 24);
+    check("softmax fused, permuted", &[scores], &|t| t[0].permute(&[2, 0, 1])?.softmax(2));
 }
 
 #[test]

@@ -123,6 +123,8 @@ pub(crate) enum Op {
     },
     LayerNorm(Box<norm::LayerNormSaved>),
     BatchNorm(Box<batch_norm::BatchNormSaved>),
+    /// Softmax along the last axis; the backward reads the output.
+    Softmax(Tensor),
 }
 
 impl Op {
@@ -150,6 +152,7 @@ impl Op {
             Op::AvgPool2d { .. } => "avg_pool2d",
             Op::LayerNorm(_) => "layer_norm",
             Op::BatchNorm(_) => "batch_norm",
+            Op::Softmax(_) => "softmax",
         }
     }
 
@@ -168,7 +171,8 @@ impl Op {
             | Op::IndexSelect { x, .. }
             | Op::Gather { x, .. }
             | Op::MaxPool2d { x, .. }
-            | Op::AvgPool2d { x, .. } => vec![x],
+            | Op::AvgPool2d { x, .. }
+            | Op::Softmax(x) => vec![x],
             Op::Concat { xs, .. } => xs.iter().collect(),
             Op::Conv2d { x, w, b, .. } => {
                 let mut v = vec![x, w];
@@ -224,6 +228,7 @@ impl Op {
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
             Op::LayerNorm(s) => Ok(norm::layer_norm_backward(s, g, need)),
             Op::BatchNorm(s) => Ok(batch_norm::batch_norm_backward(s, g, need)),
+            Op::Softmax(_) => Ok(vec![Some(loss::softmax_backward(out, g))]),
         }
     }
 }

@@ -66,7 +66,7 @@ fn for_row_blocks<T: Send>(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f3
 }
 
 /// The values as a flat row-major slice, copied only when they are not in standard layout.
-pub(super) fn standard<S: ndarray::Data<Elem = f32>>(a: &ndarray::ArrayBase<S, IxDyn>) -> std::borrow::Cow<'_, [f32]> {
+pub(crate) fn standard<S: ndarray::Data<Elem = f32>>(a: &ndarray::ArrayBase<S, IxDyn>) -> std::borrow::Cow<'_, [f32]> {
     match a.as_slice() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(super::shape::contiguous_vec(&a.view())),
