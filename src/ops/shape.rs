@@ -87,7 +87,11 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
 }
 
 pub(crate) fn reshape_backward(shape: &[usize], g: ArrayD<f32>) -> ArrayD<f32> {
-    let g = if g.is_standard_layout() { g } else { g.as_standard_layout().into_owned() };
+    let g = if g.is_standard_layout() {
+        g
+    } else {
+        ArrayD::from_shape_vec(g.raw_dim(), contiguous_vec(&g.view())).expect("same number of elements")
+    };
     g.into_shape_with_order(IxDyn(shape)).expect("same number of elements")
 }
 
@@ -191,7 +195,8 @@ impl Tensor {
         let value = if v.is_standard_layout() {
             v.clone().into_shape_with_order(IxDyn(shape)).map_err(bad)?
         } else {
-            v.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).map_err(bad)?.into_shared()
+            // A permuted or sliced view: copied in row-major order by tiles, not element by element.
+            ArrayD::from_shape_vec(IxDyn(shape), contiguous_vec(&v.view())).map_err(bad)?.into_shared()
         };
         Ok(record(value, Op::Reshape(self.clone())))
     }
