@@ -276,3 +276,55 @@ fn imported_sigmoid_times_input_is_one_silu() {
     let silu = zoo.plan().into_iter().filter(|f| f.fused == Fused::Silu).count();
     assert!(silu >= 16, "EfficientNet-B0's SiLUs are planned as one op each: {silu}");
 }
+
+/// The exact GELU as PyTorch's exporter writes it (`x / √2 → Erf → + 1 → · x → · ½`) runs as one GELU; the same
+/// five nodes with another divisor are planned alike but run as the five ops. Values and input gradients match
+/// the layer-by-layer run; the (reduced) ConvNeXt-T export plans every block's GELU.
+#[test]
+fn imported_erf_chain_is_one_gelu() {
+    use crate::onnx::build::{attr_t, node, Graph};
+    use armoury::onnx::float_tensor;
+    // The exporter writes the three scalars as Constant nodes (an initialiser is a parameter, whose gradient a
+    // fused op could not give: those chains run as the five ops).
+    let constant =
+        |name: &str, v: f32| node("Constant", &[], &[name], name, vec![attr_t("value", float_tensor(name, &[], &[v]))]);
+    let chain = |g: Graph, x: &str, sfx: &str, div: &str, out: &str| {
+        let n = |s: &str| format!("{s}{sfx}");
+        g.node(node("Div", &[x, div], &[&n("d")], &n("div"), vec![]))
+            .node(node("Erf", &[&n("d")], &[&n("e")], &n("erf"), vec![]))
+            .node(node("Add", &[&n("e"), "one"], &[&n("a")], &n("add"), vec![]))
+            .node(node("Mul", &[x, &n("a")], &[&n("m")], &n("mul"), vec![]))
+            .node(node("Mul", &[&n("m"), "half"], &[out], &n("half"), vec![]))
+    };
+    let consts = || {
+        Graph::new(13, &[-1, 3, 5])
+            .node(constant("sqrt2", std::f32::consts::SQRT_2))
+            .node(constant("two", 2.0))
+            .node(constant("one", 1.0))
+            .node(constant("half", 0.5))
+    };
+    let model = chain(chain(consts(), "x", "", "sqrt2", "g"), "g", "2", "two", "y").output("y", &[]).model();
+    let fused: Vec<(Fused, Vec<String>)> =
+        model.plan().into_iter().filter(|f| f.fused != Fused::Single).map(|f| (f.fused, f.layers)).collect();
+    let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        fused,
+        vec![
+            (Fused::Gelu, names(&["div", "erf", "add", "mul", "half"])),
+            (Fused::Gelu, names(&["div2", "erf2", "add2", "mul2", "half2"]))
+        ]
+    );
+    let x = Tensor::uniform(&[2, 3, 5], -3.0, 3.0, 31);
+    let every = ["d", "e", "a", "m", "g", "d2", "e2", "a2", "m2"];
+    let layered = |x: &Tensor| model.forward_taps(x, false, &every).expect("layer by layer").0;
+    close("gelu", &model.forward_t(&x, false).expect("forward"), &layered(&x), 1e-6);
+    let g = input_gradient(|x| model.forward_t(x, false).expect("forward"), &x, 32);
+    close("gelu input gradient", &g, &input_gradient(layered, &x, 32), 1e-5);
+    // The chain alone is the fused op itself: the same bits as Tensor::gelu.
+    let alone = chain(consts(), "x", "", "sqrt2", "y").output("y", &[]).model();
+    assert_eq!(alone.forward_t(&x, false).expect("forward").to_vec(), x.gelu(false).to_vec());
+
+    let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture("zoo/convnext_t_ts17.onnx")).expect("loads");
+    let gelu = zoo.plan().into_iter().filter(|f| f.fused == Fused::Gelu).count();
+    assert_eq!(gelu, 5, "the small ConvNeXt's five Erf nodes are each one planned GELU");
+}

@@ -86,6 +86,14 @@ pub enum Layer {
         /// The other operand.
         other: Tensor,
     },
+    /// `x / other` (broadcast as NumPy), `other` a second value of the graph (ONNX `Div`): with the erf after it,
+    /// the start of the exact GELU that PyTorch's exporter writes as five nodes.
+    Div {
+        /// The divisor.
+        other: Tensor,
+    },
+    /// The error function (ONNX `Erf`).
+    Erf,
     /// Anything else: it runs on its own, through its own forward.
     Opaque,
 }
@@ -111,6 +119,10 @@ pub enum Kind {
     Mul,
     /// [`Layer::Add`].
     Add,
+    /// [`Layer::Div`].
+    Div,
+    /// [`Layer::Erf`].
+    Erf,
     /// [`Layer::Opaque`].
     Opaque,
 }
@@ -127,6 +139,8 @@ impl Layer {
             Layer::Sigmoid => Kind::Sigmoid,
             Layer::Mul { .. } => Kind::Mul,
             Layer::Add { .. } => Kind::Add,
+            Layer::Div { .. } => Kind::Div,
+            Layer::Erf => Kind::Erf,
             Layer::Opaque => Kind::Opaque,
         }
     }
@@ -155,6 +169,9 @@ pub enum Fused {
     /// A sigmoid and the product of its input with it, `x·σ(x)`: one [`Tensor::silu`]. (A product with any other
     /// value — a squeeze-and-excitation gate — runs as the two ops.)
     Silu,
+    /// `x / √2 → erf → + 1 → · x → · ½`, the exact GELU as PyTorch exports it (opset < 20): one
+    /// [`Tensor::gelu`]. With other constants, or a product with another value, it runs as the five ops.
+    Gelu,
 }
 
 /// One step of a plan: the layers `start..start + len` of the run, computed as `fused` says.
@@ -234,6 +251,12 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
             }
             Kind::Add if open(i) && at(i + 1) == Kind::Relu => (2, Fused::AddRelu),
             Kind::Sigmoid if open(i) && at(i + 1) == Kind::Mul => (2, Fused::Silu),
+            Kind::Div
+                if (i..i + 4).all(open)
+                    && [Kind::Erf, Kind::Add, Kind::Mul, Kind::Mul] == [at(i + 1), at(i + 2), at(i + 3), at(i + 4)] =>
+            {
+                (5, Fused::Gelu)
+            }
             _ => (1, Fused::Single),
         };
         steps.push(Step { start: i, len, fused });
@@ -295,6 +318,17 @@ impl Fused {
             // The same value on both sides (one tensor, so one node of the graph): the SiLU.
             (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) if other.id() == x.id() => Ok(x.silu()),
             (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) => x.sigmoid().mul(other),
+            (
+                Fused::Gelu,
+                [Layer::Div { other: d }, Layer::Erf, Layer::Add { other: one }, Layer::Mul { other: m }, Layer::Mul { other: half }],
+            ) => {
+                // Constants only: a tracked divisor or coefficient keeps the five ops, so it gets its gradient.
+                let scalar = |t: &Tensor, want: f32| !t.is_tracked() && t.numel() == 1 && t.to_vec()[0] == want;
+                if m.id() == x.id() && scalar(d, std::f32::consts::SQRT_2) && scalar(one, 1.0) && scalar(half, 0.5) {
+                    return Ok(x.gelu(false));
+                }
+                x.div(d)?.erf().add(one)?.mul(m)?.mul(half)
+            }
             _ => Err(mismatch(self)),
         }
     }

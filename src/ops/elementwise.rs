@@ -530,14 +530,18 @@ fn zip_slices(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 
 }
 
 pub(crate) fn unary_backward(kind: UnaryKind, x: &Array, y: &Array, g: &ArrayD<f32>) -> ArrayD<f32> {
-    if let (Some(gs), Some(xs), Some(ys)) = (g.as_slice(), x.as_slice(), y.as_slice()) {
-        // All three in standard layout: one flat pass, collected without zero-filling first.
+    if x.shape() == g.shape() && y.shape() == g.shape() {
+        // One flat pass over the three in row-major order (a permuted operand copied by tiles first), collected
+        // without zero-filling first.
+        use super::norm::standard;
+        let (gs, xs, ys) = (standard(g), standard(x), standard(y));
+        let (gs, xs, ys) = (&gs[..], &xs[..], &ys[..]);
         let v = match kind {
             UnaryKind::Relu => zip_slices(gs, xs, ys, |g, x, _| g * f32::from(x > 0.0)),
             UnaryKind::Sigmoid => zip_slices(gs, xs, ys, |g, _, y| g * (y * (1.0 - y))),
             UnaryKind::Silu => zip_slices(gs, xs, ys, |g, x, _| g * vmath::silu_derivative(x)),
             UnaryKind::Erf => zip_slices(gs, xs, ys, |g, x, _| g * vmath::erf_derivative(x)),
-            UnaryKind::Gelu => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_derivative(x)),
+            UnaryKind::Gelu => zip_slices(gs, xs, ys, |g, x, y| g * vmath::gelu_derivative_from(x, y)),
             UnaryKind::GeluTanh => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_tanh_derivative(x)),
             UnaryKind::HardSigmoid(a, b) => zip_slices(gs, xs, ys, |g, x, _| g * hard_sigmoid_derivative(a, b, x)),
             UnaryKind::HardSwish => zip_slices(gs, xs, ys, |g, x, _| g * hard_swish_derivative(x)),

@@ -153,7 +153,10 @@ pub(crate) fn erf(x: f32) -> f32 {
 #[inline(always)]
 fn normal_cdf(x: f32) -> f32 {
     let u = x.abs() * FRAC_1_SQRT_2;
-    let erfc = if u < SERIES_CUT { 1.0 - (u + erf_series_less_x(u)) } else { erfc_fit(u) };
+    // Both branches computed and one selected, as in `erf`: a branch keeps the slice loops scalar.
+    let near = 1.0 - (u + erf_series_less_x(u));
+    let far = erfc_fit(u);
+    let erfc = if u < SERIES_CUT { near } else { far };
     let half = 0.5 * erfc;
     if x < 0.0 {
         half
@@ -179,6 +182,15 @@ pub(crate) fn gelu(x: f32) -> f32 {
 #[inline(always)]
 pub(crate) fn gelu_derivative(x: f32) -> f32 {
     normal_cdf(x) + x * FRAC_1_SQRT_2PI * exp(-0.5 * x * x)
+}
+
+/// d GELU/dx from x and y = GELU(x): Φ(x) = y/x (½ at 0), so one exponential (φ) where [`gelu_derivative`]
+/// evaluates Φ again (two branches and two exponentials: the backward ran 15× slower than the forward). y = x·Φ(x)
+/// is one rounding from x·Φ, so y/x is Φ to two ulps; where Φ underflows (x < −13) y/x is 0, as is x·φ(x) there.
+#[inline(always)]
+pub(crate) fn gelu_derivative_from(x: f32, y: f32) -> f32 {
+    let cdf = if x == 0.0 { 0.5 } else { y / x };
+    cdf + x * FRAC_1_SQRT_2PI * exp(-0.5 * x * x)
 }
 
 /// GELU, tanh approximation: ½·x·(1 + tanh(u)) with u = √(2/π)·(x + 0.044715·x³), computed as x·σ(2u) (the
@@ -377,6 +389,11 @@ mod tests {
     /// against the formula in f64, and both derivatives against central differences in f64.
     #[test]
     fn gelu_forms_and_derivatives() {
+        // Tiny, zero and far-tail arguments of the backward's form: Φ(0) = ½, and 0 far to the left.
+        assert_eq!(gelu_derivative_from(0.0, 0.0), 0.5);
+        assert!((gelu_derivative_from(1e-30, gelu(1e-30)) - 0.5).abs() < 1e-6);
+        assert_eq!(gelu_derivative_from(-40.0, gelu(-40.0)), 0.0);
+        assert_eq!(gelu_derivative_from(40.0, gelu(40.0)), 1.0);
         // Φ through erfc on both sides: ½·(1 + erf) would cancel in the left tail.
         let phi = |x: f64| {
             let half = 0.5 * erfc64(x.abs() / std::f64::consts::SQRT_2);
@@ -400,6 +417,8 @@ mod tests {
             let h = 1e-6;
             let d_exact = ((xd + h) * phi(xd + h) - (xd - h) * phi(xd - h)) / (2.0 * h);
             assert!((gelu_derivative(x) as f64 - d_exact).abs() < 1e-6, "gelu'({x})");
+            // The backward's form, from the forward's output.
+            assert!((gelu_derivative_from(x, gelu(x)) as f64 - d_exact).abs() < 1e-6, "gelu'({x}) from y");
             let d_tanh = (tanh_form(xd + h) - tanh_form(xd - h)) / (2.0 * h);
             assert!((gelu_tanh_derivative(x) as f64 - d_tanh).abs() < 1e-6, "gelu_tanh'({x})");
             let d_erf = (erf64(xd + h) - erf64(xd - h)) / (2.0 * h);

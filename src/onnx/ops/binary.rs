@@ -84,6 +84,7 @@ impl Op for Binary {
         match self.0 {
             Bin::Add => Kind::Add,
             Bin::Mul => Kind::Mul,
+            Bin::Div => Kind::Div,
             _ => Kind::Opaque,
         }
     }
@@ -93,7 +94,8 @@ impl Op for Binary {
         match (self.kind(), ins) {
             (Kind::Add, [Some(other), None] | [None, Some(other)]) => Ok(Layer::Add { other: other.to_tensor()? }),
             (Kind::Mul, [Some(other), None] | [None, Some(other)]) => Ok(Layer::Mul { other: other.to_tensor()? }),
-            _ => Err(info.malformed("planned as a fused residual Add or a SiLU's Mul")),
+            (Kind::Div, [None, Some(other)]) => Ok(Layer::Div { other: other.to_tensor()? }),
+            _ => Err(info.malformed("planned as a fused residual Add, a SiLU's Mul or a GELU's nodes")),
         }
     }
 }

@@ -92,6 +92,7 @@ impl Op for Unary {
         match self.0 {
             UnaryKind::Relu => Kind::Relu,
             UnaryKind::Sigmoid => Kind::Sigmoid,
+            UnaryKind::Erf => Kind::Erf,
             _ => Kind::Opaque,
         }
     }
@@ -100,7 +101,8 @@ impl Op for Unary {
         match self.kind() {
             Kind::Relu => Ok(Layer::Relu),
             Kind::Sigmoid => Ok(Layer::Sigmoid),
-            _ => Err(info.malformed("planned as a fused Relu or Sigmoid")),
+            Kind::Erf => Ok(Layer::Erf),
+            _ => Err(info.malformed("planned as a fused Relu, Sigmoid or Erf")),
         }
     }
 }
