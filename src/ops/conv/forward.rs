@@ -171,6 +171,8 @@ pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
         // SAFETY: `forward_image_direct` wrote every element of every image's output.
         unsafe { out.set_len(n * out_len) };
         out
+    } else if let Some(per) = images_per_product(&g, n) {
+        small_maps(xs, ws, bias, &g, n, relu, per)
     } else {
         let mut out = vec![0.0f32; n * out_len];
         // The fused ReLU runs on each image's output while it is still in cache.
@@ -189,6 +191,57 @@ pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
         }
         out
     }
+}
+
+/// How many images [`small_maps`] unfolds side by side: enough for a 64-column block of the product when an
+/// image's output map is smaller than two vectors (a CIFAR ResNet's 4×4 stage: 16 columns, one vector of a register
+/// tile's four), on the vector kernels, ungrouped and not pointwise; `None` otherwise.
+fn images_per_product(g: &Geom, n: usize) -> Option<usize> {
+    let hw = g.hw_out();
+    let fits = crate::ops::simd::accelerated() && g.p.groups == 1 && !g.is_pointwise() && hw > 0 && hw < 32;
+    (fits && n > 1).then(|| (64 / hw).clamp(1, n))
+}
+
+/// The unfolded forward with `per` images' columns side by side in one product, `out[O, per·Ho·Wo] = W · [col₁ …
+/// col_per]`, then scattered to each image's `[O, Ho, Wo]`: a small map fills a register tile's vectors, where one
+/// image's 16 columns left three of the four empty. Each element is the same multiply-add chain (from the bias) as
+/// the per-image product, so the bits do not change and an image's output does not depend on its neighbours.
+fn small_maps(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, relu: bool, per: usize) -> Vec<f32> {
+    let (o, k, hw) = (g.o, g.k(), g.hw_out());
+    let (in_len, out_len) = (g.c * g.h * g.w, o * hw);
+    let mut out = vec![0.0f32; n * out_len];
+    out.par_chunks_mut(per * out_len).zip(xs.par_chunks(per * in_len)).for_each_init(
+        || (Vec::new(), Vec::new(), Vec::new()),
+        |(col, wide, prod), (dst, imgs)| {
+            let cols = imgs.len() / in_len * hw;
+            col.resize(k * hw, 0.0);
+            wide.resize(k * cols, 0.0);
+            for (b, img) in imgs.chunks_exact(in_len).enumerate() {
+                im2col(img, g, 0, col);
+                for (row, src) in wide.chunks_exact_mut(cols).zip(col.chunks_exact(hw)) {
+                    row[b * hw..(b + 1) * hw].copy_from_slice(src);
+                }
+            }
+            prod.resize(o * cols, 0.0);
+            if let Some(bias) = bias {
+                for (row, &bv) in prod.chunks_exact_mut(cols).zip(bias) {
+                    row.fill(bv);
+                }
+            }
+            product(mat(ws, o, k), mat(wide, k, cols), mat_mut(prod, o, cols), bias.is_some(), false);
+            for (b, image) in dst.chunks_exact_mut(out_len).enumerate() {
+                for (plane, row) in image.chunks_exact_mut(hw).zip(prod.chunks_exact(cols)) {
+                    let src = &row[b * hw..(b + 1) * hw];
+                    if relu {
+                        plane.iter_mut().zip(src).for_each(|(d, &v)| *d = v.max(0.0));
+                    } else {
+                        plane.copy_from_slice(src);
+                    }
+                }
+            }
+        },
+    );
+    out
 }
 
 /// `max_pool2d(relu(conv2d(x)), 2×2, stride 2)` as one op: on the direct kernels each register tile is pooled as

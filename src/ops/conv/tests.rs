@@ -367,3 +367,41 @@ fn kernel_larger_than_input_is_an_error() {
     let w = Tensor::zeros(&[2, 2, 1, 1]);
     assert!(matches!(x.conv2d(&w, None, Conv2dParams::default()), Err(Error::ShapeMismatch { .. })));
 }
+
+/// Small maps (4×4, 3×3 and 5×5 outputs) run with several images side by side in one product: each image's output
+/// and input gradient are the bits it gets alone (bias and fused ReLU included), and the values match the naive
+/// convolution.
+#[test]
+fn small_maps_side_by_side_do_not_depend_on_the_batch() {
+    let padded = Conv2dParams { padding: (1, 1), ..Default::default() };
+    for (n, c, hw, o, k, p) in
+        [(9, 6, 4, 10, 3, padded), (5, 3, 5, 7, 3, Conv2dParams::default()), (3, 4, 5, 5, 1, padded)]
+    {
+        let x = Tensor::uniform(&[n, c, hw, hw], -1.0, 1.0, 1);
+        let w = Tensor::uniform(&[o, c, k, k], -1.0, 1.0, 2);
+        let b = Tensor::uniform(&[o], -0.5, 0.5, 3);
+        let g = geometry(x.shape(), w.shape(), None, p).unwrap();
+        let batch = x.conv2d_relu(&w, Some(&b), p).unwrap().to_array();
+        let plain = x.conv2d(&w, Some(&b), p).unwrap().to_array();
+        let want = naive(
+            &x.to_array().into_dimensionality().unwrap(),
+            &w.to_array().into_dimensionality().unwrap(),
+            &b.to_vec(),
+            p,
+        );
+        assert!(plain.iter().zip(want.iter()).all(|(a, b)| (a - b).abs() <= 1e-4), "{n}x{c}x{hw}: values");
+        let gout = Tensor::uniform(&[n, o, g.ho, g.wo], -1.0, 1.0, 4).to_array();
+        let dx = conv2d_backward(&x, &w, true, &p, &gout, None, &[true, false, false]).unwrap()[0].clone().unwrap();
+        for i in 0..n {
+            let one =
+                |t: &Tensor| Tensor::new(t.value().slice(ndarray::s![i..i + 1, .., .., ..]).to_owned().into_dyn());
+            let alone = one(&x).conv2d_relu(&w, Some(&b), p).unwrap().to_array();
+            let mine = batch.slice(ndarray::s![i..i + 1, .., .., ..]);
+            assert!(alone.iter().zip(mine.iter()).all(|(a, b)| a.to_bits() == b.to_bits()), "image {i}: values");
+            let gi = gout.slice(ndarray::s![i..i + 1, .., .., ..]).to_owned().into_dyn();
+            let di = conv2d_backward(&one(&x), &w, true, &p, &gi, None, &[true, false, false]).unwrap()[0].clone();
+            let mine = dx.slice(ndarray::s![i..i + 1, .., .., ..]);
+            assert!(di.unwrap().iter().zip(mine.iter()).all(|(a, b)| a.to_bits() == b.to_bits()), "image {i}: dx");
+        }
+    }
+}
