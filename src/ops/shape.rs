@@ -52,6 +52,8 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     let (len_l, sl) = (shape[l], strides[l]);
     let (len_u, su, ou) = u.map_or((1, 0, 0), |u| (shape[u], strides[u], out_strides[u]));
     const TILE: usize = 16;
+    // Without a unit-stride axis to transpose against, whole rows at a time.
+    let tile_l = if u.is_some() { TILE } else { len_l };
     loop {
         let (mut so, mut oo) = (0isize, 0usize);
         for (&ax, &i) in outer.iter().zip(&idx) {
@@ -59,10 +61,16 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
             oo += i * out_strides[ax];
         }
         for i0 in (0..len_u).step_by(TILE) {
-            for j0 in (0..len_l).step_by(TILE) {
+            for j0 in (0..len_l).step_by(tile_l) {
                 for i in i0..(i0 + TILE).min(len_u) {
-                    let row = &mut out[oo + i * ou..][j0..(j0 + TILE).min(len_l)];
+                    let row = &mut out[oo + i * ou..][j0..(j0 + tile_l).min(len_l)];
                     let base = so + i as isize * su + j0 as isize * sl;
+                    if sl == 1 {
+                        // Rows contiguous in the input too (a permutation of the leading axes): a plain copy.
+                        // SAFETY: the row's elements lie inside the view's data, one after another.
+                        row.copy_from_slice(unsafe { std::slice::from_raw_parts(src.offset(base), row.len()) });
+                        continue;
+                    }
                     for (j, d) in row.iter_mut().enumerate() {
                         // SAFETY: every index is within the view's shape, so the offset lies inside its data.
                         *d = unsafe { *src.offset(base + j as isize * sl) };
@@ -360,6 +368,7 @@ mod tests {
         let views = [
             x.view(),
             x.view().permuted_axes(IxDyn(&[0, 2, 3, 1])),
+            x.view().permuted_axes(IxDyn(&[1, 0, 2, 3])),
             x.view().permuted_axes(IxDyn(&[3, 1, 0, 2])),
             x.slice(ndarray::s![.., ..;-2, 1.., ..;3]).into_dyn(),
             x.slice(ndarray::s![.., 3, .., ..]).into_dyn().permuted_axes(IxDyn(&[2, 1, 0])),
