@@ -16,7 +16,7 @@ use std::ops::Range;
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
-use super::norm::standard;
+use super::shape::standard;
 use super::{record, Op, PAR_THRESHOLD};
 use crate::tensor::Tensor;
 use crate::{Error, Result};

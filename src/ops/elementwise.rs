@@ -3,7 +3,7 @@
 use ndarray::{ArrayBase, ArrayD, Data, IxDyn, Zip};
 use rayon::prelude::*;
 
-use super::shape::sum_to_shape;
+use super::shape::{standard, sum_to_shape};
 use super::{record, vmath, Op, PAR_THRESHOLD};
 use crate::tensor::{Array, Tensor};
 use crate::{Error, Result};
@@ -530,32 +530,24 @@ fn zip_slices(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 
 }
 
 pub(crate) fn unary_backward(kind: UnaryKind, x: &Array, y: &Array, g: &ArrayD<f32>) -> ArrayD<f32> {
-    if x.shape() == g.shape() && y.shape() == g.shape() {
-        // One flat pass over the three in row-major order (a permuted operand copied by tiles first), collected
-        // without zero-filling first.
-        use super::norm::standard;
-        let (gs, xs, ys) = (standard(g), standard(x), standard(y));
-        let (gs, xs, ys) = (&gs[..], &xs[..], &ys[..]);
-        let v = match kind {
-            UnaryKind::Relu => zip_slices(gs, xs, ys, |g, x, _| g * f32::from(x > 0.0)),
-            UnaryKind::Sigmoid => zip_slices(gs, xs, ys, |g, _, y| g * (y * (1.0 - y))),
-            UnaryKind::Silu => zip_slices(gs, xs, ys, |g, x, _| g * vmath::silu_derivative(x)),
-            UnaryKind::Erf => zip_slices(gs, xs, ys, |g, x, _| g * vmath::erf_derivative(x)),
-            UnaryKind::Gelu => zip_slices(gs, xs, ys, |g, x, y| g * vmath::gelu_derivative_from(x, y)),
-            UnaryKind::GeluTanh => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_tanh_derivative(x)),
-            UnaryKind::HardSigmoid(a, b) => zip_slices(gs, xs, ys, |g, x, _| g * hard_sigmoid_derivative(a, b, x)),
-            UnaryKind::HardSwish => zip_slices(gs, xs, ys, |g, x, _| g * hard_swish_derivative(x)),
-            UnaryKind::Clamp(lo, hi) => zip_slices(gs, xs, ys, move |g, x, _| g * f32::from(x >= lo && x <= hi)),
-            UnaryKind::Affine(a, _) => zip_slices(gs, xs, ys, move |g, _, _| g * a),
-            _ => zip_slices(gs, xs, ys, |g, x, y| g * kind.derivative(x, y)),
-        };
-        return ArrayD::from_shape_vec(g.raw_dim(), v).expect("same length");
-    }
-    if g.len() >= PAR_THRESHOLD {
-        Zip::from(g).and(x).and(y).par_map_collect(|&g, &x, &y| g * kind.derivative(x, y))
-    } else {
-        Zip::from(g).and(x).and(y).map_collect(|&g, &x, &y| g * kind.derivative(x, y))
-    }
+    // One flat pass over the three (one shape: the op's input, output and output gradient) in row-major order, a
+    // permuted operand copied by tiles first, collected without zero-filling first.
+    let (gs, xs, ys) = (standard(g), standard(x), standard(y));
+    let (gs, xs, ys) = (&gs[..], &xs[..], &ys[..]);
+    let v = match kind {
+        UnaryKind::Relu => zip_slices(gs, xs, ys, |g, x, _| g * f32::from(x > 0.0)),
+        UnaryKind::Sigmoid => zip_slices(gs, xs, ys, |g, _, y| g * (y * (1.0 - y))),
+        UnaryKind::Silu => zip_slices(gs, xs, ys, |g, x, _| g * vmath::silu_derivative(x)),
+        UnaryKind::Erf => zip_slices(gs, xs, ys, |g, x, _| g * vmath::erf_derivative(x)),
+        UnaryKind::Gelu => zip_slices(gs, xs, ys, |g, x, y| g * vmath::gelu_derivative_from(x, y)),
+        UnaryKind::GeluTanh => zip_slices(gs, xs, ys, |g, x, _| g * vmath::gelu_tanh_derivative(x)),
+        UnaryKind::HardSigmoid(a, b) => zip_slices(gs, xs, ys, |g, x, _| g * hard_sigmoid_derivative(a, b, x)),
+        UnaryKind::HardSwish => zip_slices(gs, xs, ys, |g, x, _| g * hard_swish_derivative(x)),
+        UnaryKind::Clamp(lo, hi) => zip_slices(gs, xs, ys, move |g, x, _| g * f32::from(x >= lo && x <= hi)),
+        UnaryKind::Affine(a, _) => zip_slices(gs, xs, ys, move |g, _, _| g * a),
+        _ => zip_slices(gs, xs, ys, |g, x, y| g * kind.derivative(x, y)),
+    };
+    ArrayD::from_shape_vec(g.raw_dim(), v).expect("one gradient per input")
 }
 
 /// Elementwise arithmetic and functions on tensors.

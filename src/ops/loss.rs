@@ -26,7 +26,7 @@ fn softmax_blocks(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Syn
 /// the vector loops, their sum `s` in order, then `e / s`.
 fn softmax_last(x: &Tensor) -> Tensor {
     let d = x.shape()[x.rank() - 1];
-    let xs = super::norm::standard(x.value());
+    let xs = super::shape::standard(x.value());
     let mut out = vec![0.0f32; xs.len()];
     softmax_blocks(&mut out, d, |row0, o| {
         for (i, or) in o.chunks_exact_mut(d).enumerate() {
@@ -45,7 +45,7 @@ fn softmax_last(x: &Tensor) -> Tensor {
 /// The softmax's input gradient from its output `y` and the output's gradient `g`: `y·(g − Σ g·y)` per row.
 pub(crate) fn softmax_backward(y: &Array, g: &ArrayD<f32>) -> ArrayD<f32> {
     let d = y.shape()[y.ndim() - 1];
-    let (ys, gs) = (super::norm::standard(y), super::norm::standard(g));
+    let (ys, gs) = (super::shape::standard(y), super::shape::standard(g));
     let mut out = vec![0.0f32; ys.len()];
     softmax_blocks(&mut out, d, |row0, o| {
         for (i, or) in o.chunks_exact_mut(d).enumerate() {

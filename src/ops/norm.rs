@@ -9,7 +9,7 @@
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
-use super::shape::sum_to_shape;
+use super::shape::{standard, sum_to_shape};
 use super::{record, Op, PAR_THRESHOLD};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -62,14 +62,6 @@ fn for_row_blocks<T: Send>(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f3
         out.par_chunks_mut(block).enumerate().map(|(i, o)| f(i * ROWS_PER_BLOCK, o)).collect()
     } else {
         out.chunks_mut(block).enumerate().map(|(i, o)| f(i * ROWS_PER_BLOCK, o)).collect()
-    }
-}
-
-/// The values as a flat row-major slice, copied only when they are not in standard layout.
-pub(crate) fn standard<S: ndarray::Data<Elem = f32>>(a: &ndarray::ArrayBase<S, IxDyn>) -> std::borrow::Cow<'_, [f32]> {
-    match a.as_slice() {
-        Some(s) => std::borrow::Cow::Borrowed(s),
-        None => std::borrow::Cow::Owned(super::shape::contiguous_vec(&a.view())),
     }
 }
 

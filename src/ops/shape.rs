@@ -94,6 +94,14 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     }
 }
 
+/// The values as a flat row-major slice, copied only when they are not in standard layout.
+pub(crate) fn standard<S: ndarray::Data<Elem = f32>>(a: &ndarray::ArrayBase<S, IxDyn>) -> std::borrow::Cow<'_, [f32]> {
+    match a.as_slice() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(contiguous_vec(&a.view())),
+    }
+}
+
 pub(crate) fn reshape_backward(shape: &[usize], g: ArrayD<f32>) -> ArrayD<f32> {
     let g = if g.is_standard_layout() {
         g

@@ -138,13 +138,14 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
         OutGrad::Dense { g: gout, relu: None } => std::borrow::Cow::Borrowed(gout),
         _ => {
             let mut all = vec![0.0f32; n * len];
-            all.par_chunks_mut(len).enumerate().for_each_init(
-                || (Vec::new(), Vec::new()),
-                |(eb, gm), (i, dst)| {
-                    let (graw, yimg) = src.image(g, i, eb);
-                    dst.copy_from_slice(relu_masked(graw, yimg, gm));
-                },
-            );
+            all.par_chunks_mut(len).enumerate().for_each_init(Vec::new, |eb, (i, dst)| {
+                let (graw, yimg) = src.image(g, i, eb);
+                // The ReLU's mask written straight into the image's slot.
+                match yimg {
+                    Some(y) => relu_mask_into(graw, y, dst),
+                    None => dst.copy_from_slice(graw),
+                }
+            });
             std::borrow::Cow::Owned(all)
         }
     };
@@ -392,9 +393,16 @@ fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut V
 /// there is no ReLU).
 fn relu_masked<'a>(g: &'a [f32], y: Option<&[f32]>, buf: &'a mut Vec<f32>) -> &'a [f32] {
     let Some(y) = y else { return g };
-    buf.clear();
-    buf.extend(g.iter().zip(y).map(|(&g, &y)| if y > 0.0 { g } else { 0.0 }));
+    buf.resize(g.len(), 0.0);
+    relu_mask_into(g, y, buf);
     buf
+}
+
+/// `dst[i] = g[i]` where the fused ReLU's output `y[i]` is positive, else 0 (a NaN output passes nothing).
+fn relu_mask_into(g: &[f32], y: &[f32], dst: &mut [f32]) {
+    for ((d, &g), &y) in dst.iter_mut().zip(g).zip(y) {
+        *d = if y > 0.0 { g } else { 0.0 };
+    }
 }
 
 /// The sum of `v` (where the fused ReLU's output `y`, if given, is positive) in sixteen interleaved partial sums
