@@ -405,3 +405,35 @@ fn small_maps_side_by_side_do_not_depend_on_the_batch() {
         }
     }
 }
+
+/// The hand-written kernels run with subnormals flushed (`simd::isa::FlushSubnormals`): a sum whose every product
+/// is subnormal is 0 there (in IEEE arithmetic the 144 products of 1e-40 add up to a normal 1.44e-38), and a
+/// subnormal input reads as 0 (1e-40 · 1e10 would be 1e-30); the mode ends with the kernel, on the calling thread
+/// and on rayon's workers.
+#[test]
+fn kernels_flush_subnormals_and_restore_the_mode() {
+    if !simd::accelerated() {
+        return;
+    }
+    let ieee = || {
+        let t = std::hint::black_box(1e-20f32) * std::hint::black_box(1e-20f32);
+        t.is_subnormal() && std::hint::black_box(1e-40f32) * std::hint::black_box(1e10f32) > 0.0
+    };
+    assert!(ieee(), "the test thread starts in IEEE mode");
+    for (k, pad) in [(3, 1), (1, 0)] {
+        // The direct kernels (3×3) and the packed product (1×1).
+        let p = Conv2dParams { padding: (pad, pad), ..Conv2dParams::default() };
+        let (c, o) = (144 / (k * k), 8);
+        let tiny = Tensor::full(&[2, c, 6, 6], 1e-20).conv2d(&Tensor::full(&[o, c, k, k], 1e-20), None, p).unwrap();
+        let naive_centre = 1.44e-38f32;
+        assert!(naive_centre.is_normal());
+        assert!(tiny.value().iter().all(|&v| v == 0.0), "{k}×{k}: subnormal products are flushed");
+        let sub = Tensor::full(&[2, c, 6, 6], 1e-40).conv2d(&Tensor::full(&[o, c, k, k], 1e10), None, p).unwrap();
+        assert!(sub.value().iter().all(|&v| v == 0.0), "{k}×{k}: subnormal inputs read as zero");
+        // Ordinary values are untouched by the mode.
+        let ones = Tensor::full(&[2, c, 6, 6], 1.0).conv2d(&Tensor::full(&[o, c, k, k], 1.0), None, p).unwrap();
+        assert_eq!(ones.value()[[0, 0, 2, 2]], 144.0);
+        assert!(ieee(), "{k}×{k}: the calling thread is back in IEEE mode");
+        assert!(rayon::broadcast(|_| ieee()).into_iter().all(|b| b), "{k}×{k}: so are rayon's workers");
+    }
+}

@@ -85,6 +85,7 @@ macro_rules! kernel_dispatch {
             $body::<Avx2, KW, SW>(t)
         }
         let (level, t) = ($level, $t);
+        let _flush = $crate::ops::simd::isa::FlushSubnormals::on();
         macro_rules! go {
             ($k:literal, $s:literal) => {
                 match level {

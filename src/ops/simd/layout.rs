@@ -119,6 +119,7 @@ mod x86 {
         unsafe fn narrow(col: &[f32], u: &Unfold, img: &mut [f32]) {
             col2im_scatter::<Avx2>(col, u, img)
         }
+        let _flush = super::super::isa::FlushSubnormals::on();
         match level {
             Level::Avx512 => wide(col, u, img),
             Level::Avx2 => narrow(col, u, img),

@@ -165,6 +165,7 @@ mod x86 {
         unsafe fn narrow<const N: usize, const TAIL: bool>(t: &ScaledRows) {
             scaled_rows_body::<Avx2, N, TAIL>(t)
         }
+        let _flush = super::super::isa::FlushSubnormals::on();
         macro_rules! vectors {
             ($f:ident, $tail:literal) => {
                 match n {
