@@ -328,3 +328,46 @@ fn imported_erf_chain_is_one_gelu() {
     let gelu = zoo.plan().into_iter().filter(|f| f.fused == Fused::Gelu).count();
     assert_eq!(gelu, 5, "the small ConvNeXt's five Erf nodes are each one planned GELU");
 }
+
+/// A convolution and the Clip after it (MobileNets' ReLU6, bounds as constant inputs; an absent bound is
+/// infinite) run as one clamped convolution: values and input gradients match the layer-by-layer run; the
+/// (reduced) MobileNetV2 export plans each of its convolutions with a ReLU6 so.
+#[test]
+fn imported_conv_then_clip_is_one_clamped_conv() {
+    use crate::onnx::build::{attr_i, attr_ints, node, Graph};
+    let w = Tensor::uniform(&[4, 3, 3, 3], -0.5, 0.5, 41).to_vec();
+    let dw = Tensor::uniform(&[4, 1, 3, 3], -0.5, 0.5, 42).to_vec();
+    let pad = || attr_ints("pads", &[1; 4]);
+    let model = Graph::new(13, &[-1, 3, 6, 6])
+        .init("w", &[4, 3, 3, 3], &w)
+        .init("dw", &[4, 1, 3, 3], &dw)
+        .init("lo", &[], &[0.0])
+        .init("hi", &[], &[0.5])
+        .node(node("Conv", &["x", "w"], &["c"], "conv", vec![attr_ints("kernel_shape", &[3, 3]), pad()]))
+        .node(node("Clip", &["c", "lo", "hi"], &["r"], "relu6", vec![]))
+        .node(node(
+            "Conv",
+            &["r", "dw"],
+            &["c2"],
+            "dwconv",
+            vec![attr_ints("kernel_shape", &[3, 3]), pad(), attr_i("group", 4)],
+        ))
+        .node(node("Clip", &["c2", "lo"], &["y"], "floor", vec![]))
+        .output("y", &[])
+        .model();
+    let fused: Vec<(Fused, Vec<String>)> =
+        model.plan().into_iter().filter(|f| f.fused != Fused::Single).map(|f| (f.fused, f.layers)).collect();
+    let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let clip = Fused::ConvClip { bn: false };
+    assert_eq!(fused, vec![(clip, names(&["conv", "relu6"])), (clip, names(&["dwconv", "floor"]))]);
+    let x = Tensor::uniform(&[2, 3, 6, 6], -2.0, 2.0, 43);
+    let layered = |x: &Tensor| model.forward_taps(x, false, &["c", "r", "c2"]).expect("layer by layer").0;
+    let y = model.forward_t(&x, false).expect("forward");
+    assert_eq!(y.to_vec(), layered(&x).to_vec(), "the same values, bit for bit");
+    let g = input_gradient(|x| model.forward_t(x, false).expect("forward"), &x, 44);
+    close("clip input gradient", &g, &input_gradient(layered, &x, 44), 1e-6);
+
+    let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture("zoo/mobilenet_v2_ts17.onnx")).expect("loads");
+    let clips = zoo.plan().into_iter().filter(|f| matches!(f.fused, Fused::ConvClip { .. })).count();
+    assert!(clips >= 10, "MobileNetV2's ReLU6 convolutions are planned as one op each: {clips}");
+}

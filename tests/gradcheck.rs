@@ -223,6 +223,20 @@ fn convolution() {
         check(&format!("conv2d no bias {i}"), &inputs[..2], &move |t| t[0].conv2d(&t[1], None, p));
         // The fused ReLU (a pre-activation within h of its kink is unlikely for these random inputs).
         check(&format!("conv2d_relu case {i}"), &inputs, &move |t| t[0].conv2d_relu(&t[1], Some(&t[2]), p));
+        // The fused clamp (ReLU6's form), its bounds in the widest gaps between the convolution's values in the
+        // lower and the upper half: a probe moves a value by at most h (inputs and weights within ±1), and a
+        // difference across a bound would not be the derivative.
+        let t = |a: &ArrayD<f32>| Tensor::new(a.clone());
+        let mut y = t(&inputs[0]).conv2d(&t(&inputs[1]), Some(&t(&inputs[2])), p).unwrap().to_vec();
+        y.sort_by(f32::total_cmp);
+        let widest = |from: usize, to: usize| {
+            let (gap, at) = (from..to).map(|j| (y[j + 1] - y[j], j)).max_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
+            assert!(gap > 4.0 * 2e-3, "{i}: a gap of {gap} leaves no room for the probes");
+            (y[at] + y[at + 1]) / 2.0
+        };
+        let n = y.len();
+        let (lo, hi) = (widest(n / 5, n / 2), widest(n / 2, 4 * n / 5));
+        check(&format!("conv2d_clamp case {i}"), &inputs, &move |t| t[0].conv2d_clamp(&t[1], Some(&t[2]), p, lo, hi));
     }
     // The fused ReLU and 2×2 max pooling: an odd output height (windows per channel) and an even one (the image
     // pooled as one tall plane), one padded; on the sparse backward (kernel rows of 9 and 12 values over all

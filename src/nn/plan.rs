@@ -94,6 +94,14 @@ pub enum Layer {
     },
     /// The error function (ONNX `Erf`).
     Erf,
+    /// `x` clamped to `[lo, hi]` (ONNX `Clip` with constant bounds, an infinite one where it has none): after a
+    /// convolution, the ReLU6 of MobileNets.
+    Clip {
+        /// The lower bound.
+        lo: f32,
+        /// The upper bound.
+        hi: f32,
+    },
     /// Anything else: it runs on its own, through its own forward.
     Opaque,
 }
@@ -123,6 +131,8 @@ pub enum Kind {
     Div,
     /// [`Layer::Erf`].
     Erf,
+    /// [`Layer::Clip`].
+    Clip,
     /// [`Layer::Opaque`].
     Opaque,
 }
@@ -141,6 +151,7 @@ impl Layer {
             Layer::Add { .. } => Kind::Add,
             Layer::Div { .. } => Kind::Div,
             Layer::Erf => Kind::Erf,
+            Layer::Clip { .. } => Kind::Clip,
             Layer::Opaque => Kind::Opaque,
         }
     }
@@ -163,6 +174,13 @@ pub enum Fused {
         relu: bool,
         /// A 2×2 max pooling fused after the ReLU.
         pool: bool,
+    },
+    /// A convolution, with the BatchNorm after it folded in as for [`Fused::Conv`] (`bn`), then a Clip: one
+    /// [`Tensor::conv2d_clamp`] (ReLU6 with no pass of its own over the output; the gradient passes strictly
+    /// inside the bounds, as PyTorch's ReLU6 — the Clip alone also passes it at a bound).
+    ConvClip {
+        /// A BatchNorm folded in.
+        bn: bool,
     },
     /// A residual add and the ReLU after it: one [`Tensor::add_relu`].
     AddRelu,
@@ -243,7 +261,10 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
                 j += usize::from(relu);
                 let pool = relu && open(j - 1) && is_max_pool2(at(j));
                 j += usize::from(pool);
+                let clip = !relu && open(j - 1) && at(j) == Kind::Clip;
+                j += usize::from(clip);
                 match (bn, relu, pool) {
+                    _ if clip => (j - i, Fused::ConvClip { bn }),
                     // A convolution alone: its own forward is the same op.
                     (false, false, false) => (1, Fused::Single),
                     _ => (j - i, Fused::Conv { bn, relu, pool }),
@@ -295,23 +316,37 @@ fn fold(weight: &Tensor, bias: Option<&Tensor>, bn: &Layer) -> Result<(Tensor, T
     Ok((w, b))
 }
 
+/// A convolution's weight and bias, with the BatchNorm `bn` folded in when there is one.
+fn folded(weight: &Tensor, bias: &Option<Tensor>, bn: Option<&Layer>) -> Result<(Tensor, Option<Tensor>)> {
+    match bn {
+        Some(norm) => {
+            let (w, b) = fold(weight, bias.as_ref(), norm)?;
+            Ok((w, Some(b)))
+        }
+        None => Ok((weight.clone(), bias.clone())),
+    }
+}
+
 impl Fused {
     /// Runs a fused step on its input `x`, given the descriptions of its layers in order (as many as the step
     /// has). [`Fused::Single`] is not run here: the front end runs the layer through its own forward.
     pub fn run(self, x: &Tensor, layers: &[Layer]) -> Result<Tensor> {
         match (self, layers) {
             (Fused::Conv { bn, relu, pool }, [Layer::Conv { weight, bias, params }, rest @ ..]) => {
-                let (w, b) = match rest.first() {
-                    Some(norm) if bn => {
-                        let (w, b) = fold(weight, bias.as_ref(), norm)?;
-                        (w, Some(b))
-                    }
-                    _ => (weight.clone(), bias.clone()),
-                };
+                let (w, b) = folded(weight, bias, rest.first().filter(|_| bn))?;
                 match (relu, pool) {
                     (true, true) => x.conv2d_relu_max_pool2(&w, b.as_ref(), *params),
                     (true, false) => x.conv2d_relu(&w, b.as_ref(), *params),
                     (false, _) => x.conv2d(&w, b.as_ref(), *params),
+                }
+            }
+            (Fused::ConvClip { bn }, [Layer::Conv { weight, bias, params }, rest @ .., Layer::Clip { lo, hi }]) => {
+                let (w, b) = folded(weight, bias, rest.first().filter(|_| bn))?;
+                if lo <= hi {
+                    x.conv2d_clamp(&w, b.as_ref(), *params, *lo, *hi)
+                } else {
+                    // Not an interval (or a NaN bound): the clamp's own rule, as the Clip alone would run.
+                    Ok(x.conv2d(&w, b.as_ref(), *params)?.clamp(*lo, *hi))
                 }
             }
             (Fused::AddRelu, [Layer::Add { other }, Layer::Relu]) => x.add_relu(other),
@@ -361,6 +396,23 @@ mod tests {
 
     fn conv(bn: bool, relu: bool, pool: bool) -> Fused {
         Fused::Conv { bn, relu, pool }
+    }
+
+    #[test]
+    fn conv_batchnorm_clip_is_one_clamped_conv() {
+        let k = [Kind::Conv, Kind::BatchNorm, Kind::Clip, Kind::Conv, Kind::Clip, Kind::Clip];
+        let want = vec![(0, 3, Fused::ConvClip { bn: true }), (3, 2, Fused::ConvClip { bn: false }), (5, 1, ALONE)];
+        assert_eq!(steps(&k, &[], &[], false), want);
+        // Training: no fold, and the Clip after a BatchNorm runs alone; a conv output read elsewhere or tapped
+        // ends the step.
+        let train = steps(&k, &[], &[], true);
+        assert_eq!(train[..3], [(0, 1, ALONE), (1, 1, ALONE), (2, 1, ALONE)]);
+        assert_eq!(train[3], (3, 2, Fused::ConvClip { bn: false }));
+        assert_eq!(steps(&k, &[3], &[], false)[1..3], [(3, 1, ALONE), (4, 1, ALONE)]);
+        assert_eq!(steps(&k, &[], &[3], false)[1..3], [(3, 1, ALONE), (4, 1, ALONE)]);
+        // A ReLU wins over a Clip after it (the Clip then runs alone).
+        let k = [Kind::Conv, Kind::Relu, Kind::Clip];
+        assert_eq!(steps(&k, &[], &[], false), vec![(0, 2, conv(false, true, false)), (2, 1, ALONE)]);
     }
 
     #[test]

@@ -102,14 +102,15 @@ pub(crate) enum Op {
         a: Tensor,
         b: Tensor,
     },
-    /// `relu`: the output is max(conv, 0) (fused; the backward masks by output > 0 first). `pool`: the output is
-    /// that, max-pooled over 2×2 windows of stride 2 (fused), with each window's flat arg-max in its plane.
+    /// `act`: the output is the convolution clamped (fused: the ReLU `[0, ∞)`, ReLU6 `[0, 6]`; the backward masks
+    /// where the output is not strictly inside first). `pool`: the output is the ReLU's, max-pooled over 2×2
+    /// windows of stride 2 (fused), with each window's flat arg-max in its plane.
     Conv2d {
         x: Tensor,
         w: Tensor,
         b: Option<Tensor>,
         p: Conv2dParams,
-        relu: bool,
+        act: Option<conv::Clamp>,
         pool: Option<Vec<u32>>,
     },
     /// The backward finds each window's arg-max again from the input and the output.
@@ -146,8 +147,9 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::Where { .. } => "where",
             Op::Conv2d { pool: Some(_), .. } => "conv2d_relu_max_pool2",
-            Op::Conv2d { relu: false, .. } => "conv2d",
-            Op::Conv2d { relu: true, .. } => "conv2d_relu",
+            Op::Conv2d { act: None, .. } => "conv2d",
+            Op::Conv2d { act: Some(conv::Clamp::RELU), .. } => "conv2d_relu",
+            Op::Conv2d { act: Some(_), .. } => "conv2d_clamp",
             Op::MaxPool2d { .. } => "max_pool2d",
             Op::AvgPool2d { .. } => "avg_pool2d",
             Op::LayerNorm(_) => "layer_norm",
@@ -218,8 +220,8 @@ impl Op {
             }
             Op::Gather { x, index } => Ok(vec![Some(index::gather_backward(x.shape(), index, g))]),
             Op::Where { mask, a, b } => Ok(index::where_backward(mask, a, b, g, need)),
-            Op::Conv2d { x, w, b, p, relu, pool: None } => {
-                conv::conv2d_backward(x, w, b.is_some(), p, g, relu.then_some(out), need)
+            Op::Conv2d { x, w, b, p, act, pool: None } => {
+                conv::conv2d_backward(x, w, b.is_some(), p, g, act.map(|c| (c, out)), need)
             }
             Op::Conv2d { x, w, b, p, pool: Some(argmax), .. } => {
                 conv::conv2d_pool_backward(x, w, b.is_some(), p, g, out, argmax, need)

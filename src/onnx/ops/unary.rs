@@ -165,6 +165,28 @@ impl Op for Clip {
     }
 
     fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let (lo, hi) = self.bounds(info, ins)?;
+        Ok(vec![Value::F(tensor(info, ins, 0)?.clamp(lo, hi))])
+    }
+
+    fn input_role(&self, i: usize) -> InputRole {
+        data_then_constants(i)
+    }
+
+    /// A Clip after a convolution runs inside it (ReLU6).
+    fn kind(&self) -> Kind {
+        Kind::Clip
+    }
+
+    fn describe(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Layer> {
+        let (lo, hi) = self.bounds(info, ins)?;
+        Ok(Layer::Clip { lo, hi })
+    }
+}
+
+impl Clip {
+    /// The bounds, from the attributes or the constant inputs 1 and 2; an absent one is infinite.
+    fn bounds(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<(f32, f32)> {
         let lo = match self.min {
             Some(v) => Some(v),
             None => opt_scalar(info, ins, 1)?,
@@ -173,12 +195,7 @@ impl Op for Clip {
             Some(v) => Some(v),
             None => opt_scalar(info, ins, 2)?,
         };
-        let t = tensor(info, ins, 0)?;
-        Ok(vec![Value::F(t.clamp(lo.unwrap_or(f32::NEG_INFINITY), hi.unwrap_or(f32::INFINITY)))])
-    }
-
-    fn input_role(&self, i: usize) -> InputRole {
-        data_then_constants(i)
+        Ok((lo.unwrap_or(f32::NEG_INFINITY), hi.unwrap_or(f32::INFINITY)))
     }
 }
 

@@ -17,7 +17,10 @@ use super::depthwise;
 use super::forward::for_each_pooling_plane;
 use super::plan::{InputGrad, WeightGrad};
 use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose};
-use super::{geometry, mat, mat_mut, sparse, sum_in_order, Conv2dParams, Geom, WGRAD_CHUNK};
+use super::{geometry, mat, mat_mut, sparse, sum_in_order, Clamp, Conv2dParams, Geom, WGRAD_CHUNK};
+
+/// Elements per parallel job of the clamp's mask.
+const MASK_CHUNK: usize = 1 << 16;
 use crate::ops::matmul::gemm;
 use crate::ops::simd;
 use crate::tensor::Tensor;
@@ -26,22 +29,36 @@ use crate::Result;
 /// The gradients a backward returns: input, weight and (with a bias) bias, each `None` when not asked for.
 type Grads = Vec<Option<ArrayD<f32>>>;
 
-/// The backward of a convolution (with the fused ReLU when `relu_out` is its output).
+/// The backward of a convolution, through its fused clamp when `fused` gives it with the op's output.
 pub(crate) fn conv2d_backward(
     x: &Tensor,
     w: &Tensor,
     has_bias: bool,
     p: &Conv2dParams,
     gout: &ArrayD<f32>,
-    relu_out: Option<&crate::tensor::Array>,
+    fused: Option<(Clamp, &crate::tensor::Array)>,
     need: &[bool],
 ) -> Result<Vec<Option<ArrayD<f32>>>> {
     // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
-    // each image's output gradient as it is used, in cache.
-    let ys = relu_out.map(|y| y.as_standard_layout());
+    // each image's output gradient as it is used, in cache. Any other clamp (ReLU6) masks the whole gradient
+    // first, in one pass (the work of a separate clamp's backward, which it replaces).
+    let ys = fused.map(|(_, y)| y.as_standard_layout());
     let gs = gout.as_standard_layout();
-    let relu = ys.as_ref().map(|y| y.as_slice().expect("std"));
-    backward(x, w, has_bias, p, &OutGrad::Dense { g: gs.as_slice().expect("std"), relu }, need)
+    let (gs, ys) = (gs.as_slice().expect("std"), ys.as_ref().map(|y| y.as_slice().expect("std")));
+    match (fused, ys) {
+        (Some((c, _)), Some(y)) if c != Clamp::RELU => {
+            let mut masked = vec![0.0f32; gs.len()];
+            masked.par_chunks_mut(MASK_CHUNK).zip(gs.par_chunks(MASK_CHUNK)).zip(y.par_chunks(MASK_CHUNK)).for_each(
+                |((d, g), y)| {
+                    for ((d, &g), &y) in d.iter_mut().zip(g).zip(y) {
+                        *d = if c.passes(y) { g } else { 0.0 };
+                    }
+                },
+            );
+            backward(x, w, has_bias, p, &OutGrad::Dense { g: &masked, relu: None }, need)
+        }
+        (_, relu) => backward(x, w, has_bias, p, &OutGrad::Dense { g: gs, relu }, need),
+    }
 }
 
 /// The backward of [`Tensor::conv2d_relu_max_pool2`], from the pooled output `out`, its gradient and the
@@ -153,7 +170,7 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
     let params = Conv2dParams { stride: (1, 1), padding: (d.0 * (kh - 1) - p.0, d.1 * (kw - 1) - p.1), ..g.p };
     let gt = geometry(&[n, g.o, g.ho, g.wo], &[g.c, og, kh, kw], None, params).expect("the adjoint geometry is valid");
     debug_assert!((gt.ho, gt.wo) == (g.h, g.w));
-    super::forward::values(&masked, &flipped, None, &gt, n, false)
+    super::forward::values(&masked, &flipped, None, &gt, n, None)
 }
 
 /// `[dx, dw]`, then `db` when the convolution has a bias.

@@ -17,7 +17,7 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use super::backward::lane_sum;
-use super::Geom;
+use super::{Clamp, Geom};
 #[cfg(target_arch = "x86_64")]
 use crate::ops::simd::depthwise as kernels;
 use crate::ops::simd::{level, Level};
@@ -121,8 +121,15 @@ impl GradLayout {
     }
 }
 
-/// The forward `[N, O, Ho, Wo]` of a depthwise convolution (see [`applies`]), with the ReLU when `relu`.
-pub(super) fn forward(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, relu: bool) -> Vec<f32> {
+/// The forward `[N, O, Ho, Wo]` of a depthwise convolution (see [`applies`]), with the fused clamp, if any.
+pub(super) fn forward(
+    xs: &[f32],
+    ws: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    n: usize,
+    act: Option<Clamp>,
+) -> Vec<f32> {
     let (hw, in_plane, kk, mult) = (g.hw_out(), g.h * g.w, g.kh * g.kw, g.o / g.c);
     let lay = ImageLayout::new(g);
     let mut out = Vec::with_capacity(n * g.o * hw);
@@ -135,7 +142,7 @@ pub(super) fn forward(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n:
             let ic = img * g.c + oc / mult;
             lay.fill(g, &xs[ic * in_plane..(ic + 1) * in_plane], buf);
             let w = &ws[oc * kk..(oc + 1) * kk];
-            plane_forward(g, &lay, buf, w, bias.map_or(0.0, |b| b[oc]), relu, dst);
+            plane_forward(g, &lay, buf, w, bias.map_or(0.0, |b| b[oc]), act, dst);
         });
     // SAFETY: `plane_forward` wrote every element of every plane.
     unsafe { out.set_len(n * g.o * hw) };
@@ -149,7 +156,7 @@ fn plane_forward(
     src: &[f32],
     w: &[f32],
     bias: f32,
-    relu: bool,
+    act: Option<Clamp>,
     dst: &mut [MaybeUninit<f32>],
 ) {
     let (sh, sw) = g.p.stride;
@@ -163,7 +170,7 @@ fn plane_forward(
             kh: g.kh,
             w: w.as_ptr(),
             bias,
-            relu,
+            clamp: Clamp::bounds(act),
             out: dst.as_mut_ptr().cast(),
             ho: g.ho,
             wo: g.wo,
@@ -181,7 +188,7 @@ fn plane_forward(
                     acc += w[i * g.kw + j] * src[(j % sw) * lay.ps + (sh * oy + i) * lay.rs + ox + j / sw];
                 }
             }
-            o.write(if relu { acc.max(0.0) } else { acc });
+            o.write(act.map_or(acc, |c| c.apply(acc)));
         }
     }
 }

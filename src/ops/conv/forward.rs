@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::depthwise;
 use super::plan::DirectConv;
 use super::unfold::{direct_unfold, im2col, padded, product};
-use super::{geometry, mat, mat_mut, Conv2dParams, Geom};
+use super::{geometry, mat, mat_mut, Clamp, Conv2dParams, Geom};
 use crate::ops::pool::{self, Pool2dParams};
 use crate::ops::{record, Op};
 use crate::tensor::{grad_enabled, Tensor};
@@ -30,8 +30,8 @@ fn direct_plan(g: &Geom) -> Option<DirectConv> {
 }
 
 /// Direct forward for one image (see [`direct_plan`]) with the geometry's `plan`: `img` is zero-padded into `pad`
-/// when the geometry has padding, and every element of `out[O, Ho·Wo]` is written, with the bias and, when
-/// `relu`, the ReLU.
+/// when the geometry has padding, and every element of `out[O, Ho·Wo]` is written, with the bias and the fused
+/// clamp, if any.
 #[allow(clippy::too_many_arguments)]
 fn forward_image_direct(
     img: &[f32],
@@ -41,7 +41,7 @@ fn forward_image_direct(
     plan: &DirectConv,
     pad: &mut Vec<f32>,
     out: &mut [MaybeUninit<f32>],
-    relu: bool,
+    act: Option<Clamp>,
     par: bool,
 ) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
@@ -50,7 +50,7 @@ fn forward_image_direct(
     for grp in 0..g.p.groups {
         let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
         let (wg, dst) = (&wt[grp * og * k..(grp + 1) * og * k], &mut out[grp * og * hw..(grp + 1) * og * hw]);
-        plan.run(&src[grp * g.cg() * u.h * u.w..], wg, og, b, relu, dst, par);
+        plan.run(&src[grp * g.cg() * u.h * u.w..], wg, og, b, act, dst, par);
     }
 }
 
@@ -135,30 +135,36 @@ impl<'a> Operands<'a> {
     }
 }
 
-pub(super) fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams, relu: bool) -> Result<Tensor> {
+pub(super) fn conv2d(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    p: Conv2dParams,
+    act: Option<Clamp>,
+) -> Result<Tensor> {
     let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
     let n = x.shape()[0];
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
-    let out = values(xs, ws, bias, &g, n, relu);
+    let out = values(xs, ws, bias, &g, n, act);
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
-    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu, pool: None }))
+    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None }))
 }
 
 /// The forward's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), weight and bias: the
 /// depthwise kernel, the direct kernels or unfolding, as the geometry allows. The input gradient of a stride-1
 /// convolution runs here too, as the convolution of the output gradient with the flipped weight.
-pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, relu: bool) -> Vec<f32> {
+pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, act: Option<Clamp>) -> Vec<f32> {
     let g = *g;
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
     if depthwise::applies(&g) {
-        depthwise::forward(xs, ws, bias, &g, n, relu)
+        depthwise::forward(xs, ws, bias, &g, n, act)
     } else if let Some(plan) = direct_plan(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];
         let run = |pad: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], par: bool| {
-            forward_image_direct(img, ws, bias, &g, &plan, pad, o, relu, par)
+            forward_image_direct(img, ws, bias, &g, &plan, pad, o, act, par)
         };
         if n == 1 {
             run(&mut Vec::new(), slots, xs, true);
@@ -172,14 +178,14 @@ pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
         unsafe { out.set_len(n * out_len) };
         out
     } else if let Some(per) = images_per_product(&g, n) {
-        small_maps(xs, ws, bias, &g, n, relu, per)
+        small_maps(xs, ws, bias, &g, n, act, per)
     } else {
         let mut out = vec![0.0f32; n * out_len];
-        // The fused ReLU runs on each image's output while it is still in cache.
+        // The fused clamp runs on each image's output while it is still in cache.
         let run = |col: &mut Vec<f32>, o: &mut [f32], img: &[f32], par: bool| {
             forward_image(img, ws, bias, &g, col, o, par);
-            if relu {
-                o.iter_mut().for_each(|v| *v = v.max(0.0));
+            if let Some(c) = act {
+                o.iter_mut().for_each(|v| *v = c.apply(*v));
             }
         };
         if n == 1 {
@@ -206,7 +212,16 @@ fn images_per_product(g: &Geom, n: usize) -> Option<usize> {
 /// col_per]`, then scattered to each image's `[O, Ho, Wo]`: a small map fills a register tile's vectors, where one
 /// image's 16 columns left three of the four empty. Each element is the same multiply-add chain (from the bias) as
 /// the per-image product, so the bits do not change and an image's output does not depend on its neighbours.
-fn small_maps(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, relu: bool, per: usize) -> Vec<f32> {
+#[allow(clippy::too_many_arguments)]
+fn small_maps(
+    xs: &[f32],
+    ws: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    n: usize,
+    act: Option<Clamp>,
+    per: usize,
+) -> Vec<f32> {
     let (o, k, hw) = (g.o, g.k(), g.hw_out());
     let (in_len, out_len) = (g.c * g.h * g.w, o * hw);
     let mut out = vec![0.0f32; n * out_len];
@@ -232,10 +247,9 @@ fn small_maps(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, 
             for (b, image) in dst.chunks_exact_mut(out_len).enumerate() {
                 for (plane, row) in image.chunks_exact_mut(hw).zip(prod.chunks_exact(cols)) {
                     let src = &row[b * hw..(b + 1) * hw];
-                    if relu {
-                        plane.iter_mut().zip(src).for_each(|(d, &v)| *d = v.max(0.0));
-                    } else {
-                        plane.copy_from_slice(src);
+                    match act {
+                        Some(c) => plane.iter_mut().zip(src).for_each(|(d, &v)| *d = c.apply(v)),
+                        None => plane.copy_from_slice(src),
                     }
                 }
             }
@@ -253,7 +267,7 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
     let window = Pool2dParams::square(2);
     if g.ho < 2 || g.wo < 2 {
         // No whole window: the separate ops report the pooling's error.
-        return conv2d(x, w, b, p, true)?.max_pool2d(window);
+        return conv2d(x, w, b, p, Some(Clamp::RELU))?.max_pool2d(window);
     }
     let n = x.shape()[0];
     let ops = Operands::new(x, w, b);
@@ -293,7 +307,7 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
             .for_each_init(Default::default, |bufs, (o, img)| one(bufs, img, o, &mut [], false));
     }
     let value = Array4::from_shape_vec((n, g.o, ph, pw), out).expect("sized above").into_dyn();
-    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, relu: true, pool: Some(argmax) };
+    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act: Some(Clamp::RELU), pool: Some(argmax) };
     Ok(record(value, op))
 }
 

@@ -51,6 +51,40 @@ impl Default for Conv2dParams {
     }
 }
 
+/// The clamp a convolution applies to its output as it stores it (fused): `[0, ∞)` is the ReLU, `[0, 6]` the
+/// ReLU6 that MobileNets export as a Clip. The backward passes the output gradient where the output lies strictly
+/// inside the bounds (an infinite bound admits everything on its side), as PyTorch's `threshold_backward` (ReLU)
+/// and `hardtanh_backward` (ReLU6) do; the output alone cannot tell the inclusive rule of a plain
+/// [`Tensor::clamp`] (PyTorch's `clamp`), which differs only where the convolution's value equals a bound.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Clamp {
+    pub(crate) lo: f32,
+    pub(crate) hi: f32,
+}
+
+impl Clamp {
+    /// max(x, 0).
+    pub(crate) const RELU: Clamp = Clamp { lo: 0.0, hi: f32::INFINITY };
+
+    /// `v` clamped (`max` first, so a NaN becomes `lo`, as the kernels' vector `max` does).
+    #[inline(always)]
+    pub(crate) fn apply(self, v: f32) -> f32 {
+        v.max(self.lo).min(self.hi)
+    }
+
+    /// Whether the gradient passes where the clamped output is `y`.
+    #[inline(always)]
+    pub(crate) fn passes(self, y: f32) -> bool {
+        // `&` and `|`, not `&&` and `||`: no branch, so a loop over a slice vectorises.
+        ((y > self.lo) | (self.lo == f32::NEG_INFINITY)) & ((y < self.hi) | (self.hi == f32::INFINITY))
+    }
+
+    /// The bounds as the vector kernels take them.
+    pub(crate) fn bounds(this: Option<Clamp>) -> Option<[f32; 2]> {
+        this.map(|c| [c.lo, c.hi])
+    }
+}
+
 /// Geometry shared by the forward and backward kernels.
 #[derive(Clone, Copy)]
 struct Geom {
@@ -168,12 +202,30 @@ impl Tensor {
     /// 2-D cross-correlation of `self` [N, C, H, W] with `weight` [O, C/groups, kh, kw] plus an optional
     /// `bias` [O]; output [N, O, Ho, Wo] with Ho = ⌊(H + 2p − d(kh−1) − 1)/s⌋ + 1.
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
-        forward::conv2d(self, weight, bias, params, false)
+        forward::conv2d(self, weight, bias, params, None)
     }
 
     /// `relu(conv2d(…))` as one op: the same values and gradients, one pass over the output fewer each way.
     pub fn conv2d_relu(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
-        forward::conv2d(self, weight, bias, params, true)
+        forward::conv2d(self, weight, bias, params, Some(Clamp::RELU))
+    }
+
+    /// `conv2d(…)` clamped to `[lo, hi]` as one op (ReLU6 is `[0, 6]`, an ONNX Conv → Clip): the values of
+    /// `conv2d(…).clamp(lo, hi)` with no pass over the output for the clamp. The gradient passes where the output
+    /// lies strictly inside the bounds — PyTorch's ReLU6 (`hardtanh_backward`); [`Tensor::clamp`] also passes it
+    /// where the convolution's value equals a bound.
+    pub fn conv2d_clamp(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        params: Conv2dParams,
+        lo: f32,
+        hi: f32,
+    ) -> Result<Tensor> {
+        if lo.is_nan() || hi.is_nan() || lo > hi {
+            return Err(Error::invalid("conv2d_clamp", format!("the bounds [{lo}, {hi}] are not an interval")));
+        }
+        forward::conv2d(self, weight, bias, params, Some(Clamp { lo, hi }))
     }
 
     /// `max_pool2d(relu(conv2d(…)), 2×2 windows, stride 2)` as one op: the same values and gradients, with the

@@ -36,7 +36,7 @@ impl DirectConv {
         _: &[f32],
         _: usize,
         _: Option<&[f32]>,
-        _: bool,
+        _: Option<super::Clamp>,
         _: &mut [MaybeUninit<f32>],
         _: bool,
     ) {

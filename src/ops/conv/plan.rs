@@ -11,6 +11,7 @@
 
 use std::mem::MaybeUninit;
 
+use super::Clamp;
 use crate::ops::simd::conv::{self as kernels, Direct, Gather, Pos, Scatter};
 use crate::ops::simd::{level, run_jobs, tile_bias, tile_rows, Level, Unfold, BLOCK_M};
 
@@ -41,7 +42,7 @@ fn split_fits(u: &Unfold) -> bool {
 }
 
 /// A convolution of one image group computed straight from the image (implicit GEMM), without unfolding it:
-/// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` plus the bias, then the ReLU when `relu`, where `col` is never
+/// `out[Og, Ho·Wo] = W[Og, K] · col[K, Ho·Wo]` plus the bias, then the fused clamp (ReLU, ReLU6), where `col` is never
 /// written — each register tile loads its input runs from the image at the kernel taps' offsets. Built once per
 /// op (the taps' offsets and the vectors of output positions), then [`DirectConv::run`] per image group.
 ///
@@ -184,7 +185,7 @@ impl DirectConv {
                     rsc: 0,
                     gap,
                     bias: bias_rows,
-                    relu: true,
+                    clamp: Clamp::bounds(Some(Clamp::RELU)),
                     pool: true,
                     pooled: [std::ptr::null_mut(); 2],
                     idx: [std::ptr::null_mut(); 2],
@@ -228,7 +229,7 @@ impl DirectConv {
         wt: &[f32],
         og: usize,
         bias: Option<&[f32]>,
-        relu: bool,
+        act: Option<Clamp>,
         out: &mut [MaybeUninit<f32>],
         parallel: bool,
     ) {
@@ -266,7 +267,7 @@ impl DirectConv {
                     rsc: hw,
                     gap,
                     bias: bias_rows,
-                    relu,
+                    clamp: Clamp::bounds(act),
                     pool: false,
                     pooled: [std::ptr::null_mut(); 2],
                     idx: [std::ptr::null_mut(); 2],

@@ -120,6 +120,11 @@ fn direct_forward_equals_unfolded_product() {
         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "case {seed}");
         let fused = x.conv2d_relu(&wt, Some(&b), p).unwrap().to_vec();
         assert!(fused.iter().zip(&want).all(|(a, b)| a.to_bits() == b.max(0.0).to_bits()), "case {seed} relu");
+        let clamped = x.conv2d_clamp(&wt, Some(&b), p, -0.25, 0.5).unwrap().to_vec();
+        assert!(
+            clamped.iter().zip(&want).all(|(a, b)| a.to_bits() == b.clamp(-0.25, 0.5).to_bits()),
+            "case {seed} clamp"
+        );
     }
 }
 
@@ -435,5 +440,49 @@ fn kernels_flush_subnormals_and_restore_the_mode() {
         assert_eq!(ones.value()[[0, 0, 2, 2]], 144.0);
         assert!(ieee(), "{k}×{k}: the calling thread is back in IEEE mode");
         assert!(rayon::broadcast(|_| ieee()).into_iter().all(|b| b), "{k}×{k}: so are rayon's workers");
+    }
+}
+
+/// The fused clamp (ReLU6) against the convolution and then `clamp`, on every forward path (direct 3×3, pointwise
+/// product, depthwise, strided unfold, small maps side by side): the same bits forward, and the same gradients of
+/// input, weight and bias where no value sits on a bound. On a bound the fused op follows PyTorch's ReLU6 (no
+/// gradient), where `clamp` passes it; bounds that are not an interval are an error.
+#[test]
+fn fused_clamp_equals_conv_then_clamp() {
+    let cases: [([usize; 4], [usize; 4], Conv2dParams); 5] = [
+        ([2, 5, 9, 8], [6, 5, 3, 3], Conv2dParams { padding: (1, 1), ..Conv2dParams::default() }),
+        ([2, 12, 7, 7], [10, 12, 1, 1], Conv2dParams::default()),
+        ([2, 6, 9, 9], [6, 1, 3, 3], Conv2dParams { padding: (1, 1), groups: 6, ..Conv2dParams::default() }),
+        ([2, 4, 9, 9], [5, 4, 3, 3], Conv2dParams { stride: (2, 2), padding: (1, 1), ..Conv2dParams::default() }),
+        ([8, 16, 4, 4], [16, 16, 3, 3], Conv2dParams { padding: (1, 1), ..Conv2dParams::default() }),
+    ];
+    for (i, (xs, ws, p)) in cases.into_iter().enumerate() {
+        let seed = 40 + 3 * i as u64;
+        let x = Tensor::uniform(&xs, -1.0, 1.0, seed).variable();
+        let w = Tensor::uniform(&ws, -0.5, 0.5, seed + 1).variable();
+        let b = Tensor::uniform(&[ws[0]], -0.2, 0.2, seed + 2).variable();
+        let (lo, hi) = (-0.3, 0.4);
+        let fused = x.conv2d_clamp(&w, Some(&b), p, lo, hi).unwrap();
+        let plain = x.conv2d(&w, Some(&b), p).unwrap().clamp(lo, hi);
+        let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&plain), "case {i}: values");
+        let inside = fused.to_vec().iter().filter(|&&v| v > lo && v < hi).count();
+        assert!(inside > 0 && inside < fused.numel(), "case {i}: both sides of the bounds are exercised");
+        let weights = Tensor::uniform(fused.shape(), -1.0, 1.0, seed + 3);
+        let grads = |y: &Tensor| y.mul(&weights).unwrap().sum_all().grad_wrt(&[&x, &w, &b]).unwrap();
+        for (name, (a, e)) in ["x", "w", "b"].iter().zip(grads(&fused).iter().zip(&grads(&plain))) {
+            assert_eq!(bits(a), bits(e), "case {i}: ∂{name}");
+        }
+    }
+    // On a bound: a zero input and bias give a convolution of exactly 0 = lo.
+    let x = Tensor::zeros(&[1, 2, 4, 4]).variable();
+    let w = Tensor::uniform(&[3, 2, 3, 3], -0.5, 0.5, 9);
+    let p = Conv2dParams { padding: (1, 1), ..Conv2dParams::default() };
+    let fused = x.conv2d_clamp(&w, None, p, 0.0, 6.0).unwrap().sum_all().grad_wrt(&[&x]).unwrap();
+    assert!(fused[0].to_vec().iter().all(|&v| v == 0.0), "ReLU6's rule: nothing passes at the bound");
+    let plain = x.conv2d(&w, None, p).unwrap().clamp(0.0, 6.0).sum_all().grad_wrt(&[&x]).unwrap();
+    assert!(plain[0].to_vec().iter().any(|&v| v != 0.0), "clamp's rule: the bound passes");
+    for (lo, hi) in [(1.0, 0.0), (f32::NAN, 1.0), (0.0, f32::NAN)] {
+        assert!(x.conv2d_clamp(&w, None, p, lo, hi).is_err(), "[{lo}, {hi}]");
     }
 }

@@ -11,7 +11,7 @@
 //! the level and the tile's rows and vectors to a body specialised for them (`tile_dispatch!`). x86-64 only: on
 //! other targets no plan is ever made.
 
-use super::isa::{ld, load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
+use super::isa::{clamp, ld, load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
 use super::{Level, BLOCK_M};
 
 /// One register tile of a direct convolution: `R ≤ 6` output channels (rows of `a`, `rsa` apart, and of the
@@ -30,7 +30,8 @@ pub(crate) struct Direct {
     pub(crate) rsc: usize,
     pub(crate) gap: usize,
     pub(crate) bias: [f32; BLOCK_M],
-    pub(crate) relu: bool,
+    /// The output clamped to `[lo, hi]` as it is stored (`[0, ∞)`: the ReLU), or not.
+    pub(crate) clamp: Option<[f32; 2]>,
     /// With 2×2 max pooling in the store (after the ReLU): vectors `2p` and `2p + 1` are two adjacent output rows
     /// of one column run, and instead of `dst` their windows' maxima go to `pooled[p]` (row `r` at `r·rsp`), their
     /// flat arg-max (`idx_base[p] + r·rsi` plus the window entry's offset: 0, 1, `w`, `w + 1`) to `idx[p]` unless
@@ -121,9 +122,10 @@ unsafe fn direct_body<S: Isa, const R: usize, const V: usize, const MASKED: bool
         pool_store::<S, R, V>(t, &std::hint::black_box(acc));
         return;
     }
+    let bounds = t.clamp.map(|b| b.map(|v| S::splat(v)));
     for (r, row) in acc.iter().enumerate() {
         for (v, &a) in row.iter().enumerate() {
-            let a = if t.relu { S::max(a, S::zero()) } else { a };
+            let a = clamp::<S>(a, bounds);
             let p = t.dst[v].add(r * t.rsc);
             if MASKED {
                 S::store(masks[v], p, a)

@@ -19,11 +19,11 @@
 //! All are specialised for the kernel width (1–7) and the column stride (1 or 2); x86-64 only, the caller keeps
 //! scalar loops in the same order for the portable level.
 
-use super::isa::{Avx2, Avx512, Isa};
+use super::isa::{clamp, Avx2, Avx512, Isa};
 use super::Level;
 
 /// One output plane of a depthwise convolution: `out[oy·wo + ox] = bias + Σᵢⱼ w[i·kw + j] ·
-/// src[(j % sw)·ps + (sh·oy + i)·rs + ox + j / sw]`, with the ReLU when `relu`.
+/// src[(j % sw)·ps + (sh·oy + i)·rs + ox + j / sw]`, clamped (the fused ReLU or ReLU6) when `clamp` says.
 pub(crate) struct Forward {
     pub(crate) src: *const f32,
     pub(crate) rs: usize,
@@ -32,7 +32,8 @@ pub(crate) struct Forward {
     pub(crate) kh: usize,
     pub(crate) w: *const f32,
     pub(crate) bias: f32,
-    pub(crate) relu: bool,
+    /// The output clamped to `[lo, hi]` (`[0, ∞)`: the ReLU), or not.
+    pub(crate) clamp: Option<[f32; 2]>,
     pub(crate) out: *mut f32,
     pub(crate) ho: usize,
     pub(crate) wo: usize,
@@ -177,8 +178,9 @@ unsafe fn forward_block<S: Isa, const KW: usize, const V: usize>(t: &Forward, of
         }
     }
     let orow = t.out.add(oy * t.wo + m);
+    let bounds = t.clamp.map(|b| b.map(|v| S::splat(v)));
     for (v, &a) in acc.iter().enumerate() {
-        let a = if t.relu { S::max(a, S::zero()) } else { a };
+        let a = clamp::<S>(a, bounds);
         let at = m + v * l;
         if at + l <= t.wo {
             S::storeu(orow.add(v * l), a);

@@ -24,6 +24,7 @@ pub(super) trait Isa {
     unsafe fn splat(x: f32) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// `a·b + c`, rounded once.
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn loadu(p: *const f32) -> Self::V;
@@ -117,6 +118,10 @@ impl Isa for Avx512 {
     #[inline(always)]
     unsafe fn max(a: __m512, b: __m512) -> __m512 {
         _mm512_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m512, b: __m512) -> __m512 {
+        _mm512_min_ps(a, b)
     }
     #[inline(always)]
     unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
@@ -269,6 +274,10 @@ impl Isa for Avx2 {
     #[inline(always)]
     unsafe fn max(a: __m256, b: __m256) -> __m256 {
         _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m256, b: __m256) -> __m256 {
+        _mm256_min_ps(a, b)
     }
     #[inline(always)]
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
@@ -525,6 +534,16 @@ macro_rules! tile_dispatch {
     }};
 }
 pub(crate) use tile_dispatch;
+
+/// `a` clamped to `[lo, hi]` (`max` first: a NaN becomes `lo`, as the scalar `f32::max`), or `a` itself: the
+/// activation a convolution fuses into its store (`[0, ∞)` is the ReLU, bit for bit).
+#[inline(always)]
+pub(super) unsafe fn clamp<S: Isa>(a: S::V, bounds: Option<[S::V; 2]>) -> S::V {
+    match bounds {
+        Some([lo, hi]) => S::min(S::max(a, lo), hi),
+        None => a,
+    }
+}
 
 /// Vector `v` of a tile row: the last one masked to `last` with `TAIL`, the others plain moves (a function, not
 /// a closure: it must inline into the entry point for the intrinsics to).
