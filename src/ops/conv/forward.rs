@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::depthwise;
 use super::plan::DirectConv;
-use super::unfold::{direct_unfold, im2col, padded, product};
+use super::unfold::{clamped_product, direct_unfold, im2col, padded};
 use super::{geometry, mat, mat_mut, Clamp, Conv2dParams, Geom};
 use crate::ops::pool::{self, Pool2dParams};
 use crate::ops::{record, Op};
@@ -81,7 +81,9 @@ fn pooled_image_direct(
     }
 }
 
-/// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]` (`out` zeroed).
+/// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]` (`out` zeroed), clamped as each
+/// product stores it when `act` is given.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn forward_image(
     img: &[f32],
     wt: &[f32],
@@ -89,6 +91,7 @@ pub(super) fn forward_image(
     g: &Geom,
     col: &mut Vec<f32>,
     out: &mut [f32],
+    act: Option<Clamp>,
     par: bool,
 ) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
@@ -103,11 +106,11 @@ pub(super) fn forward_image(
         let dst = mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw);
         if g.is_pointwise() {
             let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-            product(wg, mat(src, k, hw), dst, bias.is_some(), par);
+            clamped_product(wg, mat(src, k, hw), dst, bias.is_some(), par, act);
         } else {
             col.resize(k * hw, 0.0);
             im2col(img, g, grp * g.cg(), col);
-            product(wg, mat(col, k, hw), dst, bias.is_some(), par);
+            clamped_product(wg, mat(col, k, hw), dst, bias.is_some(), par, act);
         }
     }
 }
@@ -181,12 +184,9 @@ pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
         small_maps(xs, ws, bias, &g, n, act, per)
     } else {
         let mut out = vec![0.0f32; n * out_len];
-        // The fused clamp runs on each image's output while it is still in cache.
+        // The fused clamp is applied in the product's store.
         let run = |col: &mut Vec<f32>, o: &mut [f32], img: &[f32], par: bool| {
-            forward_image(img, ws, bias, &g, col, o, par);
-            if let Some(c) = act {
-                o.iter_mut().for_each(|v| *v = c.apply(*v));
-            }
+            forward_image(img, ws, bias, &g, col, o, act, par);
         };
         if n == 1 {
             run(&mut Vec::new(), &mut out, xs, true);
@@ -243,14 +243,10 @@ fn small_maps(
                     row.fill(bv);
                 }
             }
-            product(mat(ws, o, k), mat(wide, k, cols), mat_mut(prod, o, cols), bias.is_some(), false);
+            clamped_product(mat(ws, o, k), mat(wide, k, cols), mat_mut(prod, o, cols), bias.is_some(), false, act);
             for (b, image) in dst.chunks_exact_mut(out_len).enumerate() {
                 for (plane, row) in image.chunks_exact_mut(hw).zip(prod.chunks_exact(cols)) {
-                    let src = &row[b * hw..(b + 1) * hw];
-                    match act {
-                        Some(c) => plane.iter_mut().zip(src).for_each(|(d, &v)| *d = c.apply(v)),
-                        None => plane.copy_from_slice(src),
-                    }
+                    plane.copy_from_slice(&row[b * hw..(b + 1) * hw]);
                 }
             }
         },
@@ -285,8 +281,7 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
         }
         // Otherwise the image's convolution goes to a buffer, in cache, and is pooled from there.
         conv.resize(out_len, 0.0);
-        forward_image(img, ws, bias, &g, scratch, conv, par);
-        conv.iter_mut().for_each(|v| *v = v.max(0.0));
+        forward_image(img, ws, bias, &g, scratch, conv, Some(Clamp::RELU), par);
         for_each_pooling_plane(&g, conv, |h, plane, range| {
             let idx = if idx.is_empty() { &mut [][..] } else { &mut idx[range.clone()] };
             pool::max_pool_plane(plane, &mut o[range], idx, h, g.wo, pw, &window);

@@ -7,7 +7,7 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use super::Geom;
+use super::{Clamp, Geom};
 use crate::ops::matmul::gemm;
 use crate::ops::simd;
 
@@ -124,9 +124,25 @@ pub(super) fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
 }
 
 /// `c (+)= a·b` on the vector kernel when the CPU has one, else on the `gemm` crate.
-pub(super) fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32>, accumulate: bool, par: bool) {
-    if !simd::gemm_nn(a, b, c.view_mut(), accumulate, par) {
-        gemm(a, b, c, accumulate, par);
+pub(super) fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, c: ArrayViewMut2<f32>, accumulate: bool, par: bool) {
+    clamped_product(a, b, c, accumulate, par, None)
+}
+
+/// [`product`], each result clamped as it is stored (the fused ReLU or ReLU6; a pass over `c` after the `gemm`
+/// crate's product).
+pub(super) fn clamped_product(
+    a: ArrayView2<f32>,
+    b: ArrayView2<f32>,
+    mut c: ArrayViewMut2<f32>,
+    accumulate: bool,
+    par: bool,
+    act: Option<Clamp>,
+) {
+    if !simd::gemm_nn_clamped(a, b, c.view_mut(), accumulate, par, Clamp::bounds(act)) {
+        gemm(a, b, c.view_mut(), accumulate, par);
+        if let Some(act) = act {
+            c.mapv_inplace(|v| act.apply(v));
+        }
     }
 }
 

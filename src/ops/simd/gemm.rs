@@ -18,9 +18,23 @@ use super::{level, Level};
 pub(crate) fn gemm_nn(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
+    c: ArrayViewMut2<f32>,
+    accumulate: bool,
+    parallel: bool,
+) -> bool {
+    gemm_nn_clamped(a, b, c, accumulate, parallel, None)
+}
+
+/// [`gemm_nn`], each result clamped to `[lo, hi]` as it is stored when `clamp` is given (a pointwise
+/// convolution's fused ReLU or ReLU6: the tile holds the whole reduction, so the clamp costs no pass of its own).
+/// Returns `false` without touching `c` as [`gemm_nn`] does.
+pub(crate) fn gemm_nn_clamped(
+    a: ArrayView2<f32>,
+    b: ArrayView2<f32>,
     mut c: ArrayViewMut2<f32>,
     accumulate: bool,
     parallel: bool,
+    clamp: Option<[f32; 2]>,
 ) -> bool {
     let ((m, k), n) = (a.dim(), b.ncols());
     debug_assert!(b.nrows() == k && c.dim() == (m, n));
@@ -29,6 +43,9 @@ pub(crate) fn gemm_nn(
         return false;
     }
     if empty_product(k, &mut c, accumulate) {
+        if let Some([lo, hi]) = clamp {
+            c.mapv_inplace(|v| v.max(lo).min(hi));
+        }
         return true;
     }
     if n > 1 && (b.strides()[1] != 1 || c.strides()[1] != 1) {
@@ -36,12 +53,12 @@ pub(crate) fn gemm_nn(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        x86::gemm_nn(level, a, b, c, accumulate, parallel);
+        x86::gemm_nn(level, a, b, c, accumulate, parallel, clamp);
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = parallel;
+        let _ = (parallel, clamp);
         unreachable!("off x86-64 the level is always `Portable`")
     }
 }
@@ -90,7 +107,9 @@ pub(super) mod x86 {
     use ndarray::{ArrayView2, ArrayViewMut2};
     use rayon::prelude::*;
 
-    use super::super::isa::{entry_points, ld, load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
+    use super::super::isa::{
+        entry_points, ld, load_tile, store_tile_clamped, tile_dispatch, tile_match, Avx2, Avx512, Isa,
+    };
     use super::super::{tile_rows, Level, PAR_WORK};
 
     entry_points! {
@@ -128,9 +147,11 @@ pub(super) mod x86 {
         mut c: ArrayViewMut2<f32>,
         accumulate: bool,
         parallel: bool,
+        clamp: Option<[f32; 2]>,
     ) {
         let ((m, k), n) = (a.dim(), b.ncols());
         let ops = Operands {
+            clamp,
             a: a.as_ptr(),
             rsa: a.strides()[0],
             csa: a.strides()[1],
@@ -175,6 +196,7 @@ pub(super) mod x86 {
         k: usize,
         accumulate: bool,
         level: Level,
+        clamp: Option<[f32; 2]>,
     }
 
     // SAFETY: the pointers come from views borrowed for the duration of the product; concurrent tasks touch disjoint
@@ -200,6 +222,7 @@ pub(super) mod x86 {
                     rsc: self.rsc,
                     tail,
                     accumulate: self.accumulate,
+                    clamp: self.clamp,
                 };
                 tile(self.level, &t, mr, nv);
             }
@@ -218,6 +241,8 @@ pub(super) mod x86 {
         pub(in crate::ops::simd) rsc: isize,
         pub(in crate::ops::simd) tail: usize,
         pub(in crate::ops::simd) accumulate: bool,
+        /// The results clamped to `[lo, hi]` as they are stored, or not.
+        pub(in crate::ops::simd) clamp: Option<[f32; 2]>,
     }
 
     /// Runs the product tile kernel specialised for `r` rows and `v` vectors (with a partial last vector or not).
@@ -233,7 +258,8 @@ pub(super) mod x86 {
         let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
         let mut acc = if t.accumulate { load_tile::<S, R, V, TAIL>(last, t.c, t.rsc) } else { [[S::zero(); V]; R] };
         reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, t.rsa, t.csa), (t.b, t.rsb));
-        store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
+        let bounds = t.clamp.map(|b| b.map(|v| S::splat(v)));
+        store_tile_clamped::<S, R, V, TAIL>(last, t.c, t.rsc, &acc, bounds);
     }
 
     /// A register tile's reduction: `k` steps of `acc[r][v] += a[r]·b[v]`, row `r` of `a` at `r·rsa` from `a`
@@ -269,7 +295,7 @@ mod tests {
     use ndarray::{s, Array2};
 
     use super::super::{accelerated, tests::random};
-    use super::gemm_nn;
+    use super::{gemm_nn, gemm_nn_clamped};
 
     fn reference(a: &Array2<f32>, b: &Array2<f32>, c0: &Array2<f32>, acc: bool) -> Array2<f32> {
         let mut c = if acc { c0.clone() } else { Array2::zeros(c0.raw_dim()) };
@@ -307,6 +333,25 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The clamp in the store gives the product's bits clamped, on every tile shape, accumulating or not.
+    #[test]
+    fn clamped_store_is_the_product_clamped() {
+        if !accelerated() {
+            return;
+        }
+        for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (7, 40, 65), (13, 400, 130), (3, 0, 9)] {
+            for acc in [false, true] {
+                let (a, b, c0) = (random(m, k, 6), random(k, n, 7), random(m, n, 8));
+                let (mut plain, mut clamped) = (c0.clone(), c0.clone());
+                assert!(gemm_nn(a.view(), b.view(), plain.view_mut(), acc, false));
+                assert!(gemm_nn_clamped(a.view(), b.view(), clamped.view_mut(), acc, true, Some([-0.5, 2.0])));
+                let want = plain.mapv(|v| v.clamp(-0.5, 2.0));
+                assert!(want.iter().any(|&v| v == -0.5) || k == 0 || m * n < 20, "{m}x{k}x{n}: the bound is met");
+                assert_eq!(clamped.mapv(f32::to_bits), want.mapv(f32::to_bits), "{m}x{k}x{n} acc {acc}");
             }
         }
     }

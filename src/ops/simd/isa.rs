@@ -580,8 +580,21 @@ pub(super) unsafe fn store_tile<S: Isa, const R: usize, const V: usize, const TA
     rsc: isize,
     acc: &[[S::V; V]; R],
 ) {
+    store_tile_clamped::<S, R, V, TAIL>(last, c, rsc, acc, None)
+}
+
+/// [`store_tile`], each vector clamped to `bounds` (`[lo, hi]` splatted) on its way out when given.
+#[inline(always)]
+pub(super) unsafe fn store_tile_clamped<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
+    last: S::M,
+    c: *mut f32,
+    rsc: isize,
+    acc: &[[S::V; V]; R],
+    bounds: Option<[S::V; 2]>,
+) {
     for (r, row) in acc.iter().enumerate() {
         for (v, &a) in row.iter().enumerate() {
+            let a = clamp::<S>(a, bounds);
             let p = c.offset(r as isize * rsc).add(S::LANES * v);
             if TAIL && v + 1 == V {
                 S::store(last, p, a)

@@ -397,6 +397,7 @@ mod x86 {
                         rsc: self.rsc,
                         tail,
                         accumulate: load,
+                        clamp: None,
                     };
                     tile(self.level, &t, mr, nv);
                 }
