@@ -1,10 +1,47 @@
 //! Reductions: sum, mean, max/min along an axis, argmax/argmin and top-k.
 
 use ndarray::{Array2, ArrayD, Axis, IxDyn};
+use rayon::prelude::*;
 
 use super::{record, Op};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+
+/// The sums of the consecutive runs of `len` values in `v` (the rows of a row-major array whose trailing axes are
+/// summed), rows in parallel, each in sixteen interleaved partial sums: a fixed order, so the same bits whatever
+/// the thread count, and vector adds instead of one dependent chain. `len` must not be 0.
+pub(crate) fn row_sums(v: &[f32], len: usize) -> Vec<f32> {
+    let sum = |row: &[f32]| {
+        let mut acc = [0.0f32; 16];
+        let chunks = row.chunks_exact(16);
+        let rest: f32 = chunks.remainder().iter().sum();
+        for c in chunks {
+            for (a, x) in acc.iter_mut().zip(c) {
+                *a += x;
+            }
+        }
+        acc.iter().sum::<f32>() + rest
+    };
+    let mut out = vec![0.0f32; v.len() / len];
+    out.par_iter_mut()
+        .zip(v.par_chunks_exact(len))
+        .with_min_len((1 << 14) / len + 1)
+        .for_each(|(o, row)| *o = sum(row));
+    out
+}
+
+/// `a` summed over its last `k` axes (kept as size 1 when `keepdim`) by [`row_sums`], when `a` is in standard
+/// layout and those axes are not empty; `None` otherwise.
+pub(crate) fn sum_trailing(a: ndarray::ArrayViewD<f32>, k: usize, keepdim: bool) -> Option<ArrayD<f32>> {
+    let r = a.ndim();
+    let len: usize = a.shape()[r - k..].iter().product();
+    let s = a.as_slice().filter(|_| len > 0 && k > 0)?;
+    let mut shape = a.shape()[..r - k].to_vec();
+    if keepdim {
+        shape.resize(r, 1);
+    }
+    Some(ArrayD::from_shape_vec(IxDyn(&shape), row_sums(s, len)).expect("one sum per row"))
+}
 
 pub(crate) fn sum_backward(shape: &[usize], axes: &[usize], keepdim: bool, g: &ArrayD<f32>) -> ArrayD<f32> {
     let mut g = g.view();
@@ -71,13 +108,19 @@ impl Tensor {
         if sorted.len() != axes.len() || sorted.last().is_some_and(|&a| a >= self.rank()) {
             return Err(Error::invalid("sum", format!("bad axes {axes:?} for rank {}", self.rank())));
         }
-        let mut v = self.value().to_owned();
-        for &ax in sorted.iter().rev() {
-            v = v.sum_axis(Axis(ax));
-            if keepdim {
-                v.insert_axis_inplace(Axis(ax));
+        // The trailing axes of a standard-layout array (a global average pooling, a loss's sum) as row sums.
+        let trailing = sorted.iter().enumerate().all(|(i, &a)| a == self.rank() - sorted.len() + i);
+        let fast = if trailing { sum_trailing(self.value().view(), sorted.len(), keepdim) } else { None };
+        let v = fast.unwrap_or_else(|| {
+            let mut v = self.value().to_owned();
+            for &ax in sorted.iter().rev() {
+                v = v.sum_axis(Axis(ax));
+                if keepdim {
+                    v.insert_axis_inplace(Axis(ax));
+                }
             }
-        }
+            v
+        });
         Ok(record(v, Op::Sum { x: self.clone(), axes: sorted, keepdim }))
     }
 
@@ -149,5 +192,44 @@ impl Tensor {
             }
         }
         Ok((self.gather(&idx)?, idx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sums over trailing axes (a global average pooling's, a broadcast gradient's) by row sums: within f32
+    /// rounding of f64 sums, the shape kept or not, the same bits on one thread as on several, and the broadcast
+    /// gradient's reduction to `[N, C, 1, 1]` equal to the axis-by-axis one within rounding.
+    #[test]
+    fn trailing_sums_are_row_sums() {
+        let x = Tensor::uniform(&[3, 5, 7, 9], -1.0, 1.0, 1);
+        let want: Vec<f64> = x.to_vec().chunks(63).map(|r| r.iter().map(|&v| v as f64).sum()).collect();
+        for keepdim in [false, true] {
+            let s = x.sum(&[2, 3], keepdim).unwrap();
+            assert_eq!(s.shape(), if keepdim { &[3, 5, 1, 1][..] } else { &[3, 5][..] });
+            for (a, b) in s.to_vec().iter().zip(&want) {
+                assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+            }
+        }
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let big = Tensor::uniform(&[64, 3, 40, 40], -1.0, 1.0, 2);
+        let serial = one.install(|| big.sum(&[2, 3], true).unwrap().to_vec());
+        assert_eq!(serial, big.sum(&[2, 3], true).unwrap().to_vec());
+        let full = crate::ops::shape::sum_to_shape(big.value().to_owned(), &[64, 3, 1, 1]);
+        let mut generic = big.value().to_owned();
+        for ax in [3, 2] {
+            generic = generic.sum_axis(Axis(ax)).insert_axis(Axis(ax));
+        }
+        assert_eq!(full.shape(), generic.shape());
+        for (a, b) in full.iter().zip(generic.iter()) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+        // Not trailing, or not standard layout: the axis-by-axis path, the same values.
+        let t = Tensor::new(x.value().clone().permuted_axes(IxDyn(&[0, 1, 3, 2])));
+        let (a, b) = (t.sum(&[2, 3], false).unwrap().to_vec(), x.sum(&[2, 3], false).unwrap().to_vec());
+        assert!(a.iter().zip(&b).all(|(a, b)| (a - b).abs() < 1e-5));
+        assert_eq!(x.sum(&[1], false).unwrap().shape(), &[3, 7, 9]);
     }
 }

@@ -11,6 +11,14 @@ pub(crate) fn sum_to_shape(mut g: ArrayD<f32>, shape: &[usize]) -> ArrayD<f32> {
     if g.shape() == shape {
         return g;
     }
+    // Leading axes kept and trailing ones summed (a squeeze-and-excitation gate's gradient, `[N, C, H, W]` to
+    // `[N, C, 1, 1]`): row sums of the standard-layout gradient.
+    let keep = shape.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
+    if g.ndim() == shape.len() && keep < shape.len() && g.shape()[..keep] == shape[..keep] {
+        if let Some(s) = super::reduce::sum_trailing(g.view(), shape.len() - keep, true) {
+            return s;
+        }
+    }
     while g.ndim() > shape.len() {
         g = g.sum_axis(Axis(0));
     }
