@@ -55,6 +55,15 @@ pub(crate) fn sum_backward(shape: &[usize], axes: &[usize], keepdim: bool, g: &A
     if g.len() == 1 {
         return ArrayD::from_elem(IxDyn(shape), g.iter().next().copied().unwrap_or(0.0));
     }
+    // Trailing axes summed (a global average pooling's): each row of the result is one value of `g`, filled.
+    let lead = shape.len().saturating_sub(axes.len());
+    let trailing = axes.iter().all(|&a| a >= lead);
+    let len: usize = shape[lead..].iter().product();
+    if let (true, Some(gs), true) = (trailing, g.as_slice(), len > 0) {
+        let mut out = vec![0.0f32; gs.len() * len];
+        out.par_chunks_mut(len).zip(gs.par_iter()).with_min_len((1 << 14) / len + 1).for_each(|(row, &v)| row.fill(v));
+        return ArrayD::from_shape_vec(IxDyn(shape), out).expect("one row per value");
+    }
     let b = g.broadcast(IxDyn(shape)).expect("reduced shape broadcasts back");
     // `to_owned` of a broadcast view walks it element by element on one thread; a parallel Zip is far faster.
     ndarray::Zip::from(&b).par_map_collect(|&v| v)
@@ -231,5 +240,15 @@ mod tests {
         let (a, b) = (t.sum(&[2, 3], false).unwrap().to_vec(), x.sum(&[2, 3], false).unwrap().to_vec());
         assert!(a.iter().zip(&b).all(|(a, b)| (a - b).abs() < 1e-5));
         assert_eq!(x.sum(&[1], false).unwrap().shape(), &[3, 7, 9]);
+        // The backward of a trailing sum: each row filled with its value, as the broadcast it replaces.
+        let g = Tensor::uniform(&[3, 5], -1.0, 1.0, 3).value().to_owned();
+        for keepdim in [false, true] {
+            let gk = if keepdim { g.clone().into_shape_with_order(IxDyn(&[3, 5, 1, 1])).unwrap() } else { g.clone() };
+            let back = sum_backward(&[3, 5, 7, 9], &[2, 3], keepdim, &gk);
+            let want = g.clone().into_shape_with_order(IxDyn(&[3, 5, 1, 1])).unwrap();
+            assert_eq!(back, want.broadcast(IxDyn(&[3, 5, 7, 9])).unwrap().to_owned());
+        }
+        let mid = sum_backward(&[3, 5, 7], &[1], false, &Tensor::uniform(&[3, 7], -1.0, 1.0, 4).value().to_owned());
+        assert_eq!(mid.shape(), &[3, 5, 7]);
     }
 }

@@ -27,7 +27,7 @@ const FLUSH_BELOW: f32 = -87.33;
 /// there (a far negative pre-activation, common in a deep randomly initialised or badly scaled network) fed
 /// subnormals to the convolutions after it and made them 20–70× slower: EfficientNet-B0's projection convs ran at
 /// 3% of peak. The flushed values are below 1.2e-38, where the absolute error is all that f32 arithmetic keeps
-/// anyway (onnxruntime's logistic clamps its argument to ±18 for the same reason).
+/// anyway (onnxruntime's logistic clamps its argument to ±18 outright).
 ///
 /// x = n·ln 2 + r with n = round(x/ln 2) and |r| ≤ ln 2 / 2; eʳ is its Taylor polynomial to r⁷ (truncation below
 /// 0.347⁸/8! < 6e-9 relative) and 2ⁿ is built in the exponent bits, as 2^⌊n/2⌋·2^(n−⌊n/2⌋) so that both factors stay

@@ -433,12 +433,13 @@ impl Isa for Avx2 {
 /// An x86 core takes a micro-code assist of ~100 cycles for every vector operation that meets a subnormal, so a
 /// product with many near-zero terms crawls: a 1×1 convolution of EfficientNet-B0 after a squeeze-excitation gate
 /// (channels scaled by σ ≈ 1e-37 under random weights) ran 12–25× slower than the same shape on ordinary values,
-/// and the input gradient (an output gradient with subnormal entries) as much. oneDNN's and onnxruntime's kernels
-/// run in this mode for the same reason. The values lost are below 1.2e-38 in magnitude, a relative change of at
-/// most 2⁻²³ to any sum that also holds a normal term. The mode is set on the thread that runs the kernel (rayon's
-/// workers included: every entry point takes its own guard) and only for the kernel's duration, so code around
-/// it, the user's included, sees IEEE arithmetic; the kernels' results stay bit-identical for every thread count
-/// and batch size. The portable path (`gemm` crate, scalar loops) keeps IEEE subnormals; the paths agree to 1.2e-38.
+/// and the input gradient (an output gradient with subnormal entries) as much. PyTorch and onnxruntime offer the
+/// mode as an option (`torch.set_flush_denormal`, `session.set_denormal_as_zero`). The values lost are below
+/// 1.2e-38 in magnitude, a relative change of at most 2⁻²³ to any sum that also holds a normal term. The mode is
+/// set on the thread that runs the kernel (rayon's workers included: every entry point takes its own guard) and
+/// only for the kernel's duration, so code around it, the user's included, sees IEEE arithmetic; the kernels'
+/// results stay bit-identical for every thread count and batch size. The portable path (`gemm` crate, scalar
+/// loops) keeps IEEE subnormals; the paths agree to 1.2e-38.
 ///
 /// Rust assumes the default floating-point environment around compiled code, which is why the change is confined
 /// to the intrinsic kernels: they compute on run-time values only (nothing to fold at compile time), and the
