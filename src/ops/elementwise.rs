@@ -446,6 +446,9 @@ pub(crate) fn binary_backward(
 ) -> Vec<Option<ArrayD<f32>>> {
     let (av, bv) = (a.value(), b.value());
     let ga = need[0].then(|| {
+        if let Some(d) = (kind == BinaryKind::Mul).then(|| trailing_dots(g, bv, a.shape())).flatten() {
+            return d;
+        }
         let full = match kind {
             BinaryKind::Add => g.clone(),
             BinaryKind::Sub => g.clone(),
@@ -458,6 +461,9 @@ pub(crate) fn binary_backward(
         sum_to_shape(full, a.shape())
     });
     let gb = need[1].then(|| {
+        if let Some(d) = (kind == BinaryKind::Mul).then(|| trailing_dots(g, av, b.shape())).flatten() {
+            return d;
+        }
         let full = match kind {
             BinaryKind::Add => g.clone(),
             BinaryKind::Sub => g.mapv(|v| -v),
@@ -469,6 +475,41 @@ pub(crate) fn binary_backward(
         sum_to_shape(full, b.shape())
     });
     vec![ga, gb]
+}
+
+/// `Σ g·v` over the trailing axes that `small` broadcasts (it is `g`'s shape with its trailing axes of size 1 —
+/// a squeeze-excitation gate `[N, C, 1, 1]` scaling `v` `[N, C, H, W]`): the gradient of the broadcast factor of a
+/// product, row by row, without forming `g·v`. Each row is the products summed in sixteen interleaved partial sums,
+/// as [`super::reduce::row_sums`] sums the formed product, so the bits are the same. `None` when the shapes or
+/// layouts do not fit.
+fn trailing_dots(g: &ArrayD<f32>, v: &Array, small: &[usize]) -> Option<ArrayD<f32>> {
+    let keep = small.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
+    let fits = g.shape() == v.shape() && g.ndim() == small.len() && keep < small.len();
+    let (gs, vs) = (g.as_slice().filter(|_| fits)?, v.as_slice()?);
+    if g.shape()[..keep] != small[..keep] {
+        return None;
+    }
+    let len: usize = g.shape()[keep..].iter().product();
+    if len == 0 {
+        return None;
+    }
+    let dot = |(g, v): (&[f32], &[f32])| {
+        let mut acc = [0.0f32; 16];
+        let (gc, vc) = (g.chunks_exact(16), v.chunks_exact(16));
+        let rest: f32 = gc.remainder().iter().zip(vc.remainder()).map(|(a, b)| a * b).sum();
+        for (a, b) in gc.zip(vc) {
+            for ((s, x), y) in acc.iter_mut().zip(a).zip(b) {
+                *s += x * y;
+            }
+        }
+        acc.iter().sum::<f32>() + rest
+    };
+    let mut out = vec![0.0f32; gs.len() / len];
+    out.par_iter_mut()
+        .zip(gs.par_chunks_exact(len).zip(vs.par_chunks_exact(len)))
+        .with_min_len((1 << 14) / len + 1)
+        .for_each(|(o, rows)| *o = dot(rows));
+    Some(ArrayD::from_shape_vec(IxDyn(small), out).expect("one value per row"))
 }
 
 /// The gradient of [`Tensor::add_relu`] for both operands: `g` where the output is positive (the ReLU's backward,
@@ -684,6 +725,28 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The gradient of a product's broadcast factor (an SE gate `[N, C, 1, 1]`, either side) by row dots: the bits
+    /// of the formed product summed down to its shape, and the finite-difference-checked generic path's values
+    /// for shapes it does not take (a broadcast in the middle).
+    #[test]
+    fn broadcast_factor_gradient_is_row_dots() {
+        let x = Tensor::uniform(&[3, 5, 7, 9], -1.0, 1.0, 1).variable();
+        let gate = Tensor::uniform(&[3, 5, 1, 1], -1.0, 1.0, 2).variable();
+        let w = Tensor::uniform(&[3, 5, 7, 9], -1.0, 1.0, 3);
+        let formed = sum_to_shape(w.value().to_owned() * x.value(), &[3, 5, 1, 1]);
+        assert!(trailing_dots(&w.value().to_owned(), x.value(), &[3, 5, 1, 1]).is_some());
+        for y in [x.mul(&gate).unwrap(), gate.mul(&x).unwrap()] {
+            let g = y.mul(&w).unwrap().sum_all().grad_wrt(&[&gate, &x]).unwrap();
+            assert_eq!(g[0].value().mapv(f32::to_bits), formed.mapv(f32::to_bits));
+            assert_eq!(
+                g[1].to_vec(),
+                (w.value() * &gate.value().broadcast(IxDyn(&[3, 5, 7, 9])).unwrap()).into_raw_vec_and_offset().0
+            );
+        }
+        let mid = Tensor::uniform(&[3, 1, 7, 9], -1.0, 1.0, 4);
+        assert!(trailing_dots(&w.value().to_owned(), x.value(), mid.shape()).is_none());
+    }
 
     /// The fused residual add and ReLU: the bits of the two ops, values and both gradients, with ties at zero, a
     /// NaN and runs long enough to split across threads.

@@ -18,13 +18,13 @@ use super::forward::for_each_pooling_plane;
 use super::plan::{InputGrad, WeightGrad};
 use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose};
 use super::{geometry, mat, mat_mut, sparse, sum_in_order, Clamp, Conv2dParams, Geom, WGRAD_CHUNK};
-
-/// Elements per parallel job of the clamp's mask.
-const MASK_CHUNK: usize = 1 << 16;
 use crate::ops::matmul::gemm;
 use crate::ops::simd;
 use crate::tensor::Tensor;
 use crate::Result;
+
+/// Elements per parallel job of the clamp's mask.
+const MASK_CHUNK: usize = 1 << 16;
 
 /// The gradients a backward returns: input, weight and (with a bias) bias, each `None` when not asked for.
 type Grads = Vec<Option<ArrayD<f32>>>;
