@@ -4,7 +4,7 @@
 //! compile until it names its inputs and its backward.
 //!
 //! A map of the kernel house, from the ops down to the vector kernels:
-//! - `elementwise`, `reduce`, `shape`, `index`, `loss`: plain loops over `ndarray`, split across threads above
+//! - `elementwise` (binary, broadcast), `unary`, `reduce`, `shape`, `index`, `loss`: plain loops over `ndarray`, split across threads above
 //!   `PAR_THRESHOLD` elements; the flat elementwise loops and the transcendental activations (erf, GELU) run on
 //!   `vmath`: branch-free functions and slice loops the compiler vectorises, on AVX2 when the CPU has it;
 //! - `norm`: layer normalisation, fused (statistics, output and backward one pass per row); `batch_norm`: batch
@@ -32,6 +32,7 @@ pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod shape;
 pub(crate) mod simd;
+pub(crate) mod unary;
 pub(crate) mod vmath;
 
 use ndarray::ArrayD;
@@ -40,10 +41,10 @@ use crate::tensor::{grad_enabled, Array, Role, Tensor};
 use crate::Result;
 
 pub use conv::Conv2dParams;
-pub use elementwise::UnaryKind;
 pub use loss::Reduction;
 pub use matmul::measured_peak_gflops;
 pub use pool::Pool2dParams;
+pub use unary::UnaryKind;
 
 /// The kernel path of this process: `avx512`, `avx2` or `portable` (the CPU's best, capped by `ARMOURY_SIMD`).
 pub fn simd_level_name() -> &'static str {
@@ -204,7 +205,7 @@ impl Op {
         match self {
             Op::Binary(k, a, b) => Ok(elementwise::binary_backward(*k, a, b, g, need)),
             Op::AddRelu(..) => Ok(elementwise::add_relu_backward(out, g, need)),
-            Op::Unary(k, x) => Ok(vec![Some(elementwise::unary_backward(*k, x.value(), out, g))]),
+            Op::Unary(k, x) => Ok(vec![Some(unary::unary_backward(*k, x.value(), out, g))]),
             Op::MatMul(a, b) => matmul::matmul_backward(a, b, g, need),
             Op::Sum { x, axes, keepdim } => Ok(vec![Some(reduce::sum_backward(x.shape(), axes, *keepdim, g))]),
             Op::MaxAlong { x, axis, keepdim, index } => {
