@@ -8,7 +8,7 @@
 
 use std::mem::MaybeUninit;
 
-use ndarray::Array4;
+use ndarray::{Array4, ArrayViewMut2};
 use rayon::prelude::*;
 
 use super::depthwise;
@@ -16,6 +16,7 @@ use super::plan::DirectConv;
 use super::unfold::{clamped_product, direct_unfold, im2col, padded};
 use super::{geometry, mat, mat_mut, Clamp, Conv2dParams, Geom};
 use crate::ops::pool::{self, Pool2dParams};
+use crate::ops::simd::Start;
 use crate::ops::{record, Op};
 use crate::tensor::{grad_enabled, Tensor};
 use crate::Result;
@@ -81,8 +82,8 @@ fn pooled_image_direct(
     }
 }
 
-/// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]` (`out` zeroed), clamped as each
-/// product stores it when `act` is given.
+/// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]`, every element written (`out` need
+/// not be initialised), clamped as each product stores it when `act` is given.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward_image(
     img: &[f32],
@@ -90,27 +91,27 @@ pub(super) fn forward_image(
     bias: Option<&[f32]>,
     g: &Geom,
     col: &mut Vec<f32>,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
     act: Option<Clamp>,
     par: bool,
 ) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
-    // The bias is written first and the GEMM accumulates onto it (`b + Σ w·x`), saving a pass over the output.
-    if let Some(b) = bias {
-        for (plane, &bv) in out.chunks_mut(hw).zip(b) {
-            plane.fill(bv);
-        }
-    }
+    assert!(out.len() >= g.o * hw, "forward_image: sizes");
     for grp in 0..g.p.groups {
         let wg = mat(&wt[grp * og * k..(grp + 1) * og * k], og, k);
-        let dst = mat_mut(&mut out[grp * og * hw..(grp + 1) * og * hw], og, hw);
+        // SAFETY: the group's `og × hw` block lies inside `out` (asserted), is borrowed uniquely here, and the
+        // product writes every element of it before reading any (its chains start at zero or at the bias, never
+        // at `c`; the `gemm` crate's fallback writes the bias or zero first) — uninitialised memory is never read.
+        let dst = unsafe { ArrayViewMut2::from_shape_ptr((og, hw), out[grp * og * hw..].as_mut_ptr().cast::<f32>()) };
+        // The chains start at the bias (`b + Σ w·x`): no pass over the output writes it first.
+        let start = bias.map_or(Start::Zero, |b| Start::Rows(&b[grp * og..(grp + 1) * og]));
         if g.is_pointwise() {
             let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-            clamped_product(wg, mat(src, k, hw), dst, bias.is_some(), par, act);
+            clamped_product(wg, mat(src, k, hw), dst, start, par, act);
         } else {
             col.resize(k * hw, 0.0);
             im2col(img, g, grp * g.cg(), col);
-            clamped_product(wg, mat(col, k, hw), dst, bias.is_some(), par, act);
+            clamped_product(wg, mat(col, k, hw), dst, start, par, act);
         }
     }
 }
@@ -183,18 +184,22 @@ pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
     } else if let Some(per) = images_per_product(&g, n) {
         small_maps(xs, ws, bias, &g, n, act, per)
     } else {
-        let mut out = vec![0.0f32; n * out_len];
-        // The fused clamp is applied in the product's store.
-        let run = |col: &mut Vec<f32>, o: &mut [f32], img: &[f32], par: bool| {
+        // The fused clamp is applied in the product's store; nothing is zero-filled first.
+        let mut out = Vec::with_capacity(n * out_len);
+        let slots = &mut out.spare_capacity_mut()[..n * out_len];
+        let run = |col: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], par: bool| {
             forward_image(img, ws, bias, &g, col, o, act, par);
         };
         if n == 1 {
-            run(&mut Vec::new(), &mut out, xs, true);
+            run(&mut Vec::new(), slots, xs, true);
         } else {
-            out.par_chunks_mut(out_len)
+            slots
+                .par_chunks_mut(out_len)
                 .zip(xs.par_chunks(in_len))
                 .for_each_init(Vec::new, |col, (o, img)| run(col, o, img, false));
         }
+        // SAFETY: `forward_image` wrote every element of every image's output.
+        unsafe { out.set_len(n * out_len) };
         out
     }
 }
@@ -238,12 +243,8 @@ fn small_maps(
                 }
             }
             prod.resize(o * cols, 0.0);
-            if let Some(bias) = bias {
-                for (row, &bv) in prod.chunks_exact_mut(cols).zip(bias) {
-                    row.fill(bv);
-                }
-            }
-            clamped_product(mat(ws, o, k), mat(wide, k, cols), mat_mut(prod, o, cols), bias.is_some(), false, act);
+            let start = bias.map_or(Start::Zero, Start::Rows);
+            clamped_product(mat(ws, o, k), mat(wide, k, cols), mat_mut(prod, o, cols), start, false, act);
             for (b, image) in dst.chunks_exact_mut(out_len).enumerate() {
                 for (plane, row) in image.chunks_exact_mut(hw).zip(prod.chunks_exact(cols)) {
                     plane.copy_from_slice(&row[b * hw..(b + 1) * hw]);
@@ -281,7 +282,10 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
         }
         // Otherwise the image's convolution goes to a buffer, in cache, and is pooled from there.
         conv.resize(out_len, 0.0);
-        forward_image(img, ws, bias, &g, scratch, conv, Some(Clamp::RELU), par);
+        // SAFETY: `f32` and `MaybeUninit<f32>` share their layout, and `forward_image` writes only initialised
+        // values, so `conv` stays initialised.
+        let slots = unsafe { &mut *(conv.as_mut_slice() as *mut [f32] as *mut [MaybeUninit<f32>]) };
+        forward_image(img, ws, bias, &g, scratch, slots, Some(Clamp::RELU), par);
         for_each_pooling_plane(&g, conv, |h, plane, range| {
             let idx = if idx.is_empty() { &mut [][..] } else { &mut idx[range.clone()] };
             pool::max_pool_plane(plane, &mut o[range], idx, h, g.wo, pw, &window);

@@ -9,7 +9,7 @@ use ndarray::{ArrayView2, ArrayViewMut2};
 
 use super::{Clamp, Geom};
 use crate::ops::matmul::gemm;
-use crate::ops::simd;
+use crate::ops::simd::{self, Start};
 
 /// The output columns `lo..hi` of one kernel tap whose input column `ow·stride + off` lies inside `0..w`.
 #[inline]
@@ -125,21 +125,27 @@ pub(super) fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
 
 /// `c (+)= a·b` on the vector kernel when the CPU has one, else on the `gemm` crate.
 pub(super) fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, c: ArrayViewMut2<f32>, accumulate: bool, par: bool) {
-    clamped_product(a, b, c, accumulate, par, None)
+    clamped_product(a, b, c, if accumulate { Start::C } else { Start::Zero }, par, None)
 }
 
-/// [`product`], each result clamped as it is stored (the fused ReLU or ReLU6; a pass over `c` after the `gemm`
-/// crate's product).
+/// [`product`] with its chains started at `start` (`Start::Rows`: the bias, one value per row of `c`, so `c`
+/// needs no bias written first), each result clamped as it is stored (the fused ReLU or ReLU6; a pass over `c`
+/// after the `gemm` crate's product, which accumulates onto the bias written into `c`).
 pub(super) fn clamped_product(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
     mut c: ArrayViewMut2<f32>,
-    accumulate: bool,
+    start: Start,
     par: bool,
     act: Option<Clamp>,
 ) {
-    if !simd::gemm_nn_clamped(a, b, c.view_mut(), accumulate, par, Clamp::bounds(act)) {
-        gemm(a, b, c.view_mut(), accumulate, par);
+    if !simd::gemm_nn_clamped(a, b, c.view_mut(), start, par, Clamp::bounds(act)) {
+        if let Start::Rows(bias) = start {
+            for (mut row, &v) in c.rows_mut().into_iter().zip(bias) {
+                row.fill(v);
+            }
+        }
+        gemm(a, b, c.view_mut(), !matches!(start, Start::Zero), par);
         if let Some(act) = act {
             c.mapv_inplace(|v| act.apply(v));
         }

@@ -22,17 +22,27 @@ pub(crate) fn gemm_nn(
     accumulate: bool,
     parallel: bool,
 ) -> bool {
-    gemm_nn_clamped(a, b, c, accumulate, parallel, None)
+    gemm_nn_clamped(a, b, c, if accumulate { Start::C } else { Start::Zero }, parallel, None)
 }
 
-/// [`gemm_nn`], each result clamped to `[lo, hi]` as it is stored when `clamp` is given (a pointwise
-/// convolution's fused ReLU or ReLU6: the tile holds the whole reduction, so the clamp costs no pass of its own).
-/// Returns `false` without touching `c` as [`gemm_nn`] does.
+/// Where each multiply-add chain of a product starts: at zero (`c = a·b`), at `c`'s value (`c += a·b`), or at a
+/// value per row of `c` (`c = bias + a·b`: a convolution's bias, with nothing written to `c` before the product).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start<'a> {
+    Zero,
+    C,
+    Rows(&'a [f32]),
+}
+
+/// [`gemm_nn`] with its chains started at `start` (a per-row start has `m` values), each result clamped to
+/// `[lo, hi]` as it is stored when `clamp` is given (a pointwise convolution's fused ReLU or ReLU6: the tile holds
+/// the whole reduction, so the clamp costs no pass of its own). Returns `false` without touching `c` as
+/// [`gemm_nn`] does.
 pub(crate) fn gemm_nn_clamped(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
     mut c: ArrayViewMut2<f32>,
-    accumulate: bool,
+    start: Start,
     parallel: bool,
     clamp: Option<[f32; 2]>,
 ) -> bool {
@@ -42,7 +52,15 @@ pub(crate) fn gemm_nn_clamped(
     if level == Level::Portable {
         return false;
     }
-    if empty_product(k, &mut c, accumulate) {
+    if let Start::Rows(bias) = start {
+        assert!(bias.len() >= m, "gemm_nn: a start value per row");
+        if k == 0 {
+            for (mut row, &v) in c.rows_mut().into_iter().zip(bias) {
+                row.fill(v);
+            }
+        }
+    }
+    if empty_product(k, &mut c, !matches!(start, Start::Zero)) {
         if let Some([lo, hi]) = clamp {
             c.mapv_inplace(|v| v.max(lo).min(hi));
         }
@@ -53,12 +71,12 @@ pub(crate) fn gemm_nn_clamped(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        x86::gemm_nn(level, a, b, c, accumulate, parallel, clamp);
+        x86::gemm_nn(level, a, b, c, start, parallel, clamp);
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (parallel, clamp);
+        let _ = (parallel, clamp, start);
         unreachable!("off x86-64 the level is always `Portable`")
     }
 }
@@ -145,7 +163,7 @@ pub(super) mod x86 {
         a: ArrayView2<f32>,
         b: ArrayView2<f32>,
         mut c: ArrayViewMut2<f32>,
-        accumulate: bool,
+        start: super::Start,
         parallel: bool,
         clamp: Option<[f32; 2]>,
     ) {
@@ -161,7 +179,8 @@ pub(super) mod x86 {
             rsc: c.strides()[0],
             m,
             k,
-            accumulate,
+            accumulate: matches!(start, super::Start::C),
+            rows: if let super::Start::Rows(v) = start { v.as_ptr() } else { std::ptr::null() },
             level,
         };
         let block_n = if level == Level::Avx512 { 64 } else { 16 };
@@ -195,6 +214,8 @@ pub(super) mod x86 {
         m: usize,
         k: usize,
         accumulate: bool,
+        /// The rows' start values (`Start::Rows`), or null.
+        rows: *const f32,
         level: Level,
         clamp: Option<[f32; 2]>,
     }
@@ -222,6 +243,7 @@ pub(super) mod x86 {
                     rsc: self.rsc,
                     tail,
                     accumulate: self.accumulate,
+                    rows: if self.rows.is_null() { self.rows } else { self.rows.add(i) },
                     clamp: self.clamp,
                 };
                 tile(self.level, &t, mr, nv);
@@ -241,6 +263,8 @@ pub(super) mod x86 {
         pub(in crate::ops::simd) rsc: isize,
         pub(in crate::ops::simd) tail: usize,
         pub(in crate::ops::simd) accumulate: bool,
+        /// Unless null (or `accumulate`), row `r`'s chains start at `rows[r]` instead of zero.
+        pub(in crate::ops::simd) rows: *const f32,
         /// The results clamped to `[lo, hi]` as they are stored, or not.
         pub(in crate::ops::simd) clamp: Option<[f32; 2]>,
     }
@@ -257,6 +281,11 @@ pub(super) mod x86 {
     unsafe fn tile_body<S: Isa, const R: usize, const V: usize, const TAIL: bool>(t: &Tile) {
         let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
         let mut acc = if t.accumulate { load_tile::<S, R, V, TAIL>(last, t.c, t.rsc) } else { [[S::zero(); V]; R] };
+        if !t.accumulate && !t.rows.is_null() {
+            for (r, row) in acc.iter_mut().enumerate() {
+                *row = [S::splat(*t.rows.add(r)); V];
+            }
+        }
         reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, t.rsa, t.csa), (t.b, t.rsb));
         let bounds = t.clamp.map(|b| b.map(|v| S::splat(v)));
         store_tile_clamped::<S, R, V, TAIL>(last, t.c, t.rsc, &acc, bounds);
@@ -295,7 +324,7 @@ mod tests {
     use ndarray::{s, Array2};
 
     use super::super::{accelerated, tests::random};
-    use super::{gemm_nn, gemm_nn_clamped};
+    use super::{gemm_nn, gemm_nn_clamped, Start};
 
     fn reference(a: &Array2<f32>, b: &Array2<f32>, c0: &Array2<f32>, acc: bool) -> Array2<f32> {
         let mut c = if acc { c0.clone() } else { Array2::zeros(c0.raw_dim()) };
@@ -348,10 +377,32 @@ mod tests {
                 let (a, b, c0) = (random(m, k, 6), random(k, n, 7), random(m, n, 8));
                 let (mut plain, mut clamped) = (c0.clone(), c0.clone());
                 assert!(gemm_nn(a.view(), b.view(), plain.view_mut(), acc, false));
-                assert!(gemm_nn_clamped(a.view(), b.view(), clamped.view_mut(), acc, true, Some([-0.5, 2.0])));
+                let start = if acc { Start::C } else { Start::Zero };
+                assert!(gemm_nn_clamped(a.view(), b.view(), clamped.view_mut(), start, true, Some([-0.5, 2.0])));
                 let want = plain.mapv(|v| v.clamp(-0.5, 2.0));
                 assert!(want.iter().any(|&v| v == -0.5) || k == 0 || m * n < 20, "{m}x{k}x{n}: the bound is met");
                 assert_eq!(clamped.mapv(f32::to_bits), want.mapv(f32::to_bits), "{m}x{k}x{n} acc {acc}");
+            }
+        }
+    }
+
+    /// Chains started at a value per row give the bits of the product accumulated onto those values written
+    /// into `c` first (how the convolutions added their bias before), clamped or not, with nothing of `c` read:
+    /// `c` starts as NaN.
+    #[test]
+    fn row_start_is_accumulating_onto_the_rows() {
+        if !accelerated() {
+            return;
+        }
+        for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (7, 40, 65), (13, 400, 130), (3, 0, 9)] {
+            let (a, b) = (random(m, k, 9), random(k, n, 10));
+            let rows: Vec<f32> = (0..m).map(|i| i as f32 * 0.37 - 1.0).collect();
+            for clamp in [None, Some([-0.5, 2.0])] {
+                let mut want = Array2::from_shape_fn((m, n), |(i, _)| rows[i]);
+                assert!(gemm_nn_clamped(a.view(), b.view(), want.view_mut(), Start::C, false, clamp));
+                let mut got = Array2::from_elem((m, n), f32::NAN);
+                assert!(gemm_nn_clamped(a.view(), b.view(), got.view_mut(), Start::Rows(&rows), true, clamp));
+                assert_eq!(got.mapv(f32::to_bits), want.mapv(f32::to_bits), "{m}x{k}x{n} {clamp:?}");
             }
         }
     }

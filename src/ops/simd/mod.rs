@@ -31,7 +31,7 @@ mod packed;
 mod pool;
 mod rows;
 
-pub(crate) use gemm::{fma_peak, gemm_nn, gemm_nn_clamped};
+pub(crate) use gemm::{fma_peak, gemm_nn, gemm_nn_clamped, Start};
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
 pub(crate) use packed::gemm_packed;
 pub(crate) use pool::{max_pool_2x2, max_pool_2x2_backward, relu_max_pool_2x2_expand};

@@ -397,6 +397,7 @@ mod x86 {
                         rsc: self.rsc,
                         tail,
                         accumulate: load,
+                        rows: std::ptr::null(),
                         clamp: None,
                     };
                     tile(self.level, &t, mr, nv);
