@@ -23,6 +23,11 @@ impl TensorId {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         TensorId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// The id as a number (ids count up from 1 and are never reused).
+    pub(crate) fn as_u64(self) -> u64 {
+        self.0
+    }
 }
 
 /// How a tensor takes part in differentiation.
@@ -43,9 +48,12 @@ pub(crate) struct Node {
     pub(crate) value: Array,
     pub(crate) role: Role,
     pub(crate) op: Option<Op>,
-    /// A layout of `value` an op derived from it and keeps for its next call (see [`Tensor::derived`]).
-    derived: std::sync::Mutex<Option<(u64, Arc<Vec<f32>>)>>,
+    /// What an op derived from `value` and keeps for its next call (see [`Tensor::memo`]).
+    derived: std::sync::Mutex<Option<(u64, Memo)>>,
 }
+
+/// A value kept by [`Tensor::memo`].
+type Memo = Arc<dyn std::any::Any + Send + Sync>;
 
 /// An immutable f32 tensor: a shared value plus, when tracked, the op that computed it.
 ///
@@ -103,15 +111,29 @@ impl Tensor {
     /// with another key replaces it. For layouts an op rearranges a weight into on every call — the flipped,
     /// transposed convolution weight of the input gradient, read by every backward pass of an attack.
     pub(crate) fn derived(&self, key: u64, make: impl FnOnce(&Array) -> Vec<f32>) -> Arc<Vec<f32>> {
+        match self.memo(key, |v| Ok::<_, std::convert::Infallible>(make(v))) {
+            Ok(v) => v,
+        }
+    }
+
+    /// [`Tensor::derived`] for any value and a fallible `make` (an error is returned and nothing kept): the slot
+    /// holds one value of any type; a kept value of another type under the same key is made again.
+    pub(crate) fn memo<T: std::any::Any + Send + Sync, E>(
+        &self,
+        key: u64,
+        make: impl FnOnce(&Array) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Arc<T>, E> {
         let mut slot = self.0.derived.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((k, v)) = slot.as_ref() {
             if *k == key {
-                return v.clone();
+                if let Ok(v) = v.clone().downcast::<T>() {
+                    return Ok(v);
+                }
             }
         }
-        let v = Arc::new(make(&self.0.value));
+        let v = Arc::new(make(&self.0.value)?);
         *slot = Some((key, v.clone()));
-        v
+        Ok(v)
     }
 
     /// A constant tensor wrapping an array (shared, not copied).
