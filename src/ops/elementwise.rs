@@ -1,5 +1,7 @@
 //! Elementwise ops with NumPy broadcasting, and the unary functions, each beside its derivative.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{ArrayBase, ArrayD, Data, IxDyn, Zip};
 use rayon::prelude::*;
 
@@ -37,14 +39,17 @@ pub(super) const FLAT_CHUNK: usize = 1 << 14;
 
 /// `out[i] = f(a[i])` over equal-length slices, in parallel when long.
 fn flat1(a: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
-    let mut out = vec![0.0f32; a.len()];
-    let body = |(o, a): (&mut [f32], &[f32])| vmath::map_into(a, o, &f);
-    if a.len() >= PAR_THRESHOLD {
-        out.par_chunks_mut(FLAT_CHUNK).zip(a.par_chunks(FLAT_CHUNK)).for_each(body);
-    } else {
-        body((&mut out, a));
+    let body = |(o, a): (&mut [MaybeUninit<f32>], &[f32])| vmath::map_into(a, o, &f);
+    // SAFETY: `map_into` writes every element of each chunk, and the chunks cover the output.
+    unsafe {
+        super::written(a.len(), |out| {
+            if a.len() >= PAR_THRESHOLD {
+                out.par_chunks_mut(FLAT_CHUNK).zip(a.par_chunks(FLAT_CHUNK)).for_each(body);
+            } else {
+                body((out, a));
+            }
+        })
     }
-    out
 }
 
 /// `f` applied to every element, split across threads when the array is large (elementwise, so deterministic).
@@ -148,15 +153,24 @@ where
     B: Data<Elem = f32>,
 {
     if let (Some(sa), Some(sb)) = (a.as_slice(), b.as_slice()) {
-        let mut out = vec![0.0f32; sa.len()];
-        let body = |((o, a), b): ((&mut [f32], &[f32]), &[f32])| {
-            o.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| *o = f(a, b));
+        type Chunks<'a> = ((&'a mut [MaybeUninit<f32>], &'a [f32]), &'a [f32]);
+        let body = |((o, a), b): Chunks| {
+            o.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| {
+                o.write(f(a, b));
+            });
         };
-        if sa.len() >= PAR_THRESHOLD {
-            out.par_chunks_mut(FLAT_CHUNK).zip(sa.par_chunks(FLAT_CHUNK)).zip(sb.par_chunks(FLAT_CHUNK)).for_each(body);
-        } else {
-            body(((&mut out, sa), sb));
-        }
+        // SAFETY: the chunks cover the output, and `body` writes every element of its chunk (the operands have
+        // the output's length).
+        let out = unsafe {
+            super::written(sa.len(), |out| {
+                if sa.len() >= PAR_THRESHOLD {
+                    let chunks = out.par_chunks_mut(FLAT_CHUNK).zip(sa.par_chunks(FLAT_CHUNK));
+                    chunks.zip(sb.par_chunks(FLAT_CHUNK)).for_each(body);
+                } else {
+                    body(((out, sa), sb));
+                }
+            })
+        };
         return ArrayD::from_shape_vec(a.raw_dim(), out).expect("same length");
     }
     if a.len() >= PAR_THRESHOLD {
@@ -208,21 +222,26 @@ fn along_runs(
     (mid, inner): (usize, usize),
     f: impl Fn(f32, f32) -> f32 + Sync + Send,
 ) -> Vec<f32> {
-    let mut out = vec![0.0f32; full.len()];
-    let run = |(k, (o, a)): (usize, (&mut [f32], &[f32]))| {
+    let run = |(k, (o, a)): (usize, (&mut [MaybeUninit<f32>], &[f32]))| {
         let s = small[k % mid];
-        o.iter_mut().zip(a).for_each(|(o, &a)| *o = f(a, s));
+        o.iter_mut().zip(a).for_each(|(o, &a)| {
+            o.write(f(a, s));
+        });
     };
-    if full.len() >= PAR_THRESHOLD {
-        out.par_chunks_mut(inner)
-            .zip(full.par_chunks(inner))
-            .enumerate()
-            .with_min_len(FLAT_CHUNK / inner + 1)
-            .for_each(run);
-    } else {
-        out.chunks_mut(inner).zip(full.chunks(inner)).enumerate().for_each(run);
+    // SAFETY: the runs cover the output and `run` writes every element of its run.
+    unsafe {
+        super::written(full.len(), |out| {
+            if full.len() >= PAR_THRESHOLD {
+                out.par_chunks_mut(inner)
+                    .zip(full.par_chunks(inner))
+                    .enumerate()
+                    .with_min_len(FLAT_CHUNK / inner + 1)
+                    .for_each(run);
+            } else {
+                out.chunks_mut(inner).zip(full.chunks(inner)).enumerate().for_each(run);
+            }
+        })
     }
-    out
 }
 
 /// [`along_runs`] with the operands of `f` the other way round: `out = f(small, full)`.

@@ -33,7 +33,9 @@ fn softmax_last(x: &Tensor) -> Tensor {
             let xr = &xs[(row0 + i) * d..][..d];
             // NaN propagates as in the composition: it is never the maximum, but x − m is NaN for it.
             let m = xr.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            vmath::map_into(xr, or, &|v| vmath::exp(v - m));
+            // SAFETY: `f32` and `MaybeUninit<f32>` share their layout, and `map_into` writes only values.
+            let slots = unsafe { &mut *(or as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
+            vmath::map_into(xr, slots, &|v| vmath::exp(v - m));
             let s: f32 = or.iter().sum();
             or.iter_mut().for_each(|v| *v /= s);
         }

@@ -46,6 +46,21 @@ pub use matmul::measured_peak_gflops;
 pub use pool::Pool2dParams;
 pub use unary::UnaryKind;
 
+/// A vector of `len` values that `write` fills in place, with no zero-fill first: a fresh output of tens of MB
+/// (a ResNet's 56² maps) zero-filled costs a pass over memory, with its pages faulted in, as long as the op that
+/// then overwrites it.
+///
+/// # Safety
+///
+/// `write` must write every element of the slice it is given (through `MaybeUninit::write` or a raw pointer).
+pub(crate) unsafe fn written(len: usize, write: impl FnOnce(&mut [std::mem::MaybeUninit<f32>])) -> Vec<f32> {
+    let mut v = Vec::with_capacity(len);
+    write(&mut v.spare_capacity_mut()[..len]);
+    // SAFETY: the caller's `write` initialised all `len` elements.
+    unsafe { v.set_len(len) };
+    v
+}
+
 /// The kernel path of this process: `avx512`, `avx2` or `portable` (the CPU's best, capped by `ARMOURY_SIMD`).
 pub fn simd_level_name() -> &'static str {
     match simd::level() {

@@ -1,6 +1,8 @@
 //! Unary elementwise functions ([`UnaryKind`]): their values and derivatives, the monomorphised loops of the
 //! common ones (forward and backward, one flat pass each), and the [`Tensor`] methods that apply them.
 
+use std::mem::MaybeUninit;
+
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
@@ -223,19 +225,22 @@ pub(crate) fn unary(kind: UnaryKind, x: &Tensor) -> Tensor {
 
 /// `f` over three equal-length slices, split across threads when long (elementwise, so deterministic).
 fn zip_slices(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
-    let mut out = vec![0.0f32; a.len()];
-    type Chunks<'a> = (((&'a mut [f32], &'a [f32]), &'a [f32]), &'a [f32]);
+    type Chunks<'a> = (((&'a mut [MaybeUninit<f32>], &'a [f32]), &'a [f32]), &'a [f32]);
     let body = |(((o, a), b), c): Chunks| vmath::zip3_into(a, b, c, o, &f);
-    if a.len() >= PAR_THRESHOLD {
-        out.par_chunks_mut(FLAT_CHUNK)
-            .zip(a.par_chunks(FLAT_CHUNK))
-            .zip(b.par_chunks(FLAT_CHUNK))
-            .zip(c.par_chunks(FLAT_CHUNK))
-            .for_each(body);
-    } else {
-        body((((&mut out, a), b), c));
+    // SAFETY: `zip3_into` writes every element of each chunk, and the chunks cover the output.
+    unsafe {
+        super::written(a.len(), |out| {
+            if a.len() >= PAR_THRESHOLD {
+                out.par_chunks_mut(FLAT_CHUNK)
+                    .zip(a.par_chunks(FLAT_CHUNK))
+                    .zip(b.par_chunks(FLAT_CHUNK))
+                    .zip(c.par_chunks(FLAT_CHUNK))
+                    .for_each(body);
+            } else {
+                body((((out, a), b), c));
+            }
+        })
     }
-    out
 }
 
 pub(crate) fn unary_backward(kind: UnaryKind, x: &Array, y: &Array, g: &ArrayD<f32>) -> ArrayD<f32> {

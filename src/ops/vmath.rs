@@ -8,6 +8,7 @@
 //! below).
 
 use std::f32::consts::{FRAC_1_SQRT_2, LOG2_E};
+use std::mem::MaybeUninit;
 
 /// ln 2 in two parts: `LN2_HI` has 11 significant bits, so `n·LN2_HI` is exact for |n| < 2¹³ (Cody–Waite).
 const LN2_HI: f32 = 0.693_359_4;
@@ -240,7 +241,7 @@ pub(crate) fn erf_derivative(x: f32) -> f32 {
 /// `out[i] = f(a[i])` over equal-length slices, on 512-bit vectors with AVX-512 and 256-bit with AVX2 (as the
 /// kernel level, `ARMOURY_SIMD`, allows). Same bits either way.
 #[inline]
-pub(crate) fn map_into(a: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
+pub(crate) fn map_into(a: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32) -> f32) {
     assert_eq!(a.len(), out.len(), "map_into: equal lengths");
     #[cfg(target_arch = "x86_64")]
     match super::simd::level() {
@@ -254,7 +255,13 @@ pub(crate) fn map_into(a: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
 
 /// `out[i] = f(a[i], b[i], c[i])` over equal-length slices, as [`map_into`].
 #[inline]
-pub(crate) fn zip3_into(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &impl Fn(f32, f32, f32) -> f32) {
+pub(crate) fn zip3_into(
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    out: &mut [MaybeUninit<f32>],
+    f: &impl Fn(f32, f32, f32) -> f32,
+) {
     assert!(a.len() == out.len() && b.len() == out.len() && c.len() == out.len(), "zip3_into: equal lengths");
     #[cfg(target_arch = "x86_64")]
     match super::simd::level() {
@@ -267,16 +274,16 @@ pub(crate) fn zip3_into(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &im
 }
 
 #[inline(always)]
-fn map_plain(a: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
+fn map_plain(a: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32) -> f32) {
     for (o, &a) in out.iter_mut().zip(a) {
-        *o = f(a);
+        o.write(f(a));
     }
 }
 
 #[inline(always)]
-fn zip3_plain(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &impl Fn(f32, f32, f32) -> f32) {
+fn zip3_plain(a: &[f32], b: &[f32], c: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32, f32, f32) -> f32) {
     for (((o, &a), &b), &c) in out.iter_mut().zip(a).zip(b).zip(c) {
-        *o = f(a, b, c);
+        o.write(f(a, b, c));
     }
 }
 
@@ -293,25 +300,31 @@ use super::simd::Level;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn map_avx2<F: Fn(f32) -> f32>(a: &[f32], out: &mut [f32], f: &F) {
+unsafe fn map_avx2<F: Fn(f32) -> f32>(a: &[f32], out: &mut [MaybeUninit<f32>], f: &F) {
     map_plain(a, out, f)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn map_avx512<F: Fn(f32) -> f32>(a: &[f32], out: &mut [f32], f: &F) {
+unsafe fn map_avx512<F: Fn(f32) -> f32>(a: &[f32], out: &mut [MaybeUninit<f32>], f: &F) {
     map_plain(a, out, f)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn zip3_avx2<F: Fn(f32, f32, f32) -> f32>(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &F) {
+unsafe fn zip3_avx2<F: Fn(f32, f32, f32) -> f32>(a: &[f32], b: &[f32], c: &[f32], out: &mut [MaybeUninit<f32>], f: &F) {
     zip3_plain(a, b, c, out, f)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn zip3_avx512<F: Fn(f32, f32, f32) -> f32>(a: &[f32], b: &[f32], c: &[f32], out: &mut [f32], f: &F) {
+unsafe fn zip3_avx512<F: Fn(f32, f32, f32) -> f32>(
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    out: &mut [MaybeUninit<f32>],
+    f: &F,
+) {
     zip3_plain(a, b, c, out, f)
 }
 
@@ -475,9 +488,11 @@ mod tests {
         assert!(worst_silu <= 3e-7, "SiLU: max relative error {worst_silu:e}");
         assert_eq!((sigmoid(200.0), sigmoid(-200.0), sigmoid(0.0)), (1.0, 0.0, 0.5));
         assert!(sigmoid(f32::NAN).is_nan() && silu(f32::NAN).is_nan());
-        let mut wide = vec![0.0; 1000];
         let xs: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.037).collect();
-        map_into(&xs, &mut wide, &|x| sigmoid(x) + silu(x) + silu_derivative(x));
+        // SAFETY: `map_into` writes every element.
+        let wide = unsafe {
+            crate::ops::written(xs.len(), |o| map_into(&xs, o, &|x| sigmoid(x) + silu(x) + silu_derivative(x)))
+        };
         for (w, &x) in wide.iter().zip(&xs) {
             assert_eq!(w.to_bits(), (sigmoid(x) + silu(x) + silu_derivative(x)).to_bits(), "vector loop at {x}");
         }
@@ -487,14 +502,19 @@ mod tests {
     #[test]
     fn vector_loops_match_scalar_bits() {
         let xs = grid();
-        let mut wide = vec![0.0; xs.len()];
-        map_into(&xs, &mut wide, &|x| gelu(x) + erf(x) + gelu_tanh(x) + exp(x * 1e-3));
+        // SAFETY: `map_into` and `zip3_into` write every element.
+        let wide = unsafe {
+            crate::ops::written(xs.len(), |o| map_into(&xs, o, &|x| gelu(x) + erf(x) + gelu_tanh(x) + exp(x * 1e-3)))
+        };
         for (w, &x) in wide.iter().zip(&xs) {
             let one = gelu(x) + erf(x) + gelu_tanh(x) + exp(x * 1e-3);
             assert_eq!(w.to_bits(), one.to_bits(), "at {x}");
         }
-        let mut wide3 = vec![0.0; xs.len()];
-        zip3_into(&xs, &wide, &xs, &mut wide3, &|a, b, c| a * gelu_derivative(b) - erf_derivative(c));
+        let wide3 = unsafe {
+            crate::ops::written(xs.len(), |o| {
+                zip3_into(&xs, &wide, &xs, o, &|a, b, c| a * gelu_derivative(b) - erf_derivative(c))
+            })
+        };
         for ((w, &a), &b) in wide3.iter().zip(&xs).zip(&wide) {
             assert_eq!(w.to_bits(), (a * gelu_derivative(b) - erf_derivative(a)).to_bits());
         }

@@ -182,11 +182,17 @@ pub(super) fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a
         return img;
     }
     let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
-    pad.clear();
+    // Every element is written below (the margins zeroed, the rows copied), so the buffer is not cleared first.
     pad.resize(g.c * hp * wp, 0.0);
     for (dst, plane) in pad.chunks_exact_mut(hp * wp).zip(img.chunks_exact(g.h * g.w)) {
-        for (drow, srow) in dst[ph * wp..].chunks_exact_mut(wp).zip(plane.chunks_exact(g.w)) {
+        let (top, rest) = dst.split_at_mut(ph * wp);
+        let (rows, bottom) = rest.split_at_mut(g.h * wp);
+        top.fill(0.0);
+        bottom.fill(0.0);
+        for (drow, srow) in rows.chunks_exact_mut(wp).zip(plane.chunks_exact(g.w)) {
+            drow[..pw].fill(0.0);
             drow[pw..pw + g.w].copy_from_slice(srow);
+            drow[pw + g.w..].fill(0.0);
         }
     }
     pad
