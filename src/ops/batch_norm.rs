@@ -156,10 +156,10 @@ fn per_channel<T: Send>(c: usize, len: usize, f: impl Fn(usize) -> T + Sync + Se
 
 /// `out[(i, ch, ·)] = f(ch, in-plane offset range)` plane by plane: `f(ch, first flat index, out plane)`, in
 /// parallel over fixed runs of planes when there is enough work (each value is computed alone).
-fn per_plane(out: &mut [f32], c: usize, s: usize, f: impl Fn(usize, usize, &mut [f32]) + Sync + Send) {
+fn per_plane<T: Send>(out: &mut [T], c: usize, s: usize, f: impl Fn(usize, usize, &mut [T]) + Sync + Send) {
     let s = s.max(1);
     let planes_per_task = (8192 / s).max(1);
-    let run = |(t, o): (usize, &mut [f32])| {
+    let run = |(t, o): (usize, &mut [T])| {
         for (j, plane) in o.chunks_mut(s).enumerate() {
             let p = t * planes_per_task + j;
             f(p % c, p * s, plane);
@@ -239,12 +239,20 @@ pub(crate) fn batch_norm(
     let mean: Vec<f32> = mean.iter().map(|&m| m as f32).collect();
     // y = (x − μ)·a + β with a = γ·r.
     let a: Vec<f32> = gamma.iter().zip(&rstd).map(|(&g, &r)| (g as f64 * r as f64) as f32).collect();
-    let mut out = vec![0.0f32; xs.len()];
-    per_plane(&mut out, c, s, |ch, at, o| {
-        let (mu, a, b) = (mean[ch], a[ch], beta[ch]);
-        let xr = &xs[at..at + o.len()];
-        vectorised(|| o.iter_mut().zip(xr).for_each(|(o, &v)| *o = (v - mu) * a + b));
-    });
+    // SAFETY: the planes cover the output and each is written whole.
+    let out = unsafe {
+        super::written(xs.len(), |out| {
+            per_plane(out, c, s, |ch, at, o| {
+                let (mu, a, b) = (mean[ch], a[ch], beta[ch]);
+                let xr = &xs[at..at + o.len()];
+                vectorised(|| {
+                    o.iter_mut().zip(xr).for_each(|(o, &v)| {
+                        o.write((v - mu) * a + b);
+                    })
+                });
+            })
+        })
+    };
     let value = ArrayD::from_shape_vec(IxDyn(x.shape()), out).expect("one value per input");
     let var: Vec<f32> = var.iter().map(|&v| v as f32).collect();
     let saved = BatchNormSaved {
@@ -284,18 +292,28 @@ pub(crate) fn batch_norm_backward(s: &BatchNormSaved, g: &ArrayD<f32>, need: &[b
                 }
             })
             .collect();
-        let mut out = vec![0.0f32; xs.len()];
-        per_plane(&mut out, c, sp, |ch, at, o| {
-            let ((k, k0, k1), mu) = (coef[ch], s.mean[ch]);
-            let (gr, xr) = (&gs[at..at + o.len()], &xs[at..at + o.len()]);
-            if s.batch_stats {
-                vectorised(|| {
-                    o.iter_mut().zip(gr).zip(xr).for_each(|((o, &g), &v)| *o = k * g - k0 - k1 * (v - mu));
-                });
-            } else {
-                vectorised(|| o.iter_mut().zip(gr).for_each(|(o, &g)| *o = k * g));
-            }
-        });
+        // SAFETY: the planes cover the gradient and each is written whole, on either branch.
+        let out = unsafe {
+            super::written(xs.len(), |out| {
+                per_plane(out, c, sp, |ch, at, o| {
+                    let ((k, k0, k1), mu) = (coef[ch], s.mean[ch]);
+                    let (gr, xr) = (&gs[at..at + o.len()], &xs[at..at + o.len()]);
+                    if s.batch_stats {
+                        vectorised(|| {
+                            o.iter_mut().zip(gr).zip(xr).for_each(|((o, &g), &v)| {
+                                o.write(k * g - k0 - k1 * (v - mu));
+                            });
+                        });
+                    } else {
+                        vectorised(|| {
+                            o.iter_mut().zip(gr).for_each(|(o, &g)| {
+                                o.write(k * g);
+                            })
+                        });
+                    }
+                })
+            })
+        };
         ArrayD::from_shape_vec(IxDyn(s.x.shape()), out).expect("one gradient per input")
     });
     let channel_vector = |v: Vec<f32>| ArrayD::from_shape_vec(IxDyn(&[c]), v).expect("C values");

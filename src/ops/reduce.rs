@@ -60,8 +60,13 @@ pub(crate) fn sum_backward(shape: &[usize], axes: &[usize], keepdim: bool, g: &A
     let trailing = axes.iter().all(|&a| a >= lead);
     let len: usize = shape[lead..].iter().product();
     if let (true, Some(gs), true) = (trailing, g.as_slice(), len > 0) {
-        let mut out = vec![0.0f32; gs.len() * len];
-        out.par_chunks_mut(len).zip(gs.par_iter()).with_min_len((1 << 14) / len + 1).for_each(|(row, &v)| row.fill(v));
+        // SAFETY: the rows cover the output and each is filled whole.
+        let out = unsafe {
+            super::written(gs.len() * len, |out| {
+                let rows = out.par_chunks_mut(len).zip(gs.par_iter()).with_min_len((1 << 14) / len + 1);
+                rows.for_each(|(row, &v)| row.iter_mut().for_each(|d| _ = d.write(v)));
+            })
+        };
         return ArrayD::from_shape_vec(IxDyn(shape), out).expect("one row per value");
     }
     let b = g.broadcast(IxDyn(shape)).expect("reduced shape broadcasts back");

@@ -47,14 +47,18 @@ pub(crate) fn conv2d_backward(
     let (gs, ys) = (gs.as_slice().expect("std"), ys.as_ref().map(|y| y.as_slice().expect("std")));
     match (fused, ys) {
         (Some((c, _)), Some(y)) if c != Clamp::RELU => {
-            let mut masked = vec![0.0f32; gs.len()];
-            masked.par_chunks_mut(MASK_CHUNK).zip(gs.par_chunks(MASK_CHUNK)).zip(y.par_chunks(MASK_CHUNK)).for_each(
-                |((d, g), y)| {
-                    for ((d, &g), &y) in d.iter_mut().zip(g).zip(y) {
-                        *d = if c.passes(y) { g } else { 0.0 };
-                    }
-                },
-            );
+            // SAFETY: the chunks cover the buffer and each element is written.
+            let masked = unsafe {
+                crate::ops::written(gs.len(), |m| {
+                    m.par_chunks_mut(MASK_CHUNK).zip(gs.par_chunks(MASK_CHUNK)).zip(y.par_chunks(MASK_CHUNK)).for_each(
+                        |((d, g), y)| {
+                            for ((d, &g), &y) in d.iter_mut().zip(g).zip(y) {
+                                d.write(if c.passes(y) { g } else { 0.0 });
+                            }
+                        },
+                    )
+                })
+            };
             backward(x, w, has_bias, p, &OutGrad::Dense { g: &masked, relu: None }, need)
         }
         (_, relu) => backward(x, w, has_bias, p, &OutGrad::Dense { g: gs, relu }, need),
