@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::depthwise;
 use super::plan::DirectConv;
-use super::unfold::{clamped_product, direct_unfold, im2col, padded};
+use super::unfold::{clamped_product, direct_unfold, im2col};
 use super::{geometry, mat, mat_mut, Clamp, Conv2dParams, Geom};
 use crate::ops::pool::{self, Pool2dParams};
 use crate::ops::simd::Start;
@@ -21,12 +21,14 @@ use crate::ops::{record, Op};
 use crate::tensor::{grad_enabled, Tensor};
 use crate::Result;
 
-/// The plan of the forward straight from the image ([`DirectConv`]), or `None` where it unfolds the image.
-fn direct_plan(g: &Geom) -> Option<DirectConv> {
-    if g.p.stride.1 == 1 && !g.is_pointwise() {
-        DirectConv::plan(&direct_unfold(g))
-    } else {
-        None
+/// The plan of the forward straight from the image ([`DirectConv`]), or `None` where it unfolds the image: a
+/// column stride of 1, or of 2 read from the image's stride phases (a ResNet's stem and its downsampling convs).
+pub(super) fn direct_plan(g: &Geom) -> Option<DirectConv> {
+    match g.p.stride.1 {
+        _ if g.is_pointwise() => None,
+        1 => DirectConv::plan(&direct_unfold(g)),
+        2 => DirectConv::plan_phased(&direct_unfold(g)),
+        _ => None,
     }
 }
 
@@ -46,12 +48,11 @@ fn forward_image_direct(
     par: bool,
 ) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
-    let u = direct_unfold(g);
-    let src = padded(img, g, pad);
+    let src = plan.image(img, g, pad);
     for grp in 0..g.p.groups {
         let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
         let (wg, dst) = (&wt[grp * og * k..(grp + 1) * og * k], &mut out[grp * og * hw..(grp + 1) * og * hw]);
-        plan.run(&src[grp * g.cg() * u.h * u.w..], wg, og, b, act, dst, par);
+        plan.run(&src[grp * g.cg() * plan.plane_len()..], wg, og, b, act, dst, par);
     }
 }
 
@@ -69,8 +70,7 @@ fn pooled_image_direct(
     par: bool,
 ) {
     let (og, k, hw, pp) = (g.og(), g.k(), g.hw_out(), (g.ho / 2) * (g.wo / 2));
-    let u = direct_unfold(g);
-    let src = padded(img, g, pad);
+    let src = plan.image(img, g, pad);
     let tall = g.ho.is_multiple_of(2);
     for grp in 0..g.p.groups {
         let b = bias.map(|b| &b[grp * og..(grp + 1) * og]);
@@ -78,7 +78,7 @@ fn pooled_image_direct(
         let dst = &mut out[grp * og * pp..(grp + 1) * og * pp];
         let ids = if idx.is_empty() { &mut [][..] } else { &mut idx[grp * og * pp..(grp + 1) * og * pp] };
         let offset = if tall { (grp * og * hw) as u32 } else { 0 };
-        plan.run_pooled(&src[grp * g.cg() * u.h * u.w..], wg, og, b, dst, ids, (tall, offset), par);
+        plan.run_pooled(&src[grp * g.cg() * plan.plane_len()..], wg, og, b, dst, ids, (tall, offset), par);
     }
 }
 
@@ -273,7 +273,8 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
     let (ph, pw) = (g.ho / 2, g.wo / 2);
     let pooled_len = g.o * ph * pw;
     let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
-    let plan = direct_plan(&g);
+    // Pooled in registers on stride-1 plans only.
+    let plan = direct_plan(&g).filter(|_| g.p.stride.1 == 1);
     let one = |(conv, scratch): &mut (Vec<f32>, Vec<f32>), img: &[f32], o: &mut [f32], idx: &mut [u32], par: bool| {
         if let Some(plan) = &plan {
             // Pooled in registers as the tiles are stored: the convolution's output is never written.

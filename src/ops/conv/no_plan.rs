@@ -14,6 +14,18 @@ impl DirectConv {
         None
     }
 
+    pub(super) fn plan_phased(_: &Unfold) -> Option<DirectConv> {
+        None
+    }
+
+    pub(super) fn plane_len(&self) -> usize {
+        match *self {}
+    }
+
+    pub(super) fn image<'a>(&self, _: &'a [f32], _: &super::Geom, _: &'a mut Vec<f32>) -> &'a [f32] {
+        match *self {}
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run_pooled(
         &self,

@@ -50,6 +50,8 @@ fn split_fits(u: &Unfold) -> bool {
 /// output prefilled by the bias, so both paths give identical bits.
 pub(super) struct DirectConv {
     u: Unfold,
+    /// A column stride of 2, read from the phased image ([`DirectConv::plan_phased`]).
+    phased: bool,
     level: Level,
     lanes: usize,
     max_vecs: usize,
@@ -75,19 +77,60 @@ impl DirectConv {
         if !split && !direct_fits(u) {
             return None;
         }
+        Some(Self::build(u, split, false))
+    }
+
+    /// The plan of a convolution with a column stride of 2 (column dilation 1) on the same kernels, reading the
+    /// image [`unfold::phased`](super::unfold::phased) laid out — each row's even columns, then its odd ones, each
+    /// half `⌈w/2⌉` long: tap `kj` of output column `ow` reads column `2·ow + kj`, which is `ow + kj/2` of the even
+    /// half for an even `kj` and of the odd half for an odd one, so every tap's run of output positions reads
+    /// consecutive values (the stride phases of the image). `u` is the padded geometry with its true output size.
+    /// Each output is the same multiply-add chain over the taps in order as the unfolded product's, so the bits
+    /// do not change; `None` where [`direct_fits`] does not hold. Never pooled.
+    pub(super) fn plan_phased(u: &Unfold) -> Option<DirectConv> {
+        (u.dw == 1 && direct_fits(u)).then(|| Self::build(u, false, true))
+    }
+
+    /// A row of the image as the kernels read it: `w` values, or the two phases of `⌈w/2⌉`.
+    fn row_len(u: &Unfold, phased: bool) -> usize {
+        if phased {
+            2 * u.w.div_ceil(2)
+        } else {
+            u.w
+        }
+    }
+
+    /// The values of one channel of the image the kernels read (see [`DirectConv::image`]).
+    pub(super) fn plane_len(&self) -> usize {
+        self.u.h * Self::row_len(&self.u, self.phased)
+    }
+
+    /// The image the kernels read: `img` zero-padded ([`padded`](super::unfold::padded)), and in its stride
+    /// phases when the plan reads them ([`DirectConv::plan_phased`]), in `scratch` unless `img` serves as it is.
+    pub(super) fn image<'a>(&self, img: &'a [f32], g: &super::Geom, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+        if self.phased {
+            super::unfold::phased(img, g, scratch)
+        } else {
+            super::unfold::padded(img, g, scratch)
+        }
+    }
+
+    fn build(u: &Unfold, split: bool, phased: bool) -> DirectConv {
         let level = level();
         let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
         // Pooled, rows of a whole number of vectors and a half (8 or 24 on 16 lanes): the halves are split vectors.
-        let pool_split = u.wo % lanes == lanes / 2;
+        let pool_split = !phased && u.wo % lanes == lanes / 2;
+        let (rw, half) = (Self::row_len(u, phased), u.w.div_ceil(2));
+        let col = |kj: usize| if phased { kj % 2 * half + kj / 2 } else { kj * u.dw };
         let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
         for c in 0..u.cg {
             for ki in 0..u.kh {
                 for kj in 0..u.kw {
-                    koff.push((c * u.h * u.w + ki * u.dh * u.w + kj * u.dw) as isize);
+                    koff.push((c * u.h * rw + ki * u.dh * rw + col(kj)) as isize);
                 }
             }
         }
-        let row = u.sh * u.w;
+        let row = u.sh * rw;
         // Split vectors hold output rows `oh, oh + 1`, whose outputs are contiguous; an odd last row is plain.
         let split_rows = if split { u.ho / 2 * 2 } else { 0 };
         let mut vecs: Vec<_> = (0..split_rows).step_by(2).map(|oh| (oh * row, oh * u.wo, lanes)).collect();
@@ -119,7 +162,10 @@ impl DirectConv {
                 pairs.push((top, top + row, n, pooled, oh * u.wo + ow));
             }
         }
-        Some(DirectConv { u: *u, level, lanes, max_vecs, koff, vecs, split: split_vecs, pairs, pair_split })
+        if phased {
+            pairs.clear();
+        }
+        DirectConv { u: *u, phased, level, lanes, max_vecs, koff, vecs, split: split_vecs, pairs, pair_split }
     }
 
     /// Tiles' worth of `list` (at most `per` entries each) with their gap: the first `split.0` entries split, with
@@ -149,6 +195,7 @@ impl DirectConv {
         let u = &self.u;
         let (k, hw, pp) = (u.cg * u.kh * u.kw, u.ho * u.wo, (u.ho / 2) * (u.wo / 2));
         let with_idx = !idx.is_empty();
+        assert!(!self.phased, "conv_direct pooled: a stride-1 plan");
         assert!(
             og > 0
                 && wt.len() >= og * k
@@ -240,7 +287,7 @@ impl DirectConv {
                 && wt.len() >= og * k
                 && out.len() >= og * hw
                 && bias.is_none_or(|b| b.len() >= og)
-                && img.len() >= u.cg * u.h * u.w,
+                && img.len() >= u.cg * self.plane_len(),
             "conv_direct: sizes"
         );
         // Each tile of output channels owns its output rows.

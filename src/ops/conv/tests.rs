@@ -89,8 +89,19 @@ fn direct_forward_equals_unfolded_product() {
         (2, 3, 13, 12, 5, 5, 5, Conv2dParams::default()),
         (1, 2, 20, 12, 6, 5, 5, Conv2dParams { stride: (2, 1), ..Default::default() }),
         (2, 3, 9, 8, 7, 5, 5, Conv2dParams::default()),
+        // A column stride of 2, read from the image's stride phases: a stem-like 7×7 (odd padded width), a 3×3
+        // with partial vectors, an even padded width, a 1×1, grouped with a dilated row.
+        (1, 3, 37, 63, 5, 7, 7, Conv2dParams { stride: (2, 2), padding: (3, 3), ..Default::default() }),
+        (2, 4, 21, 57, 6, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
+        (1, 2, 9, 60, 3, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
+        (1, 8, 10, 64, 5, 1, 1, Conv2dParams { stride: (2, 2), ..Default::default() }),
+        (1, 4, 15, 62, 4, 3, 3, Conv2dParams { stride: (2, 2), padding: (0, 1), dilation: (2, 1), groups: 2 }),
     ];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
+        if p.stride.1 == 2 && crate::ops::simd::accelerated() {
+            let g = geometry(&[n, c, h, w], &[o, c / p.groups, kh, kw], None, p).unwrap();
+            assert!(super::forward::direct_plan(&g).is_some(), "case {seed}: the phased direct path");
+        }
         let seed = seed as u64;
         let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
         let wt = Tensor::uniform(&[o, c / p.groups, kh, kw], -1.0, 1.0, 10 + seed);

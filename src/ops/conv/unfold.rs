@@ -197,3 +197,28 @@ pub(super) fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a
     }
     pad
 }
+
+/// `img` zero-padded as [`padded`] pads it, each padded row stored as its even columns, then its odd ones (each
+/// half `⌈w/2⌉` long, the odd half ending in a 0 when the padded width is odd), into `pad`: the image a convolution
+/// with a column stride of 2 reads on the direct kernels (`plan::DirectConv::plan_phased`).
+pub(super) fn phased<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
+    let (ph, pw) = g.p.padding;
+    let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
+    let half = wp.div_ceil(2);
+    pad.resize(g.c * hp * 2 * half, 0.0);
+    for (dst, plane) in pad.chunks_exact_mut(hp * 2 * half).zip(img.chunks_exact(g.h * g.w)) {
+        for (r, drow) in dst.chunks_exact_mut(2 * half).enumerate() {
+            let Some(src) = r.checked_sub(ph).filter(|&i| i < g.h).map(|i| &plane[i * g.w..][..g.w]) else {
+                drow.fill(0.0);
+                continue;
+            };
+            // Column `j` of the padded row, 0 in the margins.
+            let at = |j: usize| j.checked_sub(pw).and_then(|j| src.get(j)).copied().unwrap_or(0.0);
+            let (even, odd) = drow.split_at_mut(half);
+            for (j, (e, o)) in even.iter_mut().zip(odd).enumerate() {
+                (*e, *o) = (at(2 * j), at(2 * j + 1));
+            }
+        }
+    }
+    pad
+}
