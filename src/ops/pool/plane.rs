@@ -169,12 +169,16 @@ fn reduce_row(buf: &[f32], out: &mut [f32], k: usize, s: usize, f: impl Fn(f32, 
 /// The flat index of the first entry equal to `m` in the window, row-major (the window's first entry if none is).
 #[inline]
 fn first_equal(plane: &[f32], w: usize, (r0, r1): (usize, usize), (c0, c1): (usize, usize), m: f32) -> usize {
-    for r in r0..r1 {
-        if let Some(c) = plane[r * w + c0..r * w + c1].iter().position(|&v| v == m) {
-            return r * w + c0 + c;
+    // Scanned backwards with a select, no early exit: the last match seen is the first in row-major order, and the
+    // loop has no data-dependent branch to mispredict (a 3×3 window's search was most of the pooling's backward).
+    let mut at = r0 * w + c0;
+    for r in (r0..r1).rev() {
+        let row = &plane[r * w..r * w + c1];
+        for c in (c0..c1).rev() {
+            at = if row[c] == m { r * w + c } else { at };
         }
     }
-    r0 * w + c0
+    at
 }
 
 /// The flat index of the last NaN in the window, row-major (the window's first entry if none is).
