@@ -158,15 +158,19 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
     let masked: std::borrow::Cow<[f32]> = match src {
         OutGrad::Dense { g: gout, relu: None } => std::borrow::Cow::Borrowed(gout),
         _ => {
-            let mut all = vec![0.0f32; n * len];
-            all.par_chunks_mut(len).enumerate().for_each_init(Vec::new, |eb, (i, dst)| {
-                let (graw, yimg) = src.image(g, i, eb);
-                // The ReLU's mask written straight into the image's slot.
-                match yimg {
-                    Some(y) => relu_mask_into(graw, y, dst),
-                    None => dst.copy_from_slice(graw),
-                }
-            });
+            // SAFETY: every image's slot is written whole, masked or copied.
+            let all = unsafe {
+                crate::ops::written(n * len, |all| {
+                    all.par_chunks_mut(len).enumerate().for_each_init(Vec::new, |eb, (i, dst)| {
+                        let (graw, yimg) = src.image(g, i, eb);
+                        // The ReLU's mask written straight into the image's slot.
+                        match yimg {
+                            Some(y) => relu_mask_into(graw, y, dst),
+                            None => dst.iter_mut().zip(graw).for_each(|(d, &v)| _ = d.write(v)),
+                        }
+                    })
+                })
+            };
             std::borrow::Cow::Owned(all)
         }
     };
@@ -415,14 +419,15 @@ fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut V
 fn relu_masked<'a>(g: &'a [f32], y: Option<&[f32]>, buf: &'a mut Vec<f32>) -> &'a [f32] {
     let Some(y) = y else { return g };
     buf.resize(g.len(), 0.0);
-    relu_mask_into(g, y, buf);
+    // SAFETY: `f32` and `MaybeUninit<f32>` share their layout, and `relu_mask_into` writes only values.
+    relu_mask_into(g, y, unsafe { &mut *(buf.as_mut_slice() as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) });
     buf
 }
 
 /// `dst[i] = g[i]` where the fused ReLU's output `y[i]` is positive, else 0 (a NaN output passes nothing).
-fn relu_mask_into(g: &[f32], y: &[f32], dst: &mut [f32]) {
+fn relu_mask_into(g: &[f32], y: &[f32], dst: &mut [std::mem::MaybeUninit<f32>]) {
     for ((d, &g), &y) in dst.iter_mut().zip(g).zip(y) {
-        *d = if y > 0.0 { g } else { 0.0 };
+        d.write(if y > 0.0 { g } else { 0.0 });
     }
 }
 
