@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::depthwise;
 use super::forward::for_each_pooling_plane;
 use super::plan::{InputGrad, WeightGrad};
-use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose};
+use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose, unphased};
 use super::{geometry, mat, mat_mut, sparse, sum_in_order, Clamp, Conv2dParams, Geom, WGRAD_CHUNK};
 use crate::ops::matmul::gemm;
 use crate::ops::simd;
@@ -370,11 +370,12 @@ impl<'a> Dense<'a> {
 
 /// The plan of the input gradient added straight into the image gradient ([`InputGrad`], where the forward runs
 /// direct), or `None` where it takes col2im.
-fn input_grad_plan(g: &Geom, ws: &[f32]) -> Option<InputGrad> {
-    if g.p.stride.1 == 1 && !g.is_pointwise() {
-        InputGrad::plan(&direct_unfold(g), g.og(), ws)
-    } else {
-        None
+pub(super) fn input_grad_plan(g: &Geom, ws: &[f32]) -> Option<InputGrad> {
+    match g.p.stride.1 {
+        _ if g.is_pointwise() => None,
+        1 => InputGrad::plan(&direct_unfold(g), g.og(), ws),
+        2 => InputGrad::plan_phased(&direct_unfold(g), g.og(), ws),
+        _ => None,
     }
 }
 
@@ -390,22 +391,25 @@ fn weight_grad_plan(g: &Geom) -> Option<WeightGrad> {
 
 /// Input gradient of one image on the direct kernels (see [`input_grad_plan`]): `dimg[C, H, W]` (zeroed) from the
 /// masked output gradient `gimg[O, Ho·Wo]`, group by group, through a zero-padded scratch image `pad` when the
-/// geometry has padding.
+/// geometry has padding or a column stride of 2 (then in stride phases, [`InputGrad::plan_phased`]).
 fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut Vec<f32>, dimg: &mut [f32], par: bool) {
     let (og, hw) = (g.og(), g.hw_out());
     let u = direct_unfold(g);
     let (ph, pw) = g.p.padding;
-    let padded = (ph, pw) != (0, 0);
+    let padded = (ph, pw) != (0, 0) || plan.phased();
+    let plane = plan.plane_len();
     if padded {
         pad.clear();
-        pad.resize(g.c * u.h * u.w, 0.0);
+        pad.resize(g.c * plane, 0.0);
     }
     let target: &mut [f32] = if padded { pad } else { dimg };
     for grp in 0..g.p.groups {
-        let planes = &mut target[grp * g.cg() * u.h * u.w..(grp + 1) * g.cg() * u.h * u.w];
+        let planes = &mut target[grp * g.cg() * plane..(grp + 1) * g.cg() * plane];
         plan.run(grp, &gimg[grp * og * hw..(grp + 1) * og * hw], planes, par);
     }
-    if padded {
+    if plan.phased() {
+        unphased(pad, g, dimg);
+    } else if padded {
         for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(u.h * u.w)) {
             for (drow, srow) in plane.chunks_exact_mut(g.w).zip(src[ph * u.w..].chunks_exact(u.w)) {
                 drow.copy_from_slice(&srow[pw..pw + g.w]);

@@ -77,6 +77,18 @@ impl InputGrad {
         None
     }
 
+    pub(super) fn plan_phased(_: &Unfold, _: usize, _: &[f32]) -> Option<InputGrad> {
+        None
+    }
+
+    pub(super) fn phased(&self) -> bool {
+        match *self {}
+    }
+
+    pub(super) fn plane_len(&self) -> usize {
+        match *self {}
+    }
+
     pub(super) fn run(&self, _: usize, _: &[f32], _: &mut [f32], _: bool) {
         match *self {}
     }

@@ -462,20 +462,51 @@ pub(super) struct InputGrad {
     max_vecs: usize,
     pos: Vec<Pos>,
     masked: bool,
+    /// A column stride of 2: the image gradient is laid out in its stride phases ([`InputGrad::plan_phased`]).
+    phased: bool,
     /// Per piece: its channel count and its tiles.
     pieces: Vec<(usize, Vec<TileRows>)>,
 }
 
 impl InputGrad {
-    /// The plan for geometry `u` (unpadded — the caller pads) with `og` output channels per group and the weights
-    /// `w[G·Og, K]` of every group; `None` without the vector kernels or for a geometry they do not take
-    /// ([`direct_fits`]).
+    /// The plan for geometry `u` (unpadded — the caller pads) with a column stride of 1, `og` output channels per
+    /// group and the weights `w[G·Og, K]` of every group; `None` without the vector kernels or for a geometry they
+    /// do not take ([`direct_fits`]).
     pub(super) fn plan(u: &Unfold, og: usize, w: &[f32]) -> Option<InputGrad> {
+        Self::build(u, og, w, false)
+    }
+
+    /// The plan of a convolution with a column stride of 2 (column dilation 1), adding into the padded image
+    /// gradient laid out in its stride phases as [`DirectConv::plan_phased`] reads the image (each row's even
+    /// columns, then its odd ones, each half `⌈w/2⌉` long): tap `kj` of output column `ow` adds into column
+    /// `2·ow + kj`, which is `ow + kj/2` of the half of `kj`'s parity, so every tap's run of output positions adds
+    /// into consecutive values. The caller turns the phases back into rows ([`unphased`](super::unfold::unphased)).
+    pub(super) fn plan_phased(u: &Unfold, og: usize, w: &[f32]) -> Option<InputGrad> {
+        if u.dw == 1 {
+            Self::build(u, og, w, true)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the image gradient is laid out in stride phases ([`InputGrad::plan_phased`]).
+    pub(super) fn phased(&self) -> bool {
+        self.phased
+    }
+
+    /// The values of one channel of the image gradient the kernels add into.
+    pub(super) fn plane_len(&self) -> usize {
+        self.u.h * DirectConv::row_len(&self.u, self.phased)
+    }
+
+    fn build(u: &Unfold, og: usize, w: &[f32], phased: bool) -> Option<InputGrad> {
         let level = level();
         let k = u.cg * u.kh * u.kw;
         if level == Level::Portable || !direct_fits(u) || og == 0 {
             return None;
         }
+        let (rw, half) = (DirectConv::row_len(u, phased), u.w.div_ceil(2));
+        let col = |kj: usize| if phased { kj % 2 * half + kj / 2 } else { kj * u.dw };
         let mut wt_t = vec![0.0f32; w.len()];
         for (wg, packed) in w.chunks_exact(og * k).zip(wt_t.chunks_exact_mut(og * k)) {
             pack_input_grad(wg, og, k, packed);
@@ -484,11 +515,11 @@ impl InputGrad {
         let mut pos = Vec::with_capacity(u.ho * u.wo.div_ceil(lanes));
         for oh in 0..u.ho {
             for ow in (0..u.wo).step_by(lanes) {
-                pos.push(Pos { src: oh * u.wo + ow, dst: oh * u.sh * u.w + ow, lanes: (u.wo - ow).min(lanes) });
+                pos.push(Pos { src: oh * u.wo + ow, dst: oh * u.sh * rw + ow, lanes: (u.wo - ow).min(lanes) });
             }
         }
         let masked = pos.iter().any(|p| p.lanes < lanes);
-        let plane = u.h * u.w;
+        let plane = u.h * rw;
         let mut pieces = Vec::new();
         for c0 in (0..u.cg).step_by(INPUT_GRAD_CHANNELS) {
             let cn = (u.cg - c0).min(INPUT_GRAD_CHANNELS);
@@ -497,7 +528,7 @@ impl InputGrad {
                 for ki in 0..u.kh {
                     for c in 0..cn {
                         let r = ((c0 + c) * u.kh + ki) * u.kw + kj;
-                        rows.push((r, (c * plane + ki * u.dh * u.w + kj * u.dw) as isize));
+                        rows.push((r, (c * plane + ki * u.dh * rw + col(kj)) as isize));
                     }
                 }
             }
@@ -512,14 +543,15 @@ impl InputGrad {
                 .collect();
             pieces.push((cn, list));
         }
-        Some(InputGrad { u: *u, og, wt_t, level, max_vecs, pos, masked, pieces })
+        Some(InputGrad { u: *u, og, wt_t, level, max_vecs, pos, masked, phased, pieces })
     }
 
-    /// `dx[Cg, H, W] +=` the input gradient of image group `grp` from its output gradient `gout[Og, Ho·Wo]`. With
-    /// `parallel` (and enough work, outside a rayon task) the pieces of input channels run on several threads.
+    /// `dx[Cg, H, W] +=` the input gradient of image group `grp` from its output gradient `gout[Og, Ho·Wo]` (each
+    /// plane [`InputGrad::plane_len`] long, in stride phases when [`InputGrad::phased`]). With `parallel` (and
+    /// enough work, outside a rayon task) the pieces of input channels run on several threads.
     pub(super) fn run(&self, grp: usize, gout: &[f32], dx: &mut [f32], parallel: bool) {
         let (u, og) = (&self.u, self.og);
-        let (hw, plane, k) = (u.ho * u.wo, u.h * u.w, u.cg * u.kh * u.kw);
+        let (hw, plane, k) = (u.ho * u.wo, self.plane_len(), u.cg * u.kh * u.kw);
         let wt_t = &self.wt_t[grp * og * k..(grp + 1) * og * k];
         assert!(gout.len() >= og * hw && dx.len() >= u.cg * plane, "InputGrad::run: sizes");
         let full = self.pos.len() / self.max_vecs * self.max_vecs;

@@ -222,3 +222,20 @@ pub(super) fn phased<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f
     }
     pad
 }
+
+/// The inverse of [`phased`] for a gradient: `dimg[C, H, W]` from the padded image gradient `pad` laid out in stride
+/// phases, its margins dropped.
+pub(super) fn unphased(pad: &[f32], g: &Geom, dimg: &mut [f32]) {
+    let (ph, pw) = g.p.padding;
+    let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
+    let half = wp.div_ceil(2);
+    for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(hp * 2 * half)) {
+        for (drow, srow) in plane.chunks_exact_mut(g.w).zip(src[ph * 2 * half..].chunks_exact(2 * half)) {
+            let (even, odd) = srow.split_at(half);
+            for (x, d) in drow.iter_mut().enumerate() {
+                let j = x + pw;
+                *d = if j % 2 == 0 { even[j / 2] } else { odd[j / 2] };
+            }
+        }
+    }
+}
