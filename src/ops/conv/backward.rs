@@ -19,6 +19,7 @@ use super::plan::{InputGrad, WeightGrad};
 use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose, unphased};
 use super::{geometry, mat, mat_mut, sparse, sum_in_order, Clamp, Conv2dParams, Geom, WGRAD_CHUNK};
 use crate::ops::matmul::gemm;
+use crate::ops::shape::standard;
 use crate::ops::simd;
 use crate::tensor::Tensor;
 use crate::Result;
@@ -42,9 +43,9 @@ pub(crate) fn conv2d_backward(
     // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
     // each image's output gradient as it is used, in cache. Any other clamp (ReLU6) masks the whole gradient
     // first, in one pass (the work of a separate clamp's backward, which it replaces).
-    let ys = fused.map(|(_, y)| y.as_standard_layout());
-    let gs = gout.as_standard_layout();
-    let (gs, ys) = (gs.as_slice().expect("std"), ys.as_ref().map(|y| y.as_slice().expect("std")));
+    let ys = fused.map(|(_, y)| standard(y));
+    let gs = standard(gout);
+    let (gs, ys) = (&gs[..], ys.as_deref());
     match (fused, ys) {
         (Some((c, _)), Some(y)) if c != Clamp::RELU => {
             // SAFETY: the chunks cover the buffer and each element is written.
@@ -78,8 +79,8 @@ pub(crate) fn conv2d_pool_backward(
     argmax: &[u32],
     need: &[bool],
 ) -> Result<Vec<Option<ArrayD<f32>>>> {
-    let (gs, os) = (gout.as_standard_layout(), out.as_standard_layout());
-    let (g, out) = (gs.as_slice().expect("std"), os.as_slice().expect("std"));
+    let (gs, os) = (standard(gout), standard(out));
+    let (g, out) = (&gs[..], &os[..]);
     backward(x, w, has_bias, p, &OutGrad::Pooled(sparse::Pooled { g, out, argmax }), need)
 }
 
@@ -88,9 +89,8 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
     let g = geometry(x.shape(), w.shape(), None, *p)?;
     let (need_x, need_w) = (need[0], need[1]);
     let need_b = has_bias && need.get(2).copied().unwrap_or(false);
-    let xs = x.value().as_standard_layout();
-    let ws = w.value().as_standard_layout();
-    let (xs, ws) = (xs.as_slice().expect("std"), ws.as_slice().expect("std"));
+    let (xs, ws) = (standard(x.value()), standard(w.value()));
+    let (xs, ws) = (&xs[..], &ws[..]);
     if let OutGrad::Pooled(pooled) = src {
         if sparse::applies(&g) {
             let r = sparse::backward(xs, ws, &g, x.shape()[0], pooled, (need_x, need_w, need_b));

@@ -16,6 +16,7 @@ use super::plan::DirectConv;
 use super::unfold::{clamped_product, direct_unfold, im2col};
 use super::{geometry, mat, mat_mut, Clamp, Conv2dParams, Geom};
 use crate::ops::pool::{self, Pool2dParams};
+use crate::ops::shape::standard;
 use crate::ops::simd::Start;
 use crate::ops::{record, Op};
 use crate::tensor::{grad_enabled, Tensor};
@@ -118,24 +119,19 @@ pub(super) fn forward_image(
 
 /// The values of a convolution's input, weight and bias, contiguous (copied only when not in standard layout).
 struct Operands<'a> {
-    x: ndarray::CowArray<'a, f32, ndarray::IxDyn>,
-    w: ndarray::CowArray<'a, f32, ndarray::IxDyn>,
-    b: Option<ndarray::CowArray<'a, f32, ndarray::IxDyn>>,
+    x: std::borrow::Cow<'a, [f32]>,
+    w: std::borrow::Cow<'a, [f32]>,
+    b: Option<std::borrow::Cow<'a, [f32]>>,
 }
 
 impl<'a> Operands<'a> {
     fn new(x: &'a Tensor, w: &'a Tensor, b: Option<&'a Tensor>) -> Self {
-        let std = |t: &'a Tensor| t.value().as_standard_layout();
+        let std = |t: &'a Tensor| standard(t.value());
         Operands { x: std(x), w: std(w), b: b.map(std) }
     }
 
     fn slices(&self) -> (&[f32], &[f32], Option<&[f32]>) {
-        let flat = "standard layout";
-        (
-            self.x.as_slice().expect(flat),
-            self.w.as_slice().expect(flat),
-            self.b.as_ref().map(|b| b.as_slice().expect(flat)),
-        )
+        (&self.x, &self.w, self.b.as_deref())
     }
 }
 

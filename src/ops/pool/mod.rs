@@ -7,6 +7,7 @@ mod plane;
 use ndarray::{Array4, ArrayD};
 use rayon::prelude::*;
 
+use super::shape::standard;
 use super::{record, Op};
 use crate::tensor::{Array, Tensor};
 use crate::{Error, Result};
@@ -175,8 +176,8 @@ fn per_plane(
 
 fn max_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
     let (n, c, h, w, ho, wo) = p.geometry("max_pool2d", x)?;
-    let xs = x.value().as_standard_layout();
-    let xs = xs.as_slice().expect("standard layout");
+    let xs = standard(x.value());
+    let xs = &xs[..];
     // No arg-max is stored: the backward finds it again from the input and the output.
     let mut out = vec![0.0f32; n * c * ho * wo];
     let (win, tiles) = (Windows::new(&p, h, w, ho, wo), tiles_2x2(&p, h, w, ho, wo));
@@ -200,12 +201,12 @@ pub(crate) fn max_pool2d_backward(x: &Tensor, p: &Pool2dParams, out: &Array, g: 
         return ArrayD::zeros(shape);
     }
     let per = ho * wo;
-    let gs = g.as_standard_layout();
-    let gs = gs.as_slice().expect("standard layout");
-    let xs = x.value().as_standard_layout();
-    let xs = xs.as_slice().expect("standard layout");
-    let os = out.as_standard_layout();
-    let os = os.as_slice().expect("standard layout");
+    let gs = standard(g);
+    let gs = &gs[..];
+    let xs = standard(x.value());
+    let xs = &xs[..];
+    let os = standard(out);
+    let os = &os[..];
     let win = Windows::new(p, h, w, ho, wo);
     let len = planes * h * w;
     let mut dx = Vec::with_capacity(len);
@@ -234,8 +235,8 @@ pub(crate) fn max_pool2d_backward(x: &Tensor, p: &Pool2dParams, out: &Array, g: 
 
 fn avg_pool2d(x: &Tensor, p: Pool2dParams) -> Result<Tensor> {
     let (n, c, h, w, ho, wo) = p.geometry("avg_pool2d", x)?;
-    let xs = x.value().as_standard_layout();
-    let xs = xs.as_slice().expect("standard layout");
+    let xs = standard(x.value());
+    let xs = &xs[..];
     let mut out = vec![0.0f32; n * c * ho * wo];
     let win = Windows::new(&p, h, w, ho, wo);
     per_plane(xs, &mut out, (h, w, ho * wo), 0.0, &win, |buf, plane, o| win.avg(plane, o, buf));
@@ -249,8 +250,8 @@ pub(crate) fn avg_pool2d_backward(shape: &[usize], p: &Pool2dParams, g: &ArrayD<
     if g.is_empty() || h * w == 0 {
         return ArrayD::zeros(shape);
     }
-    let gs = g.as_standard_layout();
-    let gs = gs.as_slice().expect("standard layout");
+    let gs = standard(g);
+    let gs = &gs[..];
     let mut out = vec![0.0f32; shape.iter().product()];
     let win = Windows::new(p, h, w, ho, wo);
     out.par_chunks_mut(h * w)
