@@ -117,10 +117,19 @@ where
     A: Data<Elem = f32>,
     B: Data<Elem = f32>,
 {
+    let shape = broadcast_shape(a.shape(), b.shape())?;
+    // An operand of the output's shape in another layout (the channels-last view a transpose leaves, ConvNeXt's
+    // layer scale and residual): made contiguous by the blocked copy first, so the flat and per-run loops apply —
+    // a `Zip` over it would stride through memory. Elementwise, so the same values.
+    if let Some(a) = contiguous_full(a, &shape) {
+        return binary_values(kind, &a, b);
+    }
+    if let Some(b) = contiguous_full(b, &shape) {
+        return binary_values(kind, a, &b);
+    }
     if a.shape() == b.shape() {
         return Some(by_kind!(kind, zip2(a, b)));
     }
-    let shape = broadcast_shape(a.shape(), b.shape())?;
     if let (Some(sa), Some(sb)) = (a.as_slice(), b.as_slice()) {
         let flat = if a.shape() == shape.as_slice() {
             run_split(&shape, b.shape()).map(|split| by_kind!(kind, along_runs(sa, sb, split)))
@@ -140,6 +149,12 @@ where
     } else {
         by_kind!(kind, zip_views(&av, &bv))
     })
+}
+
+/// `a` in standard layout when it has the full `shape` but is not contiguous; `None` otherwise.
+fn contiguous_full<A: Data<Elem = f32>>(a: &ArrayBase<A, IxDyn>, shape: &[usize]) -> Option<ArrayD<f32>> {
+    (a.shape() == shape && a.as_slice().is_none())
+        .then(|| ArrayD::from_shape_vec(a.raw_dim(), super::shape::contiguous_vec(&a.view())).expect("same length"))
 }
 
 /// `f` over two arrays of one shape: one flat loop over slices (in parallel when long), else a `Zip`.
@@ -478,5 +493,32 @@ mod tests {
         // Operands that vary along two separate runs, or runs too short, take the `Zip`.
         assert_eq!(run_split(&[2, 3, 4, 5], &[1, 3, 1, 5]), None);
         assert_eq!(run_split(&[2, 3, 2, 2], &[1, 3, 1, 1]), None);
+    }
+
+    /// A channels-last view (a permuted operand of the output's shape) gives the `Zip`'s bits through its
+    /// contiguous copy: against a per-channel scale (ConvNeXt's layer scale), an operand of its own shape, and
+    /// both permuted; large enough to split across threads.
+    #[test]
+    fn permuted_operands_match_the_zip() {
+        let nhwc = Tensor::uniform(&[2, 20, 24, 64], -2.0, 2.0, 1).to_array();
+        let x = nhwc.view().permuted_axes(IxDyn(&[0, 3, 1, 2]));
+        let scale = Tensor::uniform(&[64, 1, 1], 0.5, 2.0, 2).to_array();
+        let same = Tensor::uniform(&[2, 64, 20, 24], -2.0, 2.0, 3).to_array();
+        let shape = IxDyn(&[2, 64, 20, 24]);
+        for kind in [BinaryKind::Add, BinaryKind::Mul, BinaryKind::Div, BinaryKind::Maximum] {
+            for (other, name) in [(scale.view(), "scale"), (same.view(), "same shape"), (x.view(), "permuted")] {
+                for flipped in [false, true] {
+                    let (p, q) = if flipped { (other.view(), x.view()) } else { (x.view(), other.view()) };
+                    let got = binary_values(kind, &p, &q).unwrap();
+                    let want = by_kind!(
+                        kind,
+                        zip_views(&p.broadcast(shape.clone()).unwrap(), &q.broadcast(shape.clone()).unwrap())
+                    );
+                    assert!(got.is_standard_layout());
+                    let bits = |v: &ArrayD<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{kind:?} {name} flipped {flipped}");
+                }
+            }
+        }
     }
 }
