@@ -45,8 +45,11 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     if n == 0 {
         return Vec::new();
     }
-    // The output's last axis `l` and the input's unit-stride axis `u` (if another): tiles of `u × l`.
     let l = rank - 1;
+    if strides[l] == 1 && rank >= 2 {
+        return contiguous_rows(a);
+    }
+    // The output's last axis `l` and the input's unit-stride axis `u` (if another): tiles of `u × l`.
     let u = (0..l).rev().find(|&ax| strides[ax].abs() == 1 && shape[ax] > 1 && strides[l].abs() != 1);
     let mut out_strides = vec![1usize; rank];
     for ax in (0..l).rev() {
@@ -103,6 +106,40 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
 }
 
 /// The values as a flat row-major slice, copied only when they are not in standard layout.
+/// [`contiguous_vec`] of a view whose rows (last axis) are contiguous — a permutation or slice of the leading axes,
+/// as attention's heads after a transpose: whole rows copied, a block of rows per index of the other leading axes,
+/// the blocks in parallel when large. An odometer step per row cost more than the row's copy.
+fn contiguous_rows(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
+    let (shape, strides) = (a.shape(), a.strides());
+    let r = shape.len() - 2;
+    let (len_r, len_l, sr) = (shape[r], shape[r + 1], strides[r]);
+    let n = a.len();
+    let fill = |(b, dst): (usize, &mut [std::mem::MaybeUninit<f32>])| {
+        // Block `b`'s offset: its index over the leading axes, row-major.
+        let (mut rem, mut so) = (b, 0isize);
+        for ax in (0..r).rev() {
+            so += (rem % shape[ax]) as isize * strides[ax];
+            rem /= shape[ax];
+        }
+        for (i, row) in dst.chunks_exact_mut(len_l).enumerate() {
+            // SAFETY: row `i` of block `b` is an index within the view's shape, its `len_l` values one after another.
+            let src = unsafe { std::slice::from_raw_parts(a.as_ptr().offset(so + i as isize * sr), len_l) };
+            row.iter_mut().zip(src).for_each(|(d, &v)| _ = d.write(v));
+        }
+    };
+    // SAFETY: the blocks cover the output and every row of each is written.
+    unsafe {
+        super::written(n, |out| {
+            if n >= super::PAR_THRESHOLD {
+                use rayon::prelude::*;
+                out.par_chunks_mut(len_r * len_l).enumerate().for_each(fill);
+            } else {
+                out.chunks_mut(len_r * len_l).enumerate().for_each(fill);
+            }
+        })
+    }
+}
+
 pub(crate) fn standard<S: ndarray::Data<Elem = f32>>(a: &ndarray::ArrayBase<S, IxDyn>) -> std::borrow::Cow<'_, [f32]> {
     match a.as_slice() {
         Some(s) => std::borrow::Cow::Borrowed(s),
@@ -392,6 +429,17 @@ mod tests {
         ];
         for (i, v) in views.iter().enumerate() {
             assert_eq!(contiguous_vec(v), want(v), "view {i}");
+        }
+        // Contiguous rows (copied whole): a reversed and stepped leading slice, a rank-2 slice, and attention's
+        // heads after a transpose, large enough for the parallel blocks.
+        let heads = Tensor::uniform(&[4, 197, 12, 64], -1.0, 1.0, 2).to_array();
+        let rows = [
+            x.slice(ndarray::s![..;-1, 1..30;2, .., ..]).into_dyn(),
+            x.slice(ndarray::s![2, 3..9, 1, ..]).into_dyn(),
+            heads.view().permuted_axes(IxDyn(&[0, 2, 1, 3])),
+        ];
+        for (i, v) in rows.iter().enumerate() {
+            assert_eq!(contiguous_vec(v), want(v), "rows {i}");
         }
         let row = ndarray::Array1::from_iter((0..20).map(|v| v as f32)).into_dyn();
         let b = row.broadcast(IxDyn(&[3, 20])).unwrap().permuted_axes(IxDyn(&[1, 0]));
