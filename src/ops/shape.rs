@@ -55,57 +55,68 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     for ax in (0..l).rev() {
         out_strides[ax] = out_strides[ax + 1] * shape[ax + 1];
     }
-    let mut out = vec![0.0f32; n];
-    let src = a.as_ptr();
-    // An odometer over the axes other than `l` and `u`.
+    // The axes other than `l` and `u`: each index over them owns a `u × l` block of the output (disjoint blocks,
+    // together all of it), so the blocks run in parallel when the copy is large.
     let outer: Vec<usize> = (0..l).filter(|&ax| Some(ax) != u).collect();
-    let mut idx = vec![0usize; outer.len()];
     let (len_l, sl) = (shape[l], strides[l]);
     let (len_u, su, ou) = u.map_or((1, 0, 0), |u| (shape[u], strides[u], out_strides[u]));
     const TILE: usize = 16;
     // Without a unit-stride axis to transpose against, whole rows at a time.
     let tile_l = if u.is_some() { TILE } else { len_l };
-    loop {
-        let (mut so, mut oo) = (0isize, 0usize);
-        for (&ax, &i) in outer.iter().zip(&idx) {
+    let block = |t: usize, out: &Slots| {
+        let (mut rem, mut so, mut oo) = (t, 0isize, 0usize);
+        for &ax in outer.iter().rev() {
+            let i = rem % shape[ax];
+            rem /= shape[ax];
             so += i as isize * strides[ax];
             oo += i * out_strides[ax];
         }
         for i0 in (0..len_u).step_by(TILE) {
             for j0 in (0..len_l).step_by(tile_l) {
                 for i in i0..(i0 + TILE).min(len_u) {
-                    let row = &mut out[oo + i * ou..][j0..(j0 + tile_l).min(len_l)];
                     let base = so + i as isize * su + j0 as isize * sl;
-                    if sl == 1 {
-                        // Rows contiguous in the input too (a permutation of the leading axes): a plain copy.
-                        // SAFETY: the row's elements lie inside the view's data, one after another.
-                        row.copy_from_slice(unsafe { std::slice::from_raw_parts(src.offset(base), row.len()) });
-                        continue;
-                    }
-                    for (j, d) in row.iter_mut().enumerate() {
-                        // SAFETY: every index is within the view's shape, so the offset lies inside its data.
-                        *d = unsafe { *src.offset(base + j as isize * sl) };
+                    for j in 0..(len_l - j0).min(tile_l) {
+                        // SAFETY: every index is within the view's shape, so the offset lies inside its data, and
+                        // the output position within `n` belongs to this block alone.
+                        unsafe { out.write(oo + i * ou + j0 + j, *a.as_ptr().offset(base + j as isize * sl)) };
                     }
                 }
             }
         }
-        // Next outer index.
-        let mut ax = outer.len();
-        loop {
-            if ax == 0 {
-                return out;
+    };
+    let blocks = n / (len_u * len_l);
+    // SAFETY: the blocks cover the output, each position written once.
+    unsafe {
+        super::written(n, |out| {
+            let slots = Slots(out.as_mut_ptr().cast::<f32>());
+            if n >= super::PAR_THRESHOLD && blocks > 1 {
+                use rayon::prelude::*;
+                let min = (super::PAR_THRESHOLD / (len_u * len_l)).max(1);
+                (0..blocks).into_par_iter().with_min_len(min).for_each(|t| block(t, &slots));
+            } else {
+                (0..blocks).for_each(|t| block(t, &slots));
             }
-            ax -= 1;
-            idx[ax] += 1;
-            if idx[ax] < shape[outer[ax]] {
-                break;
-            }
-            idx[ax] = 0;
-        }
+        })
     }
 }
 
-/// The values as a flat row-major slice, copied only when they are not in standard layout.
+/// The output of [`contiguous_vec`] shared by its blocks, which write disjoint positions.
+struct Slots(*mut f32);
+
+// SAFETY: the blocks write disjoint positions of one live buffer, and nothing reads it until they are done.
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    /// Writes `v` at position `i`.
+    ///
+    /// # Safety
+    ///
+    /// `i` lies within the buffer, and no other thread writes it.
+    unsafe fn write(&self, i: usize, v: f32) {
+        unsafe { self.0.add(i).write(v) };
+    }
+}
+
 /// [`contiguous_vec`] of a view whose rows (last axis) are contiguous — a permutation or slice of the leading axes,
 /// as attention's heads after a transpose: whole rows copied, a block of rows per index of the other leading axes,
 /// the blocks in parallel when large. An odometer step per row cost more than the row's copy.
@@ -140,6 +151,7 @@ fn contiguous_rows(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     }
 }
 
+/// The values as a flat row-major slice, copied only when they are not in standard layout.
 pub(crate) fn standard<S: ndarray::Data<Elem = f32>>(a: &ndarray::ArrayBase<S, IxDyn>) -> std::borrow::Cow<'_, [f32]> {
     match a.as_slice() {
         Some(s) => std::borrow::Cow::Borrowed(s),
@@ -440,6 +452,19 @@ mod tests {
         ];
         for (i, v) in rows.iter().enumerate() {
             assert_eq!(contiguous_vec(v), want(v), "rows {i}");
+        }
+        // Tiles in parallel blocks: channels-last views both ways (the unit-stride axis next to the last, and far
+        // from it), and a broadcast one.
+        let maps = Tensor::uniform(&[2, 24, 30, 40], -1.0, 1.0, 3).to_array();
+        let col = ndarray::Array1::from_iter((0..40_000).map(|v| v as f32)).into_dyn();
+        let large = [
+            maps.view().permuted_axes(IxDyn(&[0, 2, 3, 1])),
+            maps.view().permuted_axes(IxDyn(&[0, 3, 1, 2])),
+            maps.view().permuted_axes(IxDyn(&[3, 2, 1, 0])),
+            col.broadcast(IxDyn(&[3, 40_000])).unwrap().permuted_axes(IxDyn(&[1, 0])),
+        ];
+        for (i, v) in large.iter().enumerate() {
+            assert_eq!(contiguous_vec(v), want(v), "large {i}");
         }
         let row = ndarray::Array1::from_iter((0..20).map(|v| v as f32)).into_dyn();
         let b = row.broadcast(IxDyn(&[3, 20])).unwrap().permuted_axes(IxDyn(&[1, 0]));
