@@ -337,8 +337,14 @@ fn transformer_ops() {
     check("layer_norm_2axes", &[x.clone(), w2, b.clone()], &|t| t[0].layer_norm(1, 1e-3, Some(&t[1]), Some(&t[2])));
     check("layer_norm_plain", &[x.clone()], &|t| t[0].layer_norm(2, 1e-5, None, None));
     check("layer_norm_row", &[uniform(&[1, 7], -1.0, 1.0, 46)], &|t| t[0].layer_norm(1, 1e-5, None, None));
-    check("layer_norm_scale_only", &[x.clone(), w], &|t| t[0].layer_norm(2, 1e-5, Some(&t[1]), None));
-    check("layer_norm_bias_only", &[x.clone(), b], &|t| t[0].layer_norm(2, 1e-5, None, Some(&t[1])));
+    check("layer_norm_scale_only", &[x.clone(), w.clone()], &|t| t[0].layer_norm(2, 1e-5, Some(&t[1]), None));
+    check("layer_norm_bias_only", &[x.clone(), b.clone()], &|t| t[0].layer_norm(2, 1e-5, None, Some(&t[1])));
+    // A channels-last view (ConvNeXt's LayerNorm after its transpose): the forward's contiguous copy is kept for
+    // the backward.
+    let maps = uniform(&[2, 5, 3, 4], -1.0, 1.0, 47);
+    check("layer_norm_permuted", &[maps, w.clone(), b.clone()], &|t| {
+        t[0].permute(&[0, 2, 3, 1])?.layer_norm(3, 1e-5, Some(&t[1]), Some(&t[2]))
+    });
     // Softmax along every axis of a rank-3 tensor.
     for axis in 0..3 {
         check(&format!("softmax axis {axis}"), &[x.clone()], &move |t| t[0].softmax(axis));

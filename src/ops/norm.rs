@@ -6,6 +6,9 @@
 //! over the activations and as many temporaries, on the LayerNorm of every transformer block (issue 32's ViT and
 //! ConvNeXt profiles), and its backward twice that.
 
+use std::borrow::Cow;
+use std::mem::MaybeUninit;
+
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
@@ -26,6 +29,9 @@ pub(crate) struct LayerNormSaved {
     pub(crate) axis: usize,
     pub(crate) mean: Vec<f32>,
     pub(crate) rstd: Vec<f32>,
+    /// `x`'s values in row-major order when the forward had to copy them (a permuted view: ConvNeXt's channels-last
+    /// transpose), so the backward does not copy them again.
+    pub(crate) contiguous: Option<Vec<f32>>,
 }
 
 /// Σ f(a[i], b[i]) over two equal-length slices with 16 independent accumulators (vectorised), summed in a
@@ -56,7 +62,11 @@ fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
 
 /// `f(first row, outputs)` over blocks of [`ROWS_PER_BLOCK`] rows of `d` values, in parallel when there is enough
 /// work; the blocks' results in order.
-fn for_row_blocks<T: Send>(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) -> T + Sync + Send) -> Vec<T> {
+fn for_row_blocks<T: Send>(
+    out: &mut [MaybeUninit<f32>],
+    d: usize,
+    f: impl Fn(usize, &mut [MaybeUninit<f32>]) -> T + Sync + Send,
+) -> Vec<T> {
     let block = ROWS_PER_BLOCK * d;
     if out.len() >= PAR_THRESHOLD {
         out.par_chunks_mut(block).enumerate().map(|(i, o)| f(i * ROWS_PER_BLOCK, o)).collect()
@@ -97,42 +107,51 @@ pub(crate) fn layer_norm(
     let gamma = scale.map(|s| per_feature(OP, s, norm_shape)).transpose()?;
     let beta = bias.map(|b| per_feature(OP, b, norm_shape)).transpose()?;
     let xs = standard(x.value());
-    let mut out = vec![0.0f32; xs.len()];
-    let stats = for_row_blocks(&mut out, d, |row0, o| {
-        let mut stats = Vec::with_capacity(ROWS_PER_BLOCK);
-        for (i, or) in o.chunks_exact_mut(d).enumerate() {
-            let xr = &xs[(row0 + i) * d..][..d];
-            let mu = lane_sum(xr, xr, |v, _| v) / d as f32;
-            let var = lane_sum(xr, xr, |v, _| (v - mu) * (v - mu)) / d as f32;
-            let rs = 1.0 / (var + eps).sqrt();
-            stats.push((mu, rs));
-            match (&gamma, &beta) {
-                (Some(g), Some(b)) => {
-                    for (((o, &v), &g), &b) in or.iter_mut().zip(xr).zip(g).zip(b) {
-                        *o = (v - mu) * rs * g + b;
+    let mut stats = Vec::new();
+    // SAFETY: the row blocks cover the output and every row is written whole in each arm below.
+    let out = unsafe {
+        crate::ops::written(xs.len(), |out| {
+            stats = for_row_blocks(out, d, |row0, o| {
+                let mut stats = Vec::with_capacity(ROWS_PER_BLOCK);
+                for (i, or) in o.chunks_exact_mut(d).enumerate() {
+                    let xr = &xs[(row0 + i) * d..][..d];
+                    let mu = lane_sum(xr, xr, |v, _| v) / d as f32;
+                    let var = lane_sum(xr, xr, |v, _| (v - mu) * (v - mu)) / d as f32;
+                    let rs = 1.0 / (var + eps).sqrt();
+                    stats.push((mu, rs));
+                    match (&gamma, &beta) {
+                        (Some(g), Some(b)) => {
+                            for (((o, &v), &g), &b) in or.iter_mut().zip(xr).zip(g).zip(b) {
+                                o.write((v - mu) * rs * g + b);
+                            }
+                        }
+                        (Some(g), None) => {
+                            for ((o, &v), &g) in or.iter_mut().zip(xr).zip(g) {
+                                o.write((v - mu) * rs * g);
+                            }
+                        }
+                        (None, Some(b)) => {
+                            for ((o, &v), &b) in or.iter_mut().zip(xr).zip(b) {
+                                o.write((v - mu) * rs + b);
+                            }
+                        }
+                        (None, None) => {
+                            for (o, &v) in or.iter_mut().zip(xr) {
+                                o.write((v - mu) * rs);
+                            }
+                        }
                     }
                 }
-                (Some(g), None) => {
-                    for ((o, &v), &g) in or.iter_mut().zip(xr).zip(g) {
-                        *o = (v - mu) * rs * g;
-                    }
-                }
-                (None, Some(b)) => {
-                    for ((o, &v), &b) in or.iter_mut().zip(xr).zip(b) {
-                        *o = (v - mu) * rs + b;
-                    }
-                }
-                (None, None) => {
-                    for (o, &v) in or.iter_mut().zip(xr) {
-                        *o = (v - mu) * rs;
-                    }
-                }
-            }
-        }
-        stats
-    });
+                stats
+            });
+        })
+    };
     let (mean, rstd): (Vec<f32>, Vec<f32>) = stats.into_iter().flatten().unzip();
     let value = ArrayD::from_shape_vec(IxDyn(x.shape()), out).expect("one value per input");
+    let contiguous = match xs {
+        Cow::Owned(v) => Some(v),
+        Cow::Borrowed(_) => None,
+    };
     let saved = LayerNormSaved {
         x: x.clone(),
         scale: scale.cloned(),
@@ -140,6 +159,7 @@ pub(crate) fn layer_norm(
         axis,
         mean: mean.clone(),
         rstd: rstd.clone(),
+        contiguous,
     };
     Ok((record(value, Op::LayerNorm(Box::new(saved))), mean, rstd))
 }
@@ -147,32 +167,36 @@ pub(crate) fn layer_norm(
 /// With x̂ = (x − μ)·r (r = 1/√(var + ε)) and y = x̂·γ + β: ∂L/∂β = Σ_rows g, ∂L/∂γ = Σ_rows g·x̂ and
 /// ∂L/∂x = r·(g·γ − mean(g·γ) − x̂·mean(g·γ·x̂)), the means over each row.
 pub(crate) fn layer_norm_backward(s: &LayerNormSaved, g: &ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
-    let xs = standard(s.x.value());
+    let xs = s.contiguous.as_deref().map_or_else(|| standard(s.x.value()), Cow::Borrowed);
     let gs = standard(g);
     let norm_shape = &s.x.shape()[s.axis..];
     let d: usize = norm_shape.iter().product();
     let gamma: Option<Vec<f32>> =
         s.scale.as_ref().map(|t| per_feature("layer_norm", t, norm_shape).expect("checked in the forward"));
     let gx = need[0].then(|| {
-        let mut out = vec![0.0f32; xs.len()];
-        for_row_blocks(&mut out, d, |row0, o| {
-            let mut dy = vec![0.0f32; d];
-            for (i, or) in o.chunks_exact_mut(d).enumerate() {
-                let row = row0 + i;
-                let (mu, r) = (s.mean[row], s.rstd[row]);
-                let gr = &gs[row * d..][..d];
-                match &gamma {
-                    Some(gm) => dy.iter_mut().zip(gr).zip(gm).for_each(|((o, &g), &w)| *o = g * w),
-                    None => dy.copy_from_slice(gr),
-                }
-                let xr = &xs[row * d..][..d];
-                let mean_dy = lane_sum(&dy, &dy, |a, _| a) / d as f32;
-                let mean_dy_xhat = lane_sum(&dy, xr, |a, v| a * ((v - mu) * r)) / d as f32;
-                for ((o, &a), &v) in or.iter_mut().zip(&dy).zip(xr) {
-                    *o = r * (a - mean_dy - (v - mu) * r * mean_dy_xhat);
-                }
-            }
-        });
+        // SAFETY: the row blocks cover the output and every row is written whole.
+        let out = unsafe {
+            crate::ops::written(xs.len(), |out| {
+                for_row_blocks(out, d, |row0, o| {
+                    let mut dy = vec![0.0f32; d];
+                    for (i, or) in o.chunks_exact_mut(d).enumerate() {
+                        let row = row0 + i;
+                        let (mu, r) = (s.mean[row], s.rstd[row]);
+                        let gr = &gs[row * d..][..d];
+                        match &gamma {
+                            Some(gm) => dy.iter_mut().zip(gr).zip(gm).for_each(|((o, &g), &w)| *o = g * w),
+                            None => dy.copy_from_slice(gr),
+                        }
+                        let xr = &xs[row * d..][..d];
+                        let mean_dy = lane_sum(&dy, &dy, |a, _| a) / d as f32;
+                        let mean_dy_xhat = lane_sum(&dy, xr, |a, v| a * ((v - mu) * r)) / d as f32;
+                        for ((o, &a), &v) in or.iter_mut().zip(&dy).zip(xr) {
+                            o.write(r * (a - mean_dy - (v - mu) * r * mean_dy_xhat));
+                        }
+                    }
+                });
+            })
+        };
         ArrayD::from_shape_vec(IxDyn(s.x.shape()), out).expect("one gradient per input")
     });
     let mut grads = vec![gx];
