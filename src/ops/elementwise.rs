@@ -322,9 +322,8 @@ pub(crate) fn binary_backward(
 
 /// `Σ g·v` over the trailing axes that `small` broadcasts (it is `g`'s shape with its trailing axes of size 1 —
 /// a squeeze-excitation gate `[N, C, 1, 1]` scaling `v` `[N, C, H, W]`): the gradient of the broadcast factor of a
-/// product, row by row, without forming `g·v`. Each row is the products summed in sixteen interleaved partial sums,
-/// as [`super::reduce::row_sums`] sums the formed product, so the bits are the same. `None` when the shapes or
-/// layouts do not fit.
+/// product, row by row, without forming `g·v` ([`super::reduce::row_sums_of`]: the bits of summing the formed
+/// product). `None` when the shapes or layouts do not fit.
 fn trailing_dots(g: &ArrayD<f32>, v: &Array, small: &[usize]) -> Option<ArrayD<f32>> {
     let keep = small.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
     let fits = g.shape() == v.shape() && g.ndim() == small.len() && keep < small.len();
@@ -336,22 +335,7 @@ fn trailing_dots(g: &ArrayD<f32>, v: &Array, small: &[usize]) -> Option<ArrayD<f
     if len == 0 {
         return None;
     }
-    let dot = |(g, v): (&[f32], &[f32])| {
-        let mut acc = [0.0f32; 16];
-        let (gc, vc) = (g.chunks_exact(16), v.chunks_exact(16));
-        let rest: f32 = gc.remainder().iter().zip(vc.remainder()).map(|(a, b)| a * b).sum();
-        for (a, b) in gc.zip(vc) {
-            for ((s, x), y) in acc.iter_mut().zip(a).zip(b) {
-                *s += x * y;
-            }
-        }
-        acc.iter().sum::<f32>() + rest
-    };
-    let mut out = vec![0.0f32; gs.len() / len];
-    out.par_iter_mut()
-        .zip(gs.par_chunks_exact(len).zip(vs.par_chunks_exact(len)))
-        .with_min_len((1 << 14) / len + 1)
-        .for_each(|(o, rows)| *o = dot(rows));
+    let out = super::reduce::row_sums_of(gs, vs, len, |x, y| x * y);
     Some(ArrayD::from_shape_vec(IxDyn(small), out).expect("one value per row"))
 }
 

@@ -11,22 +11,29 @@ use crate::{Error, Result};
 /// summed), rows in parallel, each in sixteen interleaved partial sums: a fixed order, so the same bits whatever
 /// the thread count, and vector adds instead of one dependent chain. `len` must not be 0.
 pub(crate) fn row_sums(v: &[f32], len: usize) -> Vec<f32> {
-    let sum = |row: &[f32]| {
+    row_sums_of(v, v, len, |x, _| x)
+}
+
+/// The sums of `f(a[i], b[i])` over each run of `len` values: [`row_sums`] of the values `f` forms, in the same
+/// order, without writing them out (a product's row dots, `f = |x, y| x * y`: the same bits as summing the formed
+/// product). `len` must not be 0.
+pub(crate) fn row_sums_of(a: &[f32], b: &[f32], len: usize, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    let sum = |(a, b): (&[f32], &[f32])| {
         let mut acc = [0.0f32; 16];
-        let chunks = row.chunks_exact(16);
-        let rest: f32 = chunks.remainder().iter().sum();
-        for c in chunks {
-            for (a, x) in acc.iter_mut().zip(c) {
-                *a += x;
+        let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+        let rest: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| f(x, y)).sum();
+        for (ca, cb) in ca.zip(cb) {
+            for ((s, &x), &y) in acc.iter_mut().zip(ca).zip(cb) {
+                *s += f(x, y);
             }
         }
         acc.iter().sum::<f32>() + rest
     };
-    let mut out = vec![0.0f32; v.len() / len];
+    let mut out = vec![0.0f32; a.len() / len];
     out.par_iter_mut()
-        .zip(v.par_chunks_exact(len))
+        .zip(a.par_chunks_exact(len).zip(b.par_chunks_exact(len)))
         .with_min_len((1 << 14) / len + 1)
-        .for_each(|(o, row)| *o = sum(row));
+        .for_each(|(o, rows)| *o = sum(rows));
     out
 }
 
