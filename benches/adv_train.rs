@@ -108,11 +108,18 @@ fn export(dir: &Path, models: &[&str], n: usize) -> Result<()> {
 /// One step's backward time per op (all shapes) and its costliest ops per shape.
 fn print_profile(name: &str, ms: f64, p: &armoury::profile::Profile) {
     use armoury::profile::Phase;
-    println!("{name}: one step {ms:.1} ms, of which backward ops {:.1} ms:", p.total_ms(Phase::Backward));
+    println!(
+        "{name}: one step {ms:.1} ms, of which forward ops {:.1} ms, backward ops {:.1} ms:",
+        p.total_ms(Phase::Forward),
+        p.total_ms(Phase::Backward)
+    );
+    for (op, t) in p.by_op(Phase::Forward) {
+        println!("  {t:>9.1} ms  forward {op}");
+    }
     for (op, t) in p.by_op(Phase::Backward) {
         println!("  {t:>9.1} ms  {op}");
     }
-    for e in p.entries.iter().take(16) {
+    for e in p.entries.iter().take(30) {
         println!("  {:>9.1} ms  {:?} {} {:?} -> {:?} x{}", e.ms, e.phase, e.op, e.input, e.output, e.calls);
     }
 }
@@ -125,7 +132,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let (mut models, mut n, mut steps) = (Vec::new(), 32usize, 3usize);
     let mut weights: Option<PathBuf> = None;
-    let mut profile = false;
+    let (mut profile, mut profile_train) = (false, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -133,6 +140,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             "--batch" => n = args.next().ok_or("--batch needs a number")?.parse()?,
             "--steps" => steps = args.next().ok_or("--steps needs a number")?.parse()?,
             "--profile" => profile = true,
+            "--profile-train" => profile_train = true,
             "--weights" => weights = Some(args.next().ok_or("--weights needs a directory")?.into()),
             "--export" => {
                 let dir = PathBuf::from(args.next().ok_or("--export needs a directory")?);
@@ -166,6 +174,18 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         };
         let mut opt = sgd(&net)?;
         let pgd = pgd7(true);
+        if profile_train {
+            // The training half alone (forward in training mode, backward to the weights, update), forward and
+            // backward ops both.
+            let x_adv =
+                pgd.generate(&ModelView::new(&net, &[3, 32, 32], 10, (0.0, 1.0))?, &x, &y, &Goal::Untargeted, 0)?;
+            armoury::train::train_step(&net, &mut opt, &x_adv, &y, None)?;
+            let t = Instant::now();
+            let (r, p) = armoury::profile::record(|| armoury::train::train_step(&net, &mut opt, &x_adv, &y, None));
+            r?;
+            print_profile(name, t.elapsed().as_secs_f64() * 1e3, &p);
+            continue;
+        }
         if profile {
             step(&net, &mut opt, &pgd, &x, &y, 0)?;
             let t = Instant::now();

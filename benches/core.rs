@@ -98,10 +98,13 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
         ("cifar 3x3 64@32", [32, 64, 32, 32], 64, 3, 1, 1),
         ("cifar 3x3 256@8", [32, 256, 8, 8], 256, 3, 1, 1),
         ("cifar 3x3 512@4", [32, 512, 4, 4], 512, 3, 1, 1),
+        ("cifar 3x3 128@16", [32, 128, 16, 16], 128, 3, 1, 1),
+        ("cifar 3x3/2 256>512", [32, 256, 8, 8], 512, 3, 2, 1),
+        ("cifar 1x1/2 256>512", [32, 256, 8, 8], 512, 1, 2, 0),
     ];
     println!(
-        "{:<18} {:>9} {:>8} {:>7} {:>10} {:>8} {:>7}",
-        "conv", "fwd ms", "GFLOP/s", "peak", "dx ms", "GFLOP/s", "peak"
+        "{:<18} {:>9} {:>8} {:>7} {:>10} {:>8} {:>7} {:>10} {:>8} {:>7}",
+        "conv", "fwd ms", "GFLOP/s", "peak", "dx ms", "GFLOP/s", "peak", "dW ms", "GFLOP/s", "peak"
     );
     for &(label, [n, c, h, w], o, k, s, pad) in shapes {
         if filter.is_some_and(|f| !label.contains(f)) {
@@ -116,32 +119,39 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
             std::hint::black_box(x.conv2d(&wt, None, p)?);
             Ok(())
         })?;
-        // The input gradient alone: the conv's backward op as the profile times it, the median over the runs.
-        let xv = x.variable();
-        let mut dx = Vec::new();
-        bench::median_ms_within(budget_ms, 200, || {
-            let y = xv.conv2d(&wt, None, p)?;
-            let (g, prof) = armoury::profile::record(|| y.grad_wrt(&[&xv]));
-            std::hint::black_box(g?);
-            dx.push(
-                prof.entries
-                    .iter()
-                    .filter(|e| e.phase == armoury::profile::Phase::Backward && e.op.starts_with("conv2d"))
-                    .map(|e| e.ms)
-                    .sum::<f64>(),
-            );
-            Ok(())
-        })?;
-        dx.sort_by(f64::total_cmp);
-        let dx = dx[dx.len() / 2];
+        // The input gradient alone, then the weight gradient alone (what a training step adds): the conv's
+        // backward op as the profile times it, the median over the runs.
+        let backward_ms = |x: &Tensor, wt: &Tensor, wrt: &Tensor| -> Result<f64, Box<dyn std::error::Error>> {
+            let mut ms = Vec::new();
+            bench::median_ms_within(budget_ms, 200, || {
+                let y = x.conv2d(wt, None, p)?;
+                let (g, prof) = armoury::profile::record(|| y.grad_wrt(&[wrt]));
+                std::hint::black_box(g?);
+                ms.push(
+                    prof.entries
+                        .iter()
+                        .filter(|e| e.phase == armoury::profile::Phase::Backward && e.op.starts_with("conv2d"))
+                        .map(|e| e.ms)
+                        .sum::<f64>(),
+                );
+                Ok(())
+            })?;
+            ms.sort_by(f64::total_cmp);
+            Ok(ms[ms.len() / 2])
+        };
+        let (xv, wv) = (x.variable(), wt.variable());
+        let dx = backward_ms(&xv, &wt, &xv)?;
+        let dw = backward_ms(&x, &wv, &wv)?;
         let rate = |ms: f64| flops / ms / 1e6;
         let share = |ms: f64| peak.map_or("n/a".to_string(), |pk| format!("{:.0}%", 100.0 * rate(ms) / pk));
         println!(
-            "{label:<18} {fwd:>9.2} {:>8.1} {:>7} {dx:>10.2} {:>8.1} {:>7}",
+            "{label:<18} {fwd:>9.2} {:>8.1} {:>7} {dx:>10.2} {:>8.1} {:>7} {dw:>10.2} {:>8.1} {:>7}",
             rate(fwd),
             share(fwd),
             rate(dx),
-            share(dx)
+            share(dx),
+            rate(dw),
+            share(dw)
         );
     }
     Ok(())

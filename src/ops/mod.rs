@@ -61,6 +61,28 @@ pub(crate) unsafe fn written(len: usize, write: impl FnOnce(&mut [std::mem::Mayb
     v
 }
 
+/// An output buffer (as [`written`] gives it) shared by parallel jobs that write disjoint positions of it.
+pub(crate) struct Slots(*mut f32);
+
+// SAFETY: the jobs write disjoint positions of one live buffer, and nothing reads it until they are done.
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    /// The slots of `out`.
+    pub(crate) fn new(out: &mut [std::mem::MaybeUninit<f32>]) -> Slots {
+        Slots(out.as_mut_ptr().cast::<f32>())
+    }
+
+    /// Writes `v` at position `i`.
+    ///
+    /// # Safety
+    ///
+    /// `i` lies within the buffer, and no other thread writes it.
+    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
+        unsafe { self.0.add(i).write(v) };
+    }
+}
+
 /// The kernel path of this process: `avx512`, `avx2` or `portable` (the CPU's best, capped by `ARMOURY_SIMD`).
 pub fn simd_level_name() -> &'static str {
     match simd::level() {

@@ -63,7 +63,7 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     const TILE: usize = 16;
     // Without a unit-stride axis to transpose against, whole rows at a time.
     let tile_l = if u.is_some() { TILE } else { len_l };
-    let block = |t: usize, out: &Slots| {
+    let block = |t: usize, out: &super::Slots| {
         let (mut rem, mut so, mut oo) = (t, 0isize, 0usize);
         for &ax in outer.iter().rev() {
             let i = rem % shape[ax];
@@ -88,7 +88,7 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     // SAFETY: the blocks cover the output, each position written once.
     unsafe {
         super::written(n, |out| {
-            let slots = Slots(out.as_mut_ptr().cast::<f32>());
+            let slots = super::Slots::new(out);
             if n >= super::PAR_THRESHOLD && blocks > 1 {
                 use rayon::prelude::*;
                 let min = (super::PAR_THRESHOLD / (len_u * len_l)).max(1);
@@ -97,23 +97,6 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
                 (0..blocks).for_each(|t| block(t, &slots));
             }
         })
-    }
-}
-
-/// The output of [`contiguous_vec`] shared by its blocks, which write disjoint positions.
-struct Slots(*mut f32);
-
-// SAFETY: the blocks write disjoint positions of one live buffer, and nothing reads it until they are done.
-unsafe impl Sync for Slots {}
-
-impl Slots {
-    /// Writes `v` at position `i`.
-    ///
-    /// # Safety
-    ///
-    /// `i` lies within the buffer, and no other thread writes it.
-    unsafe fn write(&self, i: usize, v: f32) {
-        unsafe { self.0.add(i).write(v) };
     }
 }
 

@@ -16,13 +16,15 @@ use rayon::prelude::*;
 use super::depthwise;
 use super::forward::for_each_pooling_plane;
 use super::plan::{InputGrad, WeightGrad};
-use super::unfold::{col2im, direct_unfold, im2col, padded, product, transpose, unphased};
+use super::unfold::{col2im, direct_unfold, im2col, product, unphased};
 use super::{geometry, mat, mat_mut, sparse, sum_in_order, Clamp, Conv2dParams, Geom, WGRAD_CHUNK};
 use crate::ops::matmul::gemm;
 use crate::ops::shape::standard;
 use crate::ops::simd;
 use crate::tensor::Tensor;
 use crate::Result;
+
+mod wgrad;
 
 /// Elements per parallel job of the clamp's mask.
 const MASK_CHUNK: usize = 1 << 16;
@@ -109,7 +111,8 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
     let n = x.shape()[0];
     let flipped = (need_x && transposed_fits(&g)).then(|| input_grad_flipped(w, &g, n, src));
     let dense = Dense::new(g, xs, ws, n, src, (need_x && flipped.is_none(), need_w, need_b));
-    let (dx, dws, dbs) = if dense.need_x || need_w || need_b { dense.run() } else { Default::default() };
+    let chunks = dense.need_x || need_b || need_w && !dense.transposed;
+    let (dx, dws, dbs) = if chunks { dense.run() } else { Default::default() };
     let dw = need_w.then(|| ArrayD::from_shape_vec(w.shape(), dense.weight_grad(&dws)).expect("weight-sized"));
     let db = need_b.then(|| Array1::from(sum_in_order(&dbs, g.o)).into_dyn());
     let dx = need_x.then(|| ArrayD::from_shape_vec(x.shape(), flipped.unwrap_or(dx)).expect("input-sized"));
@@ -213,13 +216,13 @@ struct Dense<'a> {
     dx_plan: Option<InputGrad>,
     /// With a column stride of 1, the weight gradient reads the unfolded image straight from the image.
     dw_plan: Option<WeightGrad>,
+    /// Images per weight-gradient product on the transposed path ([`wgrad`]).
+    per: usize,
 }
 
-/// A chunk's scratch: the unfolded matrix, the transposed output gradient, the masked output gradient and the
-/// padded image.
+/// A chunk's scratch: the unfolded matrix, the masked output gradient and the padded image.
 struct Scratch {
     col: Vec<f32>,
-    gt: Vec<f32>,
     gm: Vec<f32>,
     pad: Vec<f32>,
 }
@@ -227,6 +230,9 @@ struct Scratch {
 impl<'a> Dense<'a> {
     fn new(g: Geom, xs: &'a [f32], ws: &'a [f32], n: usize, src: &'a OutGrad<'a>, need: (bool, bool, bool)) -> Self {
         let (need_x, need_w, need_b) = need;
+        let chunk = if need_w || need_b { WGRAD_CHUNK } else { 1 };
+        let transposed = simd::accelerated();
+        let per = if transposed { wgrad::images_per_product(&g, n) } else { 1 };
         Dense {
             g,
             xs,
@@ -236,15 +242,17 @@ impl<'a> Dense<'a> {
             need_x,
             need_w,
             need_b,
-            chunk: if need_w || need_b { WGRAD_CHUNK } else { 1 },
+            chunk,
             par_inside: n == 1,
-            transposed: simd::accelerated(),
+            transposed,
             dx_plan: if need_x { input_grad_plan(&g, ws) } else { None },
-            dw_plan: if need_w { weight_grad_plan(&g) } else { None },
+            dw_plan: if need_w { weight_grad_plan(&g, per) } else { None },
+            per,
         }
     }
 
-    /// The input gradient (empty unless asked for) and each chunk's weight and bias partial sums.
+    /// The input gradient (empty unless asked for) and each chunk's bias partial sums and (off the transposed
+    /// path, which [`wgrad`] runs apart) weight partial sums.
     fn run(&self) -> (Vec<f32>, Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let (n, in_len) = (self.n, self.g.c * self.g.h * self.g.w);
         let mut dx = if self.need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
@@ -260,20 +268,17 @@ impl<'a> Dense<'a> {
         (dx, dws, dbs)
     }
 
-    /// Chunk `ci`: its images' input gradients into `dx` (when asked for), and its weight and bias partial sums.
-    /// Each image's output gradient is masked (or expanded from the pooling) once, in cache, for all three.
+    /// Chunk `ci`: its images' input gradients into `dx` (when asked for), and its bias and (off the transposed
+    /// path) weight partial sums. Each image's output gradient is masked (or expanded from the pooling) once, in
+    /// cache, for all three.
     fn chunk(&self, ci: usize, mut dx: Option<&mut [f32]>) -> (Vec<f32>, Vec<f32>) {
         let g = &self.g;
         let (k, hw, in_len) = (g.k(), g.hw_out(), g.c * g.h * g.w);
-        let mut acc = vec![0.0f32; if self.need_w { g.o * k } else { 0 }];
+        let gemm_w = self.need_w && !self.transposed;
+        let mut acc = vec![0.0f32; if gemm_w { g.o * k } else { 0 }];
         let mut bacc = vec![0.0f32; if self.need_b { g.o } else { 0 }];
-        let unfolds = self.need_x && self.dx_plan.is_none() || self.need_w && self.dw_plan.is_none();
-        let mut s = Scratch {
-            col: vec![0.0f32; if unfolds { k * hw } else { 0 }],
-            gt: vec![0.0f32; if self.need_w && self.transposed { g.og() * hw } else { 0 }],
-            gm: Vec::new(),
-            pad: Vec::new(),
-        };
+        let unfolds = self.need_x && self.dx_plan.is_none() || gemm_w;
+        let mut s = Scratch { col: vec![0.0f32; if unfolds { k * hw } else { 0 }], gm: Vec::new(), pad: Vec::new() };
         let mut eb = Vec::new();
         for i in ci * self.chunk..((ci + 1) * self.chunk).min(self.n) {
             let (graw, yimg) = self.src.image(g, i, &mut eb);
@@ -281,7 +286,7 @@ impl<'a> Dense<'a> {
                 let dimg = &mut dx[(i - ci * self.chunk) * in_len..][..in_len];
                 self.input_grad(graw, yimg, dimg, &mut s);
             }
-            if self.need_w {
+            if self.need_w && !self.transposed {
                 self.add_weight_grad(i, graw, yimg, &mut s, &mut acc);
             }
             if self.need_b {
@@ -317,54 +322,34 @@ impl<'a> Dense<'a> {
         }
     }
 
-    /// Adds image `i`'s weight gradient (transposed with [`Dense::transposed`]) into `acc`, from its output
-    /// gradient `graw` and the fused ReLU's output `yimg`, if any.
+    /// Adds image `i`'s weight gradient into `acc` on the `gemm` crate (without the vector kernels), from its
+    /// output gradient `graw` and the fused ReLU's output `yimg`, if any.
     fn add_weight_grad(&self, i: usize, graw: &[f32], yimg: Option<&[f32]>, s: &mut Scratch, acc: &mut [f32]) {
         let g = &self.g;
         let (og, k, hw, in_len) = (g.og(), g.k(), g.hw_out(), g.c * g.h * g.w);
-        let u = direct_unfold(g);
         let img = &self.xs[i * in_len..(i + 1) * in_len];
-        // The transposed path masks while it transposes; the `gemm` path needs the masked copy.
-        let gimg = if self.transposed { graw } else { relu_masked(graw, yimg, &mut s.gm) };
-        let src_img = if self.dw_plan.is_some() { padded(img, g, &mut s.pad) } else { img };
+        let gimg = relu_masked(graw, yimg, &mut s.gm);
         for grp in 0..g.p.groups {
             let dst = &mut acc[grp * og * k..(grp + 1) * og * k];
-            if self.transposed {
-                let (lo, hi) = (grp * og * hw, (grp + 1) * og * hw);
-                transpose(&gimg[lo..hi], yimg.map(|y| &y[lo..hi]), og, hw, &mut s.gt);
-            }
-            if let Some(plan) = &self.dw_plan {
-                // The unfolded image is read in place, never written out.
-                plan.run(&src_img[grp * g.cg() * u.h * u.w..], &s.gt, og, dst);
-                continue;
-            }
             let src = if g.is_pointwise() {
                 &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw]
             } else {
                 im2col(img, g, grp * g.cg(), &mut s.col);
                 &s.col[..]
             };
-            if self.transposed {
-                product(mat(src, k, hw), mat(&s.gt, hw, og), mat_mut(dst, k, og), true, self.par_inside);
-            } else {
-                let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
-                gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, self.par_inside);
-            }
+            let gg = mat(&gimg[grp * og * hw..(grp + 1) * og * hw], og, hw);
+            gemm(gg, mat(src, k, hw).t(), mat_mut(dst, og, k), true, self.par_inside);
         }
     }
 
-    /// The weight gradient `[O, K]` from the chunks' partial sums, added in order.
+    /// The weight gradient `[O, K]`: on the transposed path computed apart ([`wgrad`]), else from the chunks'
+    /// partial sums `parts`, added in order.
     fn weight_grad(&self, parts: &[Vec<f32>]) -> Vec<f32> {
-        let (og, k) = (self.g.og(), self.g.k());
-        let mut total = sum_in_order(parts, self.g.o * k);
         if self.transposed {
-            // The chunks accumulated each group's dWᵀ [K, Og]: transposed once, after the sum.
-            for grp in total.chunks_mut(og * k) {
-                let t = mat(grp, k, og).t().as_standard_layout().into_owned();
-                grp.copy_from_slice(t.as_slice().expect("standard layout"));
-            }
+            self.weight_grad_transposed()
+        } else {
+            sum_in_order(parts, self.g.o * self.g.k())
         }
-        total
     }
 }
 
@@ -381,9 +366,10 @@ pub(super) fn input_grad_plan(g: &Geom, ws: &[f32]) -> Option<InputGrad> {
 
 /// The plan of the weight gradient with the unfolded image read in place ([`WeightGrad`], on the vector kernels'
 /// transposed product), or `None` where it unfolds the image.
-fn weight_grad_plan(g: &Geom) -> Option<WeightGrad> {
+fn weight_grad_plan(g: &Geom, images: usize) -> Option<WeightGrad> {
     if simd::accelerated() && g.p.stride.1 == 1 && !g.is_pointwise() {
-        WeightGrad::plan(&direct_unfold(g))
+        let u = direct_unfold(g);
+        WeightGrad::plan(&u, images, g.c * u.h * u.w)
     } else {
         None
     }

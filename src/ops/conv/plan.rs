@@ -10,6 +10,7 @@
 //! planners never plan.
 
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use super::Clamp;
 use crate::ops::simd::conv::{self as kernels, Direct, Gather, Pos, Scatter};
@@ -343,33 +344,49 @@ impl DirectConv {
     }
 }
 
+/// Output positions per block of [`WeightGrad::run`] (and of the unfolded weight gradient's product): 256 rows of
+/// a 64-column block of `doutᵀ` are 64 KB, in the core's L2 across the row tiles.
+pub(super) const WGRAD_BLOCK: usize = 256;
+
 /// `dWᵀ[K, Og] += col[K, Ho·Wo] · doutᵀ[Ho·Wo, Og]` for one image group, with `col` (the im2col matrix) read
 /// straight from the image instead of written out: each register tile broadcasts its taps' inputs at the output
 /// positions' offsets. Built once per backward (the offsets), then [`WeightGrad::run`] per image group. The
 /// geometry must be unpadded (the caller pads) with a column stride of 1. Every element is the same fused
 /// multiply-add chain over the positions, in order, as `simd::gemm_nn` on the unfolded image, so the bits agree.
+///
+/// One run may take several images laid out `stride` floats apart (their positions one after another, their
+/// `doutᵀ` rows likewise): on a small map the chains then run over all of them in registers, where one image's
+/// few positions per load and store of the whole `dWᵀ` left the product bound by memory (CIFAR's 4×4 maps:
+/// 16 positions per 9.4 MB of `dWᵀ` read and written). The chains are the same as image after image, so are
+/// the bits.
 pub(super) struct WeightGrad {
     u: Unfold,
     level: Level,
-    /// Image offset of each output position.
+    /// Image offset of each output position, image after image (as many as [`WeightGrad::plan`] was given).
     aoff: Vec<isize>,
+    /// Floats from one image to the next.
+    stride: usize,
     /// Image offset of each row of the virtual im2col matrix (channel, kernel row, kernel column).
     koff: Vec<usize>,
 }
 
 impl WeightGrad {
-    /// The plan for `u`; `None` without the vector kernels or for a geometry they do not take.
-    pub(super) fn plan(u: &Unfold) -> Option<WeightGrad> {
+    /// The plan for `u`, over up to `images` images `stride` floats apart; `None` without the vector kernels or
+    /// for a geometry they do not take.
+    pub(super) fn plan(u: &Unfold, images: usize, stride: usize) -> Option<WeightGrad> {
         let level = level();
         if level == Level::Portable || u.ph != 0 || u.pw != 0 || u.ho == 0 || u.wo == 0 {
             return None;
         }
         let inside = u.h > (u.ho - 1) * u.sh + (u.kh - 1) * u.dh && u.w > u.wo - 1 + (u.kw - 1) * u.dw;
         assert!(inside, "conv_weight_grad: geometry");
-        let mut aoff = Vec::with_capacity(u.ho * u.wo);
-        for oh in 0..u.ho {
-            for ow in 0..u.wo {
-                aoff.push((oh * u.sh * u.w + ow) as isize);
+        assert!(stride >= u.cg * u.h * u.w, "conv_weight_grad: image stride");
+        let mut aoff = Vec::with_capacity(images * u.ho * u.wo);
+        for m in 0..images {
+            for oh in 0..u.ho {
+                for ow in 0..u.wo {
+                    aoff.push((m * stride + oh * u.sh * u.w + ow) as isize);
+                }
             }
         }
         let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
@@ -380,35 +397,44 @@ impl WeightGrad {
                 }
             }
         }
-        Some(WeightGrad { u: *u, level, aoff, koff })
+        Some(WeightGrad { u: *u, level, aoff, stride, koff })
     }
 
-    /// `acc += ` one image group's `dWᵀ` from the image group `img` and `gt = doutᵀ` (rows of `og` contiguous;
-    /// `acc` likewise).
-    pub(super) fn run(&self, img: &[f32], gt: &[f32], og: usize, acc: &mut [f32]) {
+    /// `acc += ` rows `rows` of the `dWᵀ` of one image group over `images` images, from the image group `img` (the
+    /// first image's; the others `stride` floats on) and `gt = doutᵀ` (the images' positions one after another,
+    /// rows of `og` contiguous); `acc` holds just those rows, `og` contiguous.
+    pub(super) fn run(&self, img: &[f32], gt: &[f32], og: usize, acc: &mut [f32], images: usize, rows: Range<usize>) {
         let u = &self.u;
-        let (k, hw) = (u.cg * u.kh * u.kw, u.ho * u.wo);
+        let (k, hw) = (u.cg * u.kh * u.kw, images * u.ho * u.wo);
         assert!(
-            og > 0 && img.len() >= u.cg * u.h * u.w && gt.len() >= hw * og && acc.len() >= k * og,
+            og > 0
+                && images > 0
+                && rows.end <= k
+                && hw <= self.aoff.len()
+                && img.len() >= (images - 1) * self.stride + u.cg * u.h * u.w
+                && gt.len() >= hw * og
+                && acc.len() >= rows.len() * og,
             "conv_weight_grad: sizes"
         );
         let (lanes, block_n) = if self.level == Level::Avx512 { (16, 64) } else { (8, 16) };
-        for j in (0..og).step_by(block_n) {
+        // Positions in blocks of `WGRAD_BLOCK`, each block's rows of `doutᵀ` kept in cache across the row tiles;
+        // every tile's chains carry on from the block before through `acc`.
+        for (j, p0) in (0..og).step_by(block_n).flat_map(|j| (0..hw).step_by(WGRAD_BLOCK).map(move |p0| (j, p0))) {
             let nb = (og - j).min(block_n);
             let nv = nb.div_ceil(lanes);
-            for (i, mr) in tile_rows(k) {
+            for (i, mr) in tile_rows(rows.len()) {
                 let mut t = Gather {
-                    k: hw,
+                    k: (hw - p0).min(WGRAD_BLOCK),
                     a: [img.as_ptr(); BLOCK_M],
-                    aoff: self.aoff.as_ptr(),
-                    b: gt[j..].as_ptr(),
+                    aoff: self.aoff[p0..].as_ptr(),
+                    b: gt[p0 * og + j..].as_ptr(),
                     rsb: og as isize,
                     c: acc[i * og + j..].as_mut_ptr(),
                     rsc: og as isize,
                     tail: nb - (nv - 1) * lanes,
                 };
                 for (r, a) in t.a.iter_mut().enumerate().take(mr) {
-                    *a = img[self.koff[i + r]..].as_ptr();
+                    *a = img[self.koff[rows.start + i + r]..].as_ptr();
                 }
                 // SAFETY: the level's instructions are present; every tap at every position lies inside the image
                 // (checked by `plan`), every row of `gt` and `acc` touched inside them (masked lanes never touch

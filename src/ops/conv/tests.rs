@@ -512,3 +512,71 @@ fn fused_clamp_equals_conv_then_clamp() {
         assert!(x.conv2d_clamp(&w, None, p, lo, hi).is_err(), "[{lo}, {hi}]");
     }
 }
+
+/// The weight gradient on the vector kernels is, bit for bit, what its documentation promises (`backward::wgrad`):
+/// per chunk of `WGRAD_CHUNK` images, one fused multiply-add chain from zero over the chunk's output positions in
+/// order (image after image), then the chunks' sums added in order from zero — whichever way it is computed: the
+/// chunks in parallel with a partial sum each (a small `dWᵀ`), or the chunks one after another with the rows of
+/// `dWᵀ` shared out and several images staged side by side (one run per chunk, or several: 18×18 maps go 7
+/// images a run), read from the padded images in place or unfolded (a column stride of 2, a pointwise kernel),
+/// grouped, over 11 images (a full chunk and a partial one) or one.
+#[test]
+fn weight_gradient_chains_each_chunk_and_sums_the_chunks_in_order() {
+    if !simd::accelerated() {
+        return;
+    }
+    let pad = |s: usize, p: usize, groups: usize| Conv2dParams {
+        stride: (s, s),
+        padding: (p, p),
+        groups,
+        ..Default::default()
+    };
+    // (n, c, map, o, kernel, params): the rows-shared way unless `dWᵀ` is small and there are several chunks.
+    let cases = [
+        (11, 64, 4, 256, 3, pad(1, 1, 1)),
+        (11, 16, 18, 1024, 3, pad(1, 1, 2)),
+        (11, 64, 8, 256, 3, pad(2, 1, 1)),
+        (11, 256, 8, 512, 1, pad(2, 0, 1)),
+        (11, 8, 9, 16, 3, pad(1, 1, 2)),
+        (11, 12, 6, 20, 1, pad(1, 0, 1)),
+        (1, 6, 5, 10, 1, pad(1, 0, 1)),
+        (1, 6, 7, 10, 3, pad(1, 1, 1)),
+    ];
+    for (case, &(n, c, map, o, k, p)) in cases.iter().enumerate() {
+        let seed = case as u64;
+        let x = Tensor::uniform(&[n, c, map, map], -1.0, 1.0, seed);
+        let w = Tensor::uniform(&[o, c / p.groups, k, k], -1.0, 1.0, 10 + seed);
+        let g = geometry(x.shape(), w.shape(), None, p).unwrap();
+        let gout = Tensor::uniform(&[n, o, g.ho, g.wo], -1.0, 1.0, 20 + seed).to_array();
+        let got = conv2d_backward(&x, &w, false, &p, &gout, None, &[false, true]).unwrap()[1].clone().unwrap();
+        let (xs, gs) = (x.to_array(), gout.into_dimensionality::<Ix4>().unwrap());
+        let (og, cg) = (g.og(), g.cg());
+        let mut want = Vec::with_capacity(o * cg * k * k);
+        for oc in 0..o {
+            let grp = oc / og;
+            for ci in 0..cg {
+                for (a, b) in (0..k).flat_map(|a| (0..k).map(move |b| (a, b))) {
+                    let mut total = 0.0f32;
+                    for chunk in (0..n).collect::<Vec<_>>().chunks(WGRAD_CHUNK) {
+                        let mut s = 0.0f32;
+                        for (&i, oh, ow) in chunk
+                            .iter()
+                            .flat_map(|i| (0..g.ho).flat_map(move |oh| (0..g.wo).map(move |ow| (i, oh, ow))))
+                        {
+                            let ih = (oh * p.stride.0 + a) as isize - p.padding.0 as isize;
+                            let iw = (ow * p.stride.1 + b) as isize - p.padding.1 as isize;
+                            let inside = ih >= 0 && iw >= 0 && (ih as usize) < map && (iw as usize) < map;
+                            let v = if inside { xs[[i, grp * cg + ci, ih as usize, iw as usize]] } else { 0.0 };
+                            s = v.mul_add(gs[[i, oc, oh, ow]], s);
+                        }
+                        total += s;
+                    }
+                    want.push(total);
+                }
+            }
+        }
+        let got: Vec<f32> = got.iter().copied().collect();
+        let same = got.iter().zip(&want).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+        assert_eq!(same, want.len(), "case {case}: {same} of {} values the same bits", want.len());
+    }
+}

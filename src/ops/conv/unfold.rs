@@ -182,8 +182,17 @@ pub(super) fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a
         return img;
     }
     let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
-    // Every element is written below (the margins zeroed, the rows copied), so the buffer is not cleared first.
+    // Every element is written (the margins zeroed, the rows copied), so the buffer is not cleared first.
     pad.resize(g.c * hp * wp, 0.0);
+    pad_into(img, g, pad);
+    pad
+}
+
+/// `img` zero-padded by the geometry's padding into `pad` (`c` planes of the padded size), every element written.
+pub(super) fn pad_into(img: &[f32], g: &Geom, pad: &mut [f32]) {
+    let (ph, pw) = g.p.padding;
+    let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
+    debug_assert!(pad.len() == g.c * hp * wp);
     for (dst, plane) in pad.chunks_exact_mut(hp * wp).zip(img.chunks_exact(g.h * g.w)) {
         let (top, rest) = dst.split_at_mut(ph * wp);
         let (rows, bottom) = rest.split_at_mut(g.h * wp);
@@ -195,7 +204,6 @@ pub(super) fn padded<'a>(img: &'a [f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a
             drow[pw + g.w..].fill(0.0);
         }
     }
-    pad
 }
 
 /// `img` zero-padded as [`padded`] pads it, each padded row stored as its even columns, then its odd ones (each
