@@ -48,12 +48,16 @@ pub(crate) struct Node {
     pub(crate) value: Array,
     pub(crate) role: Role,
     pub(crate) op: Option<Op>,
-    /// What an op derived from `value` and keeps for its next call (see [`Tensor::memo`]).
-    derived: std::sync::Mutex<Option<(u64, Memo)>>,
+    /// What an op derived from `value` and keeps for its next call (see [`Tensor::memo`]); made on first use, or
+    /// shared with the earlier nodes of the same value ([`Tensor::from_node_sharing`]).
+    derived: std::sync::OnceLock<MemoSlot>,
 }
 
 /// A value kept by [`Tensor::memo`].
 type Memo = Arc<dyn std::any::Any + Send + Sync>;
+
+/// The slot of [`Tensor::memo`]: one key and its value.
+pub(crate) type MemoSlot = Arc<std::sync::Mutex<Option<(u64, Memo)>>>;
 
 /// An immutable f32 tensor: a shared value plus, when tracked, the op that computed it.
 ///
@@ -106,6 +110,16 @@ impl Tensor {
         Tensor(Arc::new(Node { id: TensorId::fresh(), value, role, op, derived: Default::default() }))
     }
 
+    /// [`Tensor::from_node`] with the memo slot `slot`, shared with other nodes of the same value: what one of them
+    /// keeps ([`Tensor::derived`]) the others find. For a value kept across calls under nodes made afresh each
+    /// call (a BatchNorm folded into a tracked weight: the flipped weight of the input gradient is then made once,
+    /// not every pass). Nothing kept in the slot may hold a node that shares it (it would never be freed).
+    pub(crate) fn from_node_sharing(value: Array, role: Role, op: Option<Op>, slot: MemoSlot) -> Tensor {
+        let derived = std::sync::OnceLock::new();
+        let _ = derived.set(slot);
+        Tensor(Arc::new(Node { id: TensorId::fresh(), value, role, op, derived }))
+    }
+
     /// `make(value)`, computed on the first call with this `key` and kept with the tensor for the next (a tensor's
     /// value never changes, so the copy stays valid for the tensor's life and is freed with it). One slot: a call
     /// with another key replaces it. For layouts an op rearranges a weight into on every call — the flipped,
@@ -123,7 +137,7 @@ impl Tensor {
         key: u64,
         make: impl FnOnce(&Array) -> std::result::Result<T, E>,
     ) -> std::result::Result<Arc<T>, E> {
-        let mut slot = self.0.derived.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.0.derived.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
         if let Some((k, v)) = slot.as_ref() {
             if *k == key {
                 if let Ok(v) = v.clone().downcast::<T>() {

@@ -28,6 +28,7 @@
 
 use std::ops::Range;
 
+use crate::ops::elementwise::BinaryKind;
 use crate::ops::{Conv2dParams, Pool2dParams};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -295,6 +296,12 @@ fn mismatch(fused: Fused) -> Error {
 /// first axis): `scale = weight_bn/√(running_var + eps)`, `shift = bias_bn − running_mean·scale`, then
 /// `W' = W·scale` per row and `b' = b·scale + shift`.
 fn fold(weight: &Tensor, bias: Option<&Tensor>, bn: &Layer) -> Result<(Tensor, Tensor)> {
+    let (rows, b) = fold_scale(weight, bias, bn)?;
+    Ok((weight.mul(&rows)?, b))
+}
+
+/// [`fold`]'s per-row scale of the weight (shaped `[O, 1, …]`) and its folded bias.
+fn fold_scale(weight: &Tensor, bias: Option<&Tensor>, bn: &Layer) -> Result<(Tensor, Tensor)> {
     let Layer::BatchNorm { weight: gamma, bias: beta, running_mean, running_var, eps } = bn else {
         return Err(mismatch(Fused::Conv { bn: true, relu: false, pool: false }));
     };
@@ -308,12 +315,19 @@ fn fold(weight: &Tensor, bias: Option<&Tensor>, bn: &Layer) -> Result<(Tensor, T
     let shift = beta.sub(&running_mean.mul(&scale)?)?;
     let mut rows = vec![1; weight.rank()];
     rows[0] = o;
-    let w = weight.mul(&scale.reshape(&rows)?)?;
     let b = match bias {
         Some(b) => b.mul(&scale)?.add(&shift)?,
         None => shift,
     };
-    Ok((w, b))
+    Ok((scale.reshape(&rows)?, b))
+}
+
+/// The folded weight's value of a fold through tracked tensors, kept with the weight ([`folded`]): the tensors it
+/// was made from (their ids and ε) and the memo slot its nodes share.
+struct TrackedFold {
+    ids: Vec<u64>,
+    value: crate::tensor::Array,
+    slot: crate::tensor::MemoSlot,
 }
 
 /// A convolution's weight and bias, with the BatchNorm `bn` folded in when there is one. When no gradient can
@@ -331,15 +345,31 @@ fn folded(weight: &Tensor, bias: &Option<Tensor>, bn: Option<&Layer>) -> Result<
     let others = [bias.as_ref(), Some(gamma), Some(beta), Some(running_mean), Some(running_var)];
     let constant =
         !crate::tensor::grad_enabled() || !weight.is_tracked() && others.iter().flatten().all(|t| !t.is_tracked());
-    if !constant {
-        let (w, b) = fold(weight, bias.as_ref(), norm)?;
-        return Ok((w, Some(b)));
-    }
     // Identified by the other tensors' ids and ε (ids are never reused); the key's top bit keeps it apart from the
-    // flipped-weight keys (the group count).
+    // flipped-weight keys (the group count), the next one a tracked fold from a constant one.
     let ids: Vec<u64> =
         others.iter().map(|t| t.map_or(0, |t| t.id().as_u64())).chain([u64::from(eps.to_bits())]).collect();
-    let key = ids.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &v| (h ^ v).wrapping_mul(0x0100_0000_01b3)) | 1 << 63;
+    let hash = ids.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &v| (h ^ v).wrapping_mul(0x0100_0000_01b3));
+    if !constant {
+        // The gradient flows through the fold, so each call makes its nodes afresh — the scale and bias (one value
+        // per channel), and the folded weight's node over the value kept with the weight from the first call
+        // (an attack's every pass folded every weight again, and flipped each for the input gradient again: 100 ms
+        // of a CIFAR ResNet-18's PGD-7 step). The nodes share one memo slot, so the flipped weight is made once.
+        let (rows, b) = fold_scale(weight, bias.as_ref(), norm)?;
+        let key = hash | 3 << 62;
+        let kept = weight.memo(key, |_| {
+            let value = crate::ops::elementwise::binary_values(BinaryKind::Mul, weight.value(), rows.value())
+                .ok_or_else(|| Error::invalid("nn::plan", "a BatchNorm scale that does not fit the weight"))?;
+            Ok::<_, Error>(TrackedFold { ids: ids.clone(), value: value.into_shared(), slot: Default::default() })
+        })?;
+        if kept.ids != ids {
+            // Another fold under the same hash: not kept.
+            return Ok((weight.mul(&rows)?, Some(b)));
+        }
+        let op = crate::ops::Op::Binary(BinaryKind::Mul, weight.clone(), rows);
+        return Ok((crate::ops::record_sharing(kept.value.clone(), op, kept.slot.clone()), Some(b)));
+    }
+    let key = hash | 1 << 63;
     let kept = weight.memo(key, |_| fold(weight, bias.as_ref(), norm).map(|wb| (ids.clone(), wb)))?;
     if kept.0 != ids {
         // Another fold under the same hash: not kept.
@@ -486,7 +516,7 @@ mod tests {
 
     /// The fold of constant tensors is made once and kept with the weight: the same tensors again give the same
     /// folded tensors (not a copy); another BatchNorm or a bias gives its own fold, equal to a fresh one; a
-    /// tracked weight is folded afresh each call (its gradient flows through the fold).
+    /// tracked weight's fold is a new node each call (its gradient flows through the fold) over the value kept.
     #[test]
     fn constant_folds_are_kept_with_the_weight() {
         let t = |shape: &[usize], seed| Tensor::uniform(shape, 0.5, 1.5, seed);
@@ -511,9 +541,24 @@ mod tests {
         let bias = Some(t(&[3], 30));
         let (_, bb) = folded(&weight, &bias, Some(&two)).unwrap();
         assert_eq!(bits(bb.as_ref().unwrap()), bits(&fold(&weight, bias.as_ref(), &two).unwrap().1));
+        // A tracked weight: nodes made afresh each call, over the value kept from the first and sharing one memo
+        // slot; the gradient flows through every one of them as through a fresh fold.
         let tracked = weight.variable();
         let (a, _) = folded(&tracked, &None, Some(&one)).unwrap();
         let (b, _) = folded(&tracked, &None, Some(&one)).unwrap();
-        assert!(a.is_tracked() && a.id() != b.id());
+        assert!(a.is_tracked() && b.is_tracked() && a.id() != b.id());
+        assert_eq!(bits(&a), bits(&fold(&weight, None, &one).unwrap().0));
+        assert!(std::ptr::eq(a.value().as_ptr(), b.value().as_ptr()), "the value is kept");
+        let first = a.derived(7, |v| v.iter().map(|x| x * 2.0).collect());
+        let again = b.derived(7, |_| unreachable!("made once, found through the shared slot"));
+        assert!(std::sync::Arc::ptr_eq(&first, &again));
+        let c = t(&[3, 2, 1, 1], 40);
+        let grad = |w: &Tensor| w.mul(&c).unwrap().sum_all().grad_wrt(&[&tracked]).unwrap().remove(0).to_vec();
+        let (fresh, _) = fold(&tracked, None, &one).unwrap();
+        assert_eq!(grad(&a), grad(&fresh));
+        assert_eq!(grad(&b), grad(&fresh));
+        // Another BatchNorm: its own fold.
+        let (d, _) = folded(&tracked, &None, Some(&two)).unwrap();
+        assert_eq!(bits(&d), bits(&fold(&weight, None, &two).unwrap().0));
     }
 }

@@ -283,5 +283,14 @@ pub(crate) fn record(value: impl Into<Array>, op: Op) -> Tensor {
     }
 }
 
+/// [`record`] of a value kept across calls, the node sharing the memo slot `slot` with the value's earlier nodes
+/// ([`Tensor::from_node_sharing`]).
+pub(crate) fn record_sharing(value: Array, op: Op, slot: crate::tensor::MemoSlot) -> Tensor {
+    let role =
+        if grad_enabled() && op.inputs().iter().any(|t| t.is_tracked()) { Role::Computed } else { Role::Constant };
+    let op = (role == Role::Computed).then_some(op);
+    Tensor::from_node_sharing(value, role, op, slot)
+}
+
 /// Above this many elements, elementwise kernels split across rayon's threads.
 pub(crate) const PAR_THRESHOLD: usize = 1 << 15;
