@@ -142,19 +142,27 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
     let flipped = w.derived(groups as u64, |ws| {
         let ws = ws.as_standard_layout();
         let ws = ws.as_slice().expect("standard layout");
-        let mut out = vec![0.0f32; ws.len()];
-        for grp in 0..groups {
-            for o in 0..og {
-                for c in 0..cg {
-                    let from = &ws[((grp * og + o) * cg + c) * taps..][..taps];
-                    let to = &mut out[((grp * cg + c) * og + o) * taps..][..taps];
-                    for (t, v) in to.iter_mut().zip(from.iter().rev()) {
-                        *t = *v;
-                    }
+        // Row by row of the result (`og` flipped kernels of one input channel), in parallel when large: a weight
+        // being trained is flipped again after every update (a CIFAR ResNet-18's: 45 MB a training step).
+        let row = |(r, to): (usize, &mut [std::mem::MaybeUninit<f32>])| {
+            let (grp, c) = (r / cg, r % cg);
+            for (o, to) in to.chunks_exact_mut(taps).enumerate() {
+                let from = &ws[((grp * og + o) * cg + c) * taps..][..taps];
+                for (t, &v) in to.iter_mut().zip(from.iter().rev()) {
+                    t.write(v);
                 }
             }
+        };
+        // SAFETY: the rows cover the result, and each writes all of its `og · taps` values.
+        unsafe {
+            crate::ops::written(ws.len(), |out| {
+                if ws.len() >= crate::ops::PAR_THRESHOLD {
+                    out.par_chunks_mut((og * taps).max(1)).enumerate().for_each(row);
+                } else {
+                    out.chunks_mut((og * taps).max(1)).enumerate().for_each(row);
+                }
+            })
         }
-        out
     });
     // The output gradient with the fused ReLU's mask (or the pooling's expansion) applied, image by image.
     let len = g.o * g.hw_out();
