@@ -28,9 +28,9 @@ use super::Dense;
 /// CIFAR-sized maps is one run; ImageNet's 56×56 maps go two images a run).
 const RUN_POSITIONS: usize = 2048;
 
-/// Floats of `dWᵀ` up to which the chunks run in parallel, each with a partial sum of the whole of it
+/// Floats of `dWᵀ` (1 MB) up to which the chunks run in parallel, each with a partial sum of the whole of it
 /// ([`Dense::by_chunks`]): in the core's L2, where the rows' jobs would cost more to dispatch than they save.
-const SMALL_DW: usize = 1 << 17;
+const SMALL_DW: usize = 1 << 18;
 
 /// Rows of `dWᵀ` per parallel job at most: their partial sum (`JOB_ROWS × Og` floats) stays in the core's cache.
 const JOB_ROWS: usize = 48;
