@@ -2,8 +2,8 @@
 //!
 //! The images go in the fixed chunks of [`WGRAD_CHUNK`] whose partial sums are added chunk after chunk (the bits
 //! do not depend on the thread count), but the chunks run one after another and the threads share each chunk's
-//! product by blocks of up to [`JOB_ROWS`] rows of `dWᵀ`: each job keeps its rows' partial sum in cache, adds it onto
-//! the running total, and at the last chunk writes its rows straight into `dW`, transposed. The old way — a chunk
+//! product by blocks of up to [`JOB_ROWS`] rows of `dWᵀ`: each job keeps its rows' partial sum in cache and, at the
+//! chunk's end, adds it onto the running total, which is kept transposed in `dW` itself. The old way — a chunk
 //! per thread, each with a partial sum of the whole `dWᵀ`, then a serial sum and transpose — spent more time moving
 //! those partial sums than multiplying on small maps (CIFAR's 4×4 maps of 512 channels: 9.4 MB per chunk for 16
 //! positions an image).
@@ -95,7 +95,7 @@ const T_COLS: usize = 16;
 ///
 /// The job owns these positions of `dw`, and unless `first` an earlier chunk wrote them.
 unsafe fn add_transposed(p: &[f32], og: usize, k: usize, dw: &Shared, at: usize, first: bool) {
-    let rows = p.len() / og;
+    let rows = p.len() / og.max(1);
     for o0 in (0..og).step_by(T_COLS) {
         let cols = (og - o0).min(T_COLS);
         for (r, prow) in p.chunks_exact(og).enumerate() {
