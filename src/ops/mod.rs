@@ -61,25 +61,66 @@ pub(crate) unsafe fn written(len: usize, write: impl FnOnce(&mut [std::mem::Mayb
     v
 }
 
-/// An output buffer (as [`written`] gives it) shared by parallel jobs that write disjoint positions of it.
-pub(crate) struct Slots(*mut f32);
+/// A buffer shared by parallel jobs that touch disjoint positions of it: an output [`written`] gives (written
+/// only), or scratch the jobs read and write.
+#[derive(Clone, Copy)]
+pub(crate) struct Slots(*mut f32, usize);
 
-// SAFETY: the jobs write disjoint positions of one live buffer, and nothing reads it until they are done.
+// SAFETY: the jobs touch disjoint positions of one live buffer (each use says how), and nothing else reads it
+// until they are done.
+unsafe impl Send for Slots {}
 unsafe impl Sync for Slots {}
 
 impl Slots {
     /// The slots of `out`.
     pub(crate) fn new(out: &mut [std::mem::MaybeUninit<f32>]) -> Slots {
-        Slots(out.as_mut_ptr().cast::<f32>())
+        Slots(out.as_mut_ptr().cast::<f32>(), out.len())
+    }
+
+    /// The slots of `len` floats from `ptr`, initialised or not (a `Vec`'s spare capacity).
+    pub(crate) fn raw(ptr: *mut f32, len: usize) -> Slots {
+        Slots(ptr, len)
     }
 
     /// Writes `v` at position `i`.
     ///
     /// # Safety
     ///
-    /// `i` lies within the buffer, and no other thread writes it.
+    /// `i` lies within the buffer, and no other thread touches it.
     pub(crate) unsafe fn write(&self, i: usize, v: f32) {
+        debug_assert!(i < self.1);
         unsafe { self.0.add(i).write(v) };
+    }
+
+    /// Reads position `i`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Slots::write`], and the position was written.
+    pub(crate) unsafe fn read(&self, i: usize) -> f32 {
+        debug_assert!(i < self.1);
+        unsafe { self.0.add(i).read() }
+    }
+
+    /// `len` initialised values from `at`.
+    ///
+    /// # Safety
+    ///
+    /// They were written, and no other thread touches them while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
+        assert!(at + len <= self.1, "Slots: range");
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
+
+    /// Zeroes `len` values from `at` (initialising them).
+    ///
+    /// # Safety
+    ///
+    /// No other thread touches them.
+    pub(crate) unsafe fn zero(&self, at: usize, len: usize) {
+        assert!(at + len <= self.1, "Slots: range");
+        unsafe { std::ptr::write_bytes(self.0.add(at), 0, len) };
     }
 }
 
@@ -276,7 +317,7 @@ impl Op {
 /// Wraps a computed value: records `op` when gradients are enabled and some input is tracked, else a constant.
 pub(crate) fn record(value: impl Into<Array>, op: Op) -> Tensor {
     let value = value.into();
-    if grad_enabled() && op.inputs().iter().any(|t| t.is_tracked()) {
+    if recorded(&op) {
         Tensor::from_node(value, Role::Computed, Some(op))
     } else {
         Tensor::new(value)
@@ -286,10 +327,16 @@ pub(crate) fn record(value: impl Into<Array>, op: Op) -> Tensor {
 /// [`record`] of a value kept across calls, the node sharing the memo slot `slot` with the value's earlier nodes
 /// ([`Tensor::from_node_sharing`]).
 pub(crate) fn record_sharing(value: Array, op: Op, slot: crate::tensor::MemoSlot) -> Tensor {
-    let role =
-        if grad_enabled() && op.inputs().iter().any(|t| t.is_tracked()) { Role::Computed } else { Role::Constant };
-    let op = (role == Role::Computed).then_some(op);
-    Tensor::from_node_sharing(value, role, op, slot)
+    if recorded(&op) {
+        Tensor::from_node_sharing(value, Role::Computed, Some(op), slot)
+    } else {
+        Tensor::from_node_sharing(value, Role::Constant, None, slot)
+    }
+}
+
+/// Whether an op's result is tracked: gradients on, and a tracked input.
+fn recorded(op: &Op) -> bool {
+    grad_enabled() && op.inputs().iter().any(|t| t.is_tracked())
 }
 
 /// Above this many elements, elementwise kernels split across rayon's threads.

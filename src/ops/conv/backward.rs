@@ -294,7 +294,7 @@ impl<'a> Dense<'a> {
                 let dimg = &mut dx[(i - ci * self.chunk) * in_len..][..in_len];
                 self.input_grad(graw, yimg, dimg, &mut s);
             }
-            if self.need_w && !self.transposed {
+            if gemm_w {
                 self.add_weight_grad(i, graw, yimg, &mut s, &mut acc);
             }
             if self.need_b {

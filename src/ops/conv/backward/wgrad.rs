@@ -23,6 +23,7 @@ use super::super::plan::WGRAD_BLOCK;
 use super::super::unfold::{direct_unfold, im2col, pad_into, product, transpose};
 use super::super::{mat, mat_mut, Geom, WGRAD_CHUNK};
 use super::Dense;
+use crate::ops::Slots;
 
 /// Output positions a run of images staged together reaches where the chunk has the images (a chunk of
 /// CIFAR-sized maps is one run; ImageNet's 56×56 maps go two images a run).
@@ -48,41 +49,6 @@ fn job_rows(k: usize) -> usize {
     (k.div_ceil(4 * threads).div_ceil(6) * 6).clamp(6, JOB_ROWS)
 }
 
-/// A buffer that parallel jobs read and write at disjoint positions.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32, usize);
-
-// SAFETY: the jobs touch disjoint ranges of one live buffer (see each use).
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    fn new(v: &mut [f32]) -> Shared {
-        Shared(v.as_mut_ptr(), v.len())
-    }
-
-    /// `len` values from `at`.
-    ///
-    /// # Safety
-    ///
-    /// The range lies in the buffer and no other job touches it while the slice lives.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
-        assert!(at + len <= self.1, "wgrad: range");
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
-    }
-
-    /// Zeroes `len` values from `at` (initialising them).
-    ///
-    /// # Safety
-    ///
-    /// As [`Shared::slice`].
-    unsafe fn zero(&self, at: usize, len: usize) {
-        assert!(at + len <= self.1, "wgrad: range");
-        unsafe { std::ptr::write_bytes(self.0.add(at), 0, len) };
-    }
-}
-
 /// Columns of `dW` per step of [`add_transposed`]: each row of `part` gives this many consecutive values.
 const T_COLS: usize = 16;
 
@@ -94,19 +60,14 @@ const T_COLS: usize = 16;
 /// # Safety
 ///
 /// The job owns these positions of `dw`, and unless `first` an earlier chunk wrote them.
-unsafe fn add_transposed(p: &[f32], og: usize, k: usize, dw: &Shared, at: usize, first: bool) {
-    let rows = p.len() / og.max(1);
+unsafe fn add_transposed(p: &[f32], og: usize, k: usize, dw: &Slots, at: usize, first: bool) {
     for o0 in (0..og).step_by(T_COLS) {
         let cols = (og - o0).min(T_COLS);
         for (r, prow) in p.chunks_exact(og).enumerate() {
             for (o, &v) in prow[o0..o0 + cols].iter().enumerate() {
                 let i = at + (o0 + o) * k + r;
-                debug_assert!(i < dw.1 && r < rows);
                 // SAFETY: as the caller promises.
-                unsafe {
-                    let q = dw.0.add(i);
-                    q.write(if first { 0.0 + v } else { q.read() + v });
-                }
+                unsafe { dw.write(i, if first { 0.0 + v } else { dw.read(i) + v }) };
             }
         }
     }
@@ -139,7 +100,7 @@ impl Dense<'_> {
         // of the chunks so far: neither is initialised here — each job zeroes its rows of `part` at each chunk's
         // start and writes its columns of `dw` at the first chunk's end.
         let (mut part, mut dw) = (Vec::<f32>::with_capacity(len), Vec::<f32>::with_capacity(len));
-        let (part_s, dw_s) = (Shared(part.as_mut_ptr(), len), Shared(dw.as_mut_ptr(), len));
+        let (part_s, dw_s) = (Slots::raw(part.as_mut_ptr(), len), Slots::raw(dw.as_mut_ptr(), len));
         let rows = job_rows(k);
         let jobs: Vec<(usize, Range<usize>)> =
             (0..groups).flat_map(|grp| (0..k).step_by(rows).map(move |r0| (grp, r0..(r0 + rows).min(k)))).collect();
@@ -218,13 +179,14 @@ impl Dense<'_> {
         s.gt.resize(groups * positions * og, 0.0);
         let direct = self.dw_plan.is_some();
         let padded = direct && g.p.padding != (0, 0);
-        let pad_len = if padded { g.c * direct_unfold(g).h * direct_unfold(g).w } else { 0 };
+        let u = direct_unfold(g);
+        let pad_len = if padded { g.c * u.h * u.w } else { 0 };
         s.pads.resize(if padded { count * pad_len } else { 0 }, 0.0);
         // Off the direct kernel the unfolded matrix is staged unless one pointwise image is read in place.
         let unfolded = !(direct || count == 1 && g.is_pointwise());
         s.cat.resize(if unfolded { groups * k * positions } else { 0 }, 0.0);
-        let (gt, cat) = (Shared::new(&mut s.gt), Shared::new(&mut s.cat));
-        let pads = Shared::new(&mut s.pads);
+        let slots = |v: &mut Vec<f32>| Slots::raw(v.as_mut_ptr(), v.len());
+        let (gt, cat, pads) = (slots(&mut s.gt), slots(&mut s.cat), slots(&mut s.pads));
         let one = |(eb, col): &mut (Vec<f32>, Vec<f32>), m: usize| {
             let i = first + m;
             let (graw, yimg) = self.src.image(g, i, eb);
