@@ -56,8 +56,13 @@ pub(crate) struct Node {
 /// A value kept by [`Tensor::memo`].
 type Memo = Arc<dyn std::any::Any + Send + Sync>;
 
-/// The slot of [`Tensor::memo`]: one key and its value.
-pub(crate) type MemoSlot = Arc<std::sync::Mutex<Option<(u64, Memo)>>>;
+/// The slot of [`Tensor::memo`]: up to [`MEMO_KEYS`] keys and their values, the least recently made first.
+pub(crate) type MemoSlot = Arc<std::sync::Mutex<Vec<(u64, Memo)>>>;
+
+/// The values a tensor keeps at most: a convolution weight's flipped layout (the input gradient's) and its
+/// Winograd transforms, forward and flipped, and a fold of it — more keys than that means its uses changed, and
+/// the least recently made value goes.
+const MEMO_KEYS: usize = 4;
 
 /// An immutable f32 tensor: a shared value plus, when tracked, the op that computed it.
 ///
@@ -121,8 +126,8 @@ impl Tensor {
     }
 
     /// `make(value)`, computed on the first call with this `key` and kept with the tensor for the next (a tensor's
-    /// value never changes, so the copy stays valid for the tensor's life and is freed with it). One slot: a call
-    /// with another key replaces it. For layouts an op rearranges a weight into on every call — the flipped,
+    /// value never changes, so the copy stays valid for the tensor's life and is freed with it). Up to four keys
+    /// are kept; a fifth replaces the least recently made. For layouts an op rearranges a weight into on every call — the flipped,
     /// transposed convolution weight of the input gradient, read by every backward pass of an attack.
     pub(crate) fn derived(&self, key: u64, make: impl FnOnce(&Array) -> Vec<f32>) -> Arc<Vec<f32>> {
         match self.memo(key, |v| Ok::<_, std::convert::Infallible>(make(v))) {
@@ -131,22 +136,24 @@ impl Tensor {
     }
 
     /// [`Tensor::derived`] for any value and a fallible `make` (an error is returned and nothing kept): the slot
-    /// holds one value of any type; a kept value of another type under the same key is made again.
+    /// holds values of any type; a kept value of another type under the same key is made again.
     pub(crate) fn memo<T: std::any::Any + Send + Sync, E>(
         &self,
         key: u64,
         make: impl FnOnce(&Array) -> std::result::Result<T, E>,
     ) -> std::result::Result<Arc<T>, E> {
         let mut slot = self.0.derived.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((k, v)) = slot.as_ref() {
-            if *k == key {
-                if let Ok(v) = v.clone().downcast::<T>() {
-                    return Ok(v);
-                }
+        if let Some((_, v)) = slot.iter().find(|(k, _)| *k == key) {
+            if let Ok(v) = v.clone().downcast::<T>() {
+                return Ok(v);
             }
         }
         let v = Arc::new(make(&self.0.value)?);
-        *slot = Some((key, v.clone()));
+        slot.retain(|(k, _)| *k != key);
+        if slot.len() == MEMO_KEYS {
+            slot.remove(0);
+        }
+        slot.push((key, v.clone()));
         Ok(v)
     }
 
@@ -345,10 +352,20 @@ mod tests {
         let b = t.clone().derived(1, make);
         assert!(std::sync::Arc::ptr_eq(&a, &b));
         assert_eq!((a.as_slice(), calls.get()), (&[3.0, 2.0, 1.0][..], 1));
+        // Other keys are kept beside it, up to four in all; a fifth replaces the least recently made.
         t.derived(2, make);
         t.derived(1, make);
-        assert_eq!(calls.get(), 3);
-        Tensor::from_slice(&[1.0, 2.0, 3.0], &[3]).unwrap().derived(1, make);
+        assert_eq!(calls.get(), 2);
+        t.derived(3, make);
+        t.derived(4, make);
+        t.derived(1, make);
         assert_eq!(calls.get(), 4);
+        t.derived(5, make);
+        t.derived(2, make);
+        assert_eq!(calls.get(), 5, "the fifth key replaced the first made (key 1), not key 2");
+        t.derived(1, make);
+        assert_eq!(calls.get(), 6);
+        Tensor::from_slice(&[1.0, 2.0, 3.0], &[3]).unwrap().derived(1, make);
+        assert_eq!(calls.get(), 7);
     }
 }

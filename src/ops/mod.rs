@@ -82,6 +82,11 @@ impl Slots {
         Slots(ptr, len)
     }
 
+    /// The buffer's first position, for kernels that write it through the pointer.
+    pub(crate) fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+
     /// Writes `v` at position `i`.
     ///
     /// # Safety

@@ -189,7 +189,10 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
     let params = Conv2dParams { stride: (1, 1), padding: (d.0 * (kh - 1) - p.0, d.1 * (kw - 1) - p.1), ..g.p };
     let gt = geometry(&[n, g.o, g.ho, g.wo], &[g.c, og, kh, kw], None, params).expect("the adjoint geometry is valid");
     debug_assert!((gt.ho, gt.wo) == (g.h, g.w));
-    super::forward::values(&masked, &flipped, None, &gt, n, None)
+    // Winograd's transform of the flipped weight, kept with the weight beside the flipped one.
+    let wino = super::winograd::applies(&gt)
+        .then(|| w.derived(super::winograd::KEY_FLIPPED, |_| super::winograd::weights(&flipped, &gt)));
+    super::forward::values(&masked, &flipped, None, &gt, n, None, wino.as_deref().map(Vec::as_slice))
 }
 
 /// `[dx, dw]`, then `db` when the convolution has a bias.

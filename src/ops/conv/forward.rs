@@ -11,9 +11,9 @@ use std::mem::MaybeUninit;
 use ndarray::{Array4, ArrayViewMut2};
 use rayon::prelude::*;
 
-use super::depthwise;
 use super::plan::DirectConv;
 use super::unfold::{clamped_product, direct_unfold, im2col};
+use super::{depthwise, winograd};
 use super::{geometry, mat, mat_mut, Clamp, Conv2dParams, Geom};
 use crate::ops::pool::{self, Pool2dParams};
 use crate::ops::shape::standard;
@@ -146,18 +146,39 @@ pub(super) fn conv2d(
     let n = x.shape()[0];
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
-    let out = values(xs, ws, bias, &g, n, act);
+    // Winograd's transform of the weight, kept with it: an attack's passes make it once.
+    let wino = winograd::applies(&g).then(|| w.derived(winograd::KEY, |_| winograd::weights(ws, &g)));
+    let out = values(xs, ws, bias, &g, n, act, wino.as_deref().map(Vec::as_slice));
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None }))
 }
 
 /// The forward's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), weight and bias: the
 /// depthwise kernel, the direct kernels or unfolding, as the geometry allows. The input gradient of a stride-1
-/// convolution runs here too, as the convolution of the output gradient with the flipped weight.
-pub(super) fn values(xs: &[f32], ws: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, act: Option<Clamp>) -> Vec<f32> {
+/// convolution runs here too, as the convolution of the output gradient with the flipped weight. `wino` is the
+/// weight's Winograd transform when the caller keeps it (made here otherwise, where Winograd applies).
+pub(super) fn values(
+    xs: &[f32],
+    ws: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    n: usize,
+    act: Option<Clamp>,
+    wino: Option<&[f32]>,
+) -> Vec<f32> {
     let g = *g;
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
-    if depthwise::applies(&g) {
+    if winograd::applies(&g) {
+        let made;
+        let u = match wino {
+            Some(u) => u,
+            None => {
+                made = winograd::weights(ws, &g);
+                &made
+            }
+        };
+        winograd::forward(xs, u, bias, &g, n, act)
+    } else if depthwise::applies(&g) {
         depthwise::forward(xs, ws, bias, &g, n, act)
     } else if let Some(plan) = direct_plan(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.

@@ -29,6 +29,7 @@ mod plan;
 mod plan;
 mod sparse;
 mod unfold;
+mod winograd;
 
 pub(crate) use backward::{conv2d_backward, conv2d_pool_backward};
 

@@ -581,3 +581,69 @@ fn weight_gradient_chains_each_chunk_and_sums_the_chunks_in_order() {
         assert_eq!(same, want.len(), "case {case}: {same} of {} values the same bits", want.len());
     }
 }
+
+/// 3×3 convolutions of stride 1 with 32 channels or more run by Winograd's F(4×4, 3×3) (on the vector kernels):
+/// the values of the direct loops to the transforms' rounding — partial tiles, padding 0 to 2, the fused clamp —
+/// an image's values the same bits alone as in a batch and on one thread, and the input gradient (the flipped
+/// convolution, also by Winograd) the direct adjoint's to rounding.
+#[test]
+fn winograd_matches_the_direct_convolution() {
+    let pad = |p: usize| Conv2dParams { padding: (p, p), ..Default::default() };
+    // The last case has blocks enough for each thread to take whole blocks; the others go step by step.
+    let cases = [
+        (2, 32, 8, 8, 32, 1),
+        (3, 48, 13, 11, 64, 1),
+        (2, 32, 9, 10, 48, 0),
+        (2, 64, 6, 7, 32, 2),
+        (3, 32, 64, 64, 32, 1),
+    ];
+    for (seed, &(n, c, h, w, o, p)) in cases.iter().enumerate() {
+        let p = pad(p);
+        let g = geometry(&[n, c, h, w], &[o, c, 3, 3], None, p).unwrap();
+        assert_eq!(super::winograd::applies(&g), crate::ops::simd::accelerated(), "case {seed}");
+        let seed = seed as u64;
+        let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed).variable();
+        let wt = Tensor::uniform(&[o, c, 3, 3], -0.2, 0.2, 10 + seed);
+        let b = Tensor::uniform(&[o], -1.0, 1.0, 20 + seed);
+        let got = x.conv2d(&wt, Some(&b), p).unwrap();
+        let x4 = x.to_array().into_dimensionality::<Ix4>().unwrap();
+        let w4 = wt.to_array().into_dimensionality::<Ix4>().unwrap();
+        let want = naive(&x4, &w4, &b.to_vec(), p);
+        let worst = got.value().iter().zip(want.iter()).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let scale = want.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+        eprintln!("case {seed}: worst {worst:e} of {scale}");
+        assert!(worst <= 1e-5 * scale.max(1.0), "case {seed}: {worst} of {scale}");
+        let clamped = x.conv2d_clamp(&wt, Some(&b), p, -0.25, 0.5).unwrap().to_vec();
+        assert!(clamped.iter().zip(got.value().iter()).all(|(a, b)| a.to_bits() == b.clamp(-0.25, 0.5).to_bits()));
+        // One image alone, on one thread: the same bits.
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
+            let xi = Tensor::new(x.value().slice(ndarray::s![n - 1..n, .., .., ..]).to_owned().into_dyn());
+            xi.conv2d(&wt, Some(&b), p).unwrap()
+        });
+        let last = got.value().slice(ndarray::s![n - 1..n, .., .., ..]).to_owned();
+        assert!(one.value().iter().zip(last.iter()).all(|(a, b)| a.to_bits() == b.to_bits()), "case {seed}: alone");
+        // The input gradient against the direct adjoint: Σ r·conv(x) differentiated by hand.
+        let r = Tensor::uniform(got.shape(), -1.0, 1.0, 30 + seed);
+        let dx = got.mul(&r).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0).to_vec();
+        let (r4, mut want) = (r.to_array().into_dimensionality::<Ix4>().unwrap(), Array4::<f64>::zeros(x4.dim()));
+        let (ho, wo) = (g.ho, g.wo);
+        for ((ni, oc, i, j), &rv) in r4.indexed_iter() {
+            for ci in 0..c {
+                for a in 0..3 {
+                    for bb in 0..3 {
+                        let (ih, iw) =
+                            ((i + a) as isize - p.padding.0 as isize, (j + bb) as isize - p.padding.1 as isize);
+                        if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < w {
+                            want[[ni, ci, ih as usize, iw as usize]] += f64::from(rv * w4[[oc, ci, a, bb]]);
+                        }
+                    }
+                }
+            }
+        }
+        let _ = (ho, wo);
+        let worst = dx.iter().zip(want.iter()).map(|(a, b)| (f64::from(*a) - b).abs()).fold(0.0f64, f64::max);
+        let scale = want.iter().map(|v| v.abs()).fold(0.0f64, f64::max);
+        eprintln!("case {seed}: dx worst {worst:e} of {scale}");
+        assert!(worst <= 1e-5 * scale.max(1.0), "case {seed}: dx {worst} of {scale}");
+    }
+}

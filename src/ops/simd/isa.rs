@@ -23,6 +23,7 @@ pub(super) trait Isa {
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// `a·b + c`, rounded once.
@@ -114,6 +115,10 @@ impl Isa for Avx512 {
     #[inline(always)]
     unsafe fn add(a: __m512, b: __m512) -> __m512 {
         _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+        _mm512_sub_ps(a, b)
     }
     #[inline(always)]
     unsafe fn max(a: __m512, b: __m512) -> __m512 {
@@ -270,6 +275,10 @@ impl Isa for Avx2 {
     #[inline(always)]
     unsafe fn add(a: __m256, b: __m256) -> __m256 {
         _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+        _mm256_sub_ps(a, b)
     }
     #[inline(always)]
     unsafe fn max(a: __m256, b: __m256) -> __m256 {

@@ -11,7 +11,8 @@
 //!   `ops::conv::depthwise`;
 //! - [`layout`]: im2col, col2im and the 8×8-block transpose;
 //! - [`pool`]: 2×2 max pooling, its backward, and the fused ReLU-and-pooling backward's expansion;
-//! - [`rows`]: sums of scaled rows, for the sparse backward.
+//! - [`rows`]: sums of scaled rows, for the sparse backward;
+//! - [`winograd`]: the transforms of Winograd's F(4×4, 3×3) on either side of a 3×3 convolution's products.
 //!
 //! Each body is written once, generic over the instruction set (`isa::Isa`), and compiled for each behind a
 //! `#[target_feature]` entry point that [`level`] selects at run time. Every output element is one fused
@@ -30,6 +31,7 @@ mod layout;
 mod packed;
 mod pool;
 mod rows;
+pub(crate) mod winograd;
 
 pub(crate) use gemm::{fma_peak, gemm_nn, gemm_nn_clamped, Start};
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};

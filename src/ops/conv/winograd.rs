@@ -1,0 +1,266 @@
+//! A 3×3 convolution of stride 1 by Winograd's minimal filtering F(4×4, 3×3) (Lavin and Gray, 2016): each 4×4
+//! block of outputs costs 36 multiplies per channel pair where the direct convolution spends 144, so the products
+//! — `M_ξ[tiles, O] = V_ξ[tiles, C] · U_ξ[C, O]` for the 36 points ξ — are a quarter of the direct convolution's
+//! multiply-adds, on the same product kernel (`simd::gemm_nn`). Around them (`simd::winograd`):
+//! 1. the images are copied channels-last and zero-padded to whole tiles (`Hp = 4·⌈Ho/4⌉ + 2` rows);
+//! 2. the tiles of all images are taken in blocks (sized so that a block's transformed inputs and products stay
+//!    near the core's cache): each block's inputs transformed, its 36 products, its outputs transformed with the
+//!    bias and the fused clamp into a channels-last output;
+//! 3. the output is copied back to `[N, O, Ho, Wo]`.
+//!
+//! The weight's transform `U` (36 matrices `C × O`, four times the weight) is made once per weight and kept with
+//! it by the caller. A tile's values depend only on its own inputs, so the results do not depend on the batch,
+//! the blocking or the thread count; they differ from the direct convolution's by the transforms' rounding
+//! (measured in the tests and docs/performance.md: about 1e-6 of the outputs' scale).
+//!
+//! Taken for 3×3 convolutions of stride and dilation 1, ungrouped, with at least [`MIN_CHANNELS`] channels on each
+//! side, in whole vectors, and padding of at most 2 — the ResNets', VGGs', DenseNets' and WideResNets' — and, by
+//! the transposition the input gradient runs as, their input gradients too.
+
+use rayon::prelude::*;
+
+use super::unfold::transpose;
+use super::{Clamp, Geom};
+use crate::ops::simd::winograd::{self as kernels, POINTS, TILE};
+use crate::ops::simd::{gemm_nn, level, Level};
+use crate::ops::Slots;
+
+/// The memo keys ([`Tensor::derived`](crate::Tensor)) of a weight's transform and of its flipped layout's (the
+/// input gradient's): apart from the flipped layout's (the group count) and the BatchNorm folds' (top bits set).
+pub(super) const KEY: u64 = 1 << 61;
+pub(super) const KEY_FLIPPED: u64 = 1 << 61 | 1;
+
+/// The fewest input and output channels taken: below it the transforms' cost is not repaid.
+pub(super) const MIN_CHANNELS: usize = 32;
+
+/// Whether Winograd runs at all: not when the environment variable `ARMOURY_NO_WINOGRAD` is set (to any value),
+/// for the direct convolution's rounding or a side-by-side measurement. Decided once.
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("ARMOURY_NO_WINOGRAD").is_none())
+}
+
+/// Whether the geometry runs here (see the module's note), on this machine's kernels.
+pub(super) fn applies(g: &Geom) -> bool {
+    let level = level();
+    if level == Level::Portable || !enabled() {
+        return false;
+    }
+    let lanes = kernels::lanes(level);
+    let p = &g.p;
+    g.kh == 3
+        && g.kw == 3
+        && p.stride == (1, 1)
+        && p.dilation == (1, 1)
+        && p.groups == 1
+        && p.padding.0 <= 2
+        && p.padding.1 <= 2
+        && g.c >= MIN_CHANNELS
+        && g.o >= MIN_CHANNELS
+        && g.c.is_multiple_of(lanes)
+        && g.o.is_multiple_of(lanes)
+        && g.ho >= TILE
+        && g.wo >= TILE
+}
+
+/// The weight's transform `U[ξ][c][o]` for a `[O, C, 3, 3]` weight (see [`applies`]).
+pub(super) fn weights(ws: &[f32], g: &Geom) -> Vec<f32> {
+    kernels::weights(ws, g.o, g.c)
+}
+
+/// Tiles per block: a block's transformed inputs and products (`36 · tiles · (C + O)` floats) about 1 MB, at
+/// least 24 tiles (the weight's transform is read once per block) and a multiple of the product's 6-row tile.
+fn block_tiles(g: &Geom) -> usize {
+    if let Some(t) = std::env::var("ARMOURY_WINO_TB").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return t.max(1);
+    }
+    let fit = (1 << 18) / (POINTS * (g.c + g.o));
+    (fit / 6 * 6).clamp(24, 96)
+}
+
+/// Blocks of tiles per thread below which the work goes step by step instead ([`Tiling::stepwise`]): few
+/// blocks leave threads idle, and each block reads the whole weight transform.
+const BLOCKS_PER_THREAD: usize = 4;
+
+/// What the blocks of tiles share: the padded channels-last images, the weight's transform, the bias and clamp,
+/// the channel counts and the rows' strides of the images and the output.
+struct Tiling<'a> {
+    xt: &'a [f32],
+    u: &'a [f32],
+    bias: Option<&'a [f32]>,
+    act: Option<[f32; 2]>,
+    c: usize,
+    o: usize,
+    row_in: usize,
+    row_out: usize,
+}
+
+/// A block's buffers: its tiles' corners in the images and the output, transformed inputs and products.
+#[derive(Default)]
+struct Scratch {
+    cin: Vec<usize>,
+    cout: Vec<usize>,
+    v: Vec<f32>,
+    m: Vec<f32>,
+}
+
+impl Scratch {
+    fn corners(
+        &mut self,
+        range: std::ops::Range<usize>,
+        corner_in: impl Fn(usize) -> usize,
+        corner_out: impl Fn(usize) -> usize,
+    ) {
+        self.cin.clear();
+        self.cin.extend(range.clone().map(corner_in));
+        self.cout.clear();
+        self.cout.extend(range.map(corner_out));
+    }
+}
+
+impl Tiling<'_> {
+    /// One block of tiles from start to end on this thread: its inputs transformed, 36 products, its outputs.
+    ///
+    /// # Safety
+    ///
+    /// `out` is the stage, and no other thread writes this block's tiles.
+    unsafe fn block(&self, s: &mut Scratch, out: Slots) {
+        let (c, o, nt) = (self.c, self.o, s.cin.len());
+        s.v.resize(POINTS * nt * c, 0.0);
+        s.m.resize(POINTS * nt * o, 0.0);
+        // SAFETY: the block's own buffer, `POINTS` planes of `nt · c`.
+        let done = unsafe { kernels::input_tiles(self.xt, &s.cin, self.row_in, c, s.v.as_mut_ptr(), nt * c) };
+        assert!(done, "winograd: the kernels `applies` checked");
+        for xi in 0..POINTS {
+            self.product(xi, &s.v[xi * nt * c..][..nt * c], &mut s.m[xi * nt * o..][..nt * o]);
+        }
+        // SAFETY: as the caller vouches.
+        let done = unsafe { kernels::output_tiles(&self.outputs(&s.m, nt * o, &s.cout, out)) };
+        assert!(done, "winograd: the kernels `applies` checked");
+    }
+
+    /// The output transform of the tiles at `corners` from their products `m` (points `plane` apart).
+    fn outputs<'b>(&'b self, m: &'b [f32], plane: usize, corners: &'b [usize], out: Slots) -> kernels::Outputs<'b> {
+        let (o, bias, clamp, row) = (self.o, self.bias, self.act, self.row_out);
+        kernels::Outputs { m, plane, o, bias, clamp, corners, row, out: out.ptr() }
+    }
+
+    /// `m = v · U_ξ` for one point's plane of some tiles.
+    fn product(&self, xi: usize, v: &[f32], m: &mut [f32]) {
+        let (c, o) = (self.c, self.o);
+        let nt = v.len() / c;
+        let (a, b) = (super::mat(v, nt, c), super::mat(&self.u[xi * c * o..][..c * o], c, o));
+        assert!(gemm_nn(a, b, super::mat_mut(m, nt, o), false, false), "winograd: the product kernel");
+    }
+
+    /// All tiles step by step, each step across the threads: every input transformed (tiles shared out), the 36
+    /// products (one point per job: each reads its part of the weight's transform once), every output.
+    ///
+    /// # Safety
+    ///
+    /// `out` is the stage.
+    unsafe fn stepwise(
+        &self,
+        tiles: usize,
+        corner_in: impl Fn(usize) -> usize + Sync,
+        corner_out: impl Fn(usize) -> usize + Sync,
+        out: Slots,
+    ) {
+        let (c, o) = (self.c, self.o);
+        let chunk = tiles.div_ceil(2 * rayon::current_num_threads()).max(1);
+        let mut v = vec![0.0f32; POINTS * tiles * c];
+        let vs = Slots::raw(v.as_mut_ptr(), v.len());
+        (0..tiles.div_ceil(chunk)).into_par_iter().for_each(|k| {
+            let cin: Vec<usize> = (k * chunk..tiles.min((k + 1) * chunk)).map(&corner_in).collect();
+            // SAFETY: this chunk's tiles' columns of every plane, apart from every other chunk's.
+            let done =
+                unsafe { kernels::input_tiles(self.xt, &cin, self.row_in, c, vs.ptr().add(k * chunk * c), tiles * c) };
+            assert!(done, "winograd: the kernels `applies` checked");
+        });
+        let mut m = vec![0.0f32; POINTS * tiles * o];
+        m.par_chunks_mut(tiles * o)
+            .enumerate()
+            .for_each(|(xi, m)| self.product(xi, &v[xi * tiles * c..][..tiles * c], m));
+        (0..tiles.div_ceil(chunk)).into_par_iter().for_each(|k| {
+            let first = k * chunk;
+            let cout: Vec<usize> = (first..tiles.min((k + 1) * chunk)).map(&corner_out).collect();
+            // SAFETY: this chunk's tiles, apart from every other chunk's; the caller vouches for the stage.
+            let done = unsafe { kernels::output_tiles(&self.outputs(&m[first * o..], tiles * o, &cout, out)) };
+            assert!(done, "winograd: the kernels `applies` checked");
+        });
+    }
+}
+
+/// The convolution's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), the weight's transform
+/// `u` ([`weights`]) and the bias, clamped as `act` says.
+pub(super) fn forward(xs: &[f32], u: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, act: Option<Clamp>) -> Vec<f32> {
+    let (c, o) = (g.c, g.o);
+    let (th, tw) = (g.ho.div_ceil(TILE), g.wo.div_ceil(TILE));
+    let (hp, wp) = (TILE * th + 2, TILE * tw + 2);
+    let (ph, pw) = g.p.padding;
+    assert_eq!(u.len(), POINTS * c * o, "winograd::forward: the weight's transform");
+
+    // 1. Channels-last, zero-padded to whole tiles.
+    let (in_len, padded_len) = (c * g.h * g.w, hp * wp * c);
+    let mut xt = vec![0.0f32; n * padded_len];
+    xt.par_chunks_mut(padded_len).zip(xs.par_chunks(in_len)).for_each_init(Vec::new, |tmp, (dst, img)| {
+        tmp.resize(in_len, 0.0);
+        transpose(img, None, c, g.h * g.w, tmp);
+        for (r, src) in tmp.chunks_exact(g.w * c).enumerate() {
+            dst[((r + ph) * wp + pw) * c..][..g.w * c].copy_from_slice(src);
+        }
+    });
+
+    // 2. The tiles' transformed inputs, 36 products and transformed outputs (channels-last, whole tiles).
+    let (oh, ow) = (TILE * th, TILE * tw);
+    let stage_len = oh * ow * o;
+    let tiles = n * th * tw;
+    let corner_in = |t: usize| {
+        let (img, ty, tx) = (t / (th * tw), t / tw % th, t % tw);
+        img * padded_len + (TILE * ty * wp + TILE * tx) * c
+    };
+    let corner_out = |t: usize| {
+        let (img, ty, tx) = (t / (th * tw), t / tw % th, t % tw);
+        img * stage_len + (TILE * ty * ow + TILE * tx) * o
+    };
+    let tiling = Tiling { xt: &xt, u, bias, act: Clamp::bounds(act), c, o, row_in: wp * c, row_out: ow * o };
+    // SAFETY: every tile's 4×4 block of every output channel is written, and the tiles cover the stage.
+    let stage = unsafe {
+        crate::ops::written(n * stage_len, |slots| {
+            let out = Slots::new(slots);
+            let per = block_tiles(g);
+            if tiles.div_ceil(per) >= BLOCKS_PER_THREAD * rayon::current_num_threads() {
+                (0..tiles.div_ceil(per)).into_par_iter().for_each_init(Scratch::default, |s, blk| {
+                    let range = blk * per..tiles.min((blk + 1) * per);
+                    s.corners(range, corner_in, corner_out);
+                    tiling.block(s, out);
+                });
+            } else {
+                tiling.stepwise(tiles, corner_in, corner_out, out);
+            }
+        })
+    };
+
+    // 3. Back to `[N, O, Ho, Wo]`.
+    let out_len = o * g.ho * g.wo;
+    let whole = oh == g.ho && ow == g.wo;
+    // SAFETY: each image's slot is written whole, by the transpose or row by row.
+    unsafe {
+        crate::ops::written(n * out_len, |slots| {
+            slots.par_chunks_mut(out_len).zip(stage.par_chunks(stage_len)).for_each_init(Vec::new, |tmp, (dst, src)| {
+                let dst = &mut *(dst as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]);
+                if whole {
+                    transpose(src, None, oh * ow, o, dst);
+                    return;
+                }
+                tmp.resize(stage_len, 0.0);
+                transpose(src, None, oh * ow, o, tmp);
+                for (plane, from) in dst.chunks_exact_mut(g.ho * g.wo).zip(tmp.chunks_exact(oh * ow)) {
+                    for (r, row) in plane.chunks_exact_mut(g.wo).enumerate() {
+                        row.copy_from_slice(&from[r * ow..][..g.wo]);
+                    }
+                }
+            })
+        })
+    }
+}
