@@ -290,6 +290,21 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
     let (ph, pw) = (g.ho / 2, g.wo / 2);
     let pooled_len = g.o * ph * pw;
     let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
+    if winograd::applies(&g) {
+        // Winograd's convolution of the whole batch, with the ReLU, pooled image by image from there.
+        let u = w.derived(winograd::KEY, |_| winograd::weights(ws, &g));
+        let mut conv = winograd::forward(xs, &u, bias, &g, n, Some(Clamp::RELU));
+        let mut out = vec![0.0f32; n * pooled_len];
+        let mut argmax = vec![0u32; if tracked { n * pooled_len } else { 0 }];
+        let pool = |conv: &mut [f32], o: &mut [f32], idx: &mut [u32]| pool_image(&g, conv, o, idx);
+        let images = conv.par_chunks_mut(out_len).zip(out.par_chunks_mut(pooled_len));
+        if tracked {
+            images.zip(argmax.par_chunks_mut(pooled_len)).for_each(|((c, o), idx)| pool(c, o, idx));
+        } else {
+            images.for_each(|(c, o)| pool(c, o, &mut []));
+        }
+        return Ok(pooled_op(x, w, b, p, (n, g.o, ph, pw), out, argmax));
+    }
     // Pooled in registers on stride-1 plans only.
     let plan = direct_plan(&g).filter(|_| g.p.stride.1 == 1);
     let one = |(conv, scratch): &mut (Vec<f32>, Vec<f32>), img: &[f32], o: &mut [f32], idx: &mut [u32], par: bool| {
@@ -304,10 +319,7 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
         // values, so `conv` stays initialised.
         let slots = unsafe { &mut *(conv.as_mut_slice() as *mut [f32] as *mut [MaybeUninit<f32>]) };
         forward_image(img, ws, bias, &g, scratch, slots, Some(Clamp::RELU), par);
-        for_each_pooling_plane(&g, conv, |h, plane, range| {
-            let idx = if idx.is_empty() { &mut [][..] } else { &mut idx[range.clone()] };
-            pool::max_pool_plane(plane, &mut o[range], idx, h, g.wo, pw, &window);
-        });
+        pool_image(&g, conv, o, idx);
     };
     let mut out = vec![0.0f32; n * pooled_len];
     let mut argmax = vec![0u32; if tracked { n * pooled_len } else { 0 }];
@@ -323,9 +335,32 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
             .zip(xs.par_chunks(in_len))
             .for_each_init(Default::default, |bufs, (o, img)| one(bufs, img, o, &mut [], false));
     }
-    let value = Array4::from_shape_vec((n, g.o, ph, pw), out).expect("sized above").into_dyn();
+    Ok(pooled_op(x, w, b, p, (n, g.o, ph, pw), out, argmax))
+}
+
+/// 2×2 max pooling (stride 2) of one image's convolution output `conv` into `out`, with the windows' arg-max
+/// unless `idx` is empty.
+fn pool_image(g: &Geom, conv: &mut [f32], out: &mut [f32], idx: &mut [u32]) {
+    let (window, pw) = (Pool2dParams::square(2), g.wo / 2);
+    for_each_pooling_plane(g, conv, |h, plane, range| {
+        let idx = if idx.is_empty() { &mut [][..] } else { &mut idx[range.clone()] };
+        pool::max_pool_plane(plane, &mut out[range], idx, h, g.wo, pw, &window);
+    });
+}
+
+/// The fused op's tensor from its pooled output and the windows' arg-max (empty when not recorded).
+fn pooled_op(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    p: Conv2dParams,
+    shape: (usize, usize, usize, usize),
+    out: Vec<f32>,
+    argmax: Vec<u32>,
+) -> Tensor {
+    let value = Array4::from_shape_vec(shape, out).expect("sized by the caller").into_dyn();
     let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act: Some(Clamp::RELU), pool: Some(argmax) };
-    Ok(record(value, op))
+    record(value, op)
 }
 
 /// Calls `f(h, plane, range)` for the planes of one image's convolution output `[O, Ho, Wo]` that 2×2 pooling

@@ -615,6 +615,10 @@ fn winograd_matches_the_direct_convolution() {
         assert!(worst <= 1e-5 * scale.max(1.0), "case {seed}: {worst} of {scale}");
         let clamped = x.conv2d_clamp(&wt, Some(&b), p, -0.25, 0.5).unwrap().to_vec();
         assert!(clamped.iter().zip(got.value().iter()).all(|(a, b)| a.to_bits() == b.clamp(-0.25, 0.5).to_bits()));
+        // Fused with the ReLU and a 2×2 max pooling: the separate ops' bits.
+        let pooled = x.conv2d_relu_max_pool2(&wt, Some(&b), p).unwrap();
+        let separate = x.conv2d_relu(&wt, Some(&b), p).unwrap().max_pool2d(Pool2dParams::square(2)).unwrap();
+        assert_eq!(pooled.to_vec(), separate.to_vec(), "case {seed}: pooled");
         // One image alone, on one thread: the same bits.
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
             let xi = Tensor::new(x.value().slice(ndarray::s![n - 1..n, .., .., ..]).to_owned().into_dyn());

@@ -32,30 +32,77 @@ const G: [[f64; 3]; 6] = [
     [0.0, 0.0, 1.0],
 ];
 
+/// Output channels whose transforms one step computes side by side (a vector of f64 lanes on AVX-512).
+const WEIGHT_LANES: usize = 8;
+
 /// `U[ξ][c][o] = (G · w[o][c] · Gᵀ)[ξ]` for a weight `[O][C][3][3]`: 36 matrices of `C × O` (the product's right
-/// operand), each value summed in f64 and rounded once.
+/// operand), each value summed in f64 and rounded once; input channels across threads, [`WEIGHT_LANES`] output
+/// channels side by side (compiled for the level's vectors; plain additions and multiplications, so the bits are
+/// the same on every level). A weight being trained is transformed again after every update.
 pub(crate) fn weights(w: &[f32], o: usize, c: usize) -> Vec<f32> {
+    use rayon::prelude::*;
     assert_eq!(w.len(), o * c * 9, "winograd::weights: a [O, C, 3, 3] weight");
-    let mut u = vec![0.0f32; POINTS * c * o];
-    for oi in 0..o {
-        for ci in 0..c {
-            let g = &w[(oi * c + ci) * 9..][..9];
-            // t = G · g (6 × 3), then G · tᵀ.
-            let mut t = [[0.0f64; 3]; 6];
-            for (r, row) in G.iter().enumerate() {
-                for j in 0..3 {
-                    t[r][j] = (0..3).map(|k| row[k] * f64::from(g[k * 3 + j])).sum();
+    let level = level();
+    // SAFETY: each input channel's rows of every point are written by its own job, once for each output channel.
+    unsafe {
+        crate::ops::written(POINTS * c * o, |slots| {
+            let u = crate::ops::Slots::new(slots);
+            let job = |ci: usize| {
+                for o0 in (0..o).step_by(WEIGHT_LANES) {
+                    #[cfg(target_arch = "x86_64")]
+                    if level != Level::Portable {
+                        x86::weight_lanes(level, w, o, c, ci, o0, u);
+                        continue;
+                    }
+                    weight_lanes(w, o, c, ci, o0, u);
                 }
+            };
+            if o * c >= 1 << 12 {
+                (0..c).into_par_iter().for_each(job);
+            } else {
+                (0..c).for_each(job);
             }
-            for (r, tr) in t.iter().enumerate() {
-                for (s, gs) in G.iter().enumerate() {
-                    let v: f64 = (0..3).map(|k| tr[k] * gs[k]).sum();
-                    u[((r * 6 + s) * c + ci) * o + oi] = v as f32;
-                }
+        })
+    }
+}
+
+/// The transforms of input channel `ci` and output channels `o0..o0 + WEIGHT_LANES` (those below `o`).
+///
+/// # Safety
+///
+/// `u` holds `POINTS · c · o` floats, and no other thread writes this channel's positions.
+#[inline(always)]
+unsafe fn weight_lanes(w: &[f32], o: usize, c: usize, ci: usize, o0: usize, u: crate::ops::Slots) {
+    let lanes = WEIGHT_LANES.min(o - o0);
+    let mut g = [[0.0f64; WEIGHT_LANES]; 9];
+    for l in 0..lanes {
+        let taps = &w[((o0 + l) * c + ci) * 9..][..9];
+        for (k, &v) in taps.iter().enumerate() {
+            g[k][l] = f64::from(v);
+        }
+    }
+    // t = G · g (6 × 3), then U = t · Gᵀ.
+    let mut t = [[[0.0f64; WEIGHT_LANES]; 3]; 6];
+    for (r, gr) in G.iter().enumerate() {
+        for j in 0..3 {
+            for l in 0..WEIGHT_LANES {
+                t[r][j][l] = gr[0] * g[j][l] + gr[1] * g[3 + j][l] + gr[2] * g[6 + j][l];
             }
         }
     }
-    u
+    for (r, tr) in t.iter().enumerate() {
+        for (s, gs) in G.iter().enumerate() {
+            let mut v = [0.0f32; WEIGHT_LANES];
+            for l in 0..WEIGHT_LANES {
+                v[l] = (tr[0][l] * gs[0] + tr[1][l] * gs[1] + tr[2][l] * gs[2]) as f32;
+            }
+            let at = ((r * 6 + s) * c + ci) * o + o0;
+            for (l, &x) in v[..lanes].iter().enumerate() {
+                // SAFETY: inside `u` (`o0 + l < o`), this channel's position.
+                unsafe { u.write(at + l, x) };
+            }
+        }
+    }
 }
 
 /// The tiles' transformed inputs: for tile `t` with its 6×6 block's top-left corner at `corners[t]` in `src` (a
@@ -144,10 +191,18 @@ mod x86 {
     use super::super::isa::{entry_points, Avx2, Avx512, Isa};
     use super::super::Level;
     use super::Outputs;
+    use crate::ops::Slots;
 
     entry_points! {
+        fn weight_lanes(w: &[f32], o: usize, c: usize, ci: usize, o0: usize, u: Slots) = weight_body;
         fn input_tiles(src: &[f32], corners: &[usize], row: usize, c: usize, v: *mut f32, plane: usize) = input_body;
         fn output_tiles(t: &Outputs) = output_body;
+    }
+
+    /// [`super::weight_lanes`] compiled for the level's vectors.
+    #[inline(always)]
+    unsafe fn weight_body<S: Isa>(w: &[f32], o: usize, c: usize, ci: usize, o0: usize, u: Slots) {
+        unsafe { super::weight_lanes(w, o, c, ci, o0, u) }
     }
 
     /// `Bᵀ x` for one column (or row) of six.
