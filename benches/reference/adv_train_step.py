@@ -164,6 +164,12 @@ def check(directory, models):
         x_adv = pgd(model, x, y, random_start=False)
         diff = (x_adv - want["x_adv"]).abs()
         differing = (diff > 1e-6).float().mean().item()
+        # PGD's sign steps flip wherever a gradient entry near zero changes sign, so pixels differ between any two
+        # float implementations: PyTorch's own two CPU convolutions (oneDNN's and its native one) are the measure.
+        torch.backends.mkldnn.enabled = False
+        native = pgd(model, x, y, random_start=False)
+        torch.backends.mkldnn.enabled = True
+        spread = ((native - x_adv).abs() > 1e-6).float().mean().item()
         # The training step on Armoury's adversarial batch (the step alone), then on PyTorch's own.
         state = {k: v.clone() for k, v in model.state_dict().items()}
         loss_theirs = train_step(model, sgd(model), want["x_adv"], y)
@@ -175,10 +181,11 @@ def check(directory, models):
         loss_rust = want["loss"].item()
         ref = want["logits_after"]
         logit_err = ((logits - ref).abs().max() / ref.abs().max()).item()
-        passed = differing < 1e-2 and abs(loss_theirs - loss_rust) <= 1e-4 * max(1.0, abs(loss_rust)) and logit_err < 1e-3
+        passed = differing < max(1e-2, 2 * spread) and abs(loss_theirs - loss_rust) <= 1e-4 * max(1.0, abs(loss_rust)) and logit_err < 1e-3
         ok &= passed
         print(
-            f"{name}: x_adv pixels differing {100 * differing:.4f}% (max {diff.max().item():.2e}); training loss "
+            f"{name}: x_adv pixels differing {100 * differing:.4f}% (max {diff.max().item():.2e}; PyTorch's oneDNN "
+            f"and native convolutions differ in {100 * spread:.4f}%); training loss "
             f"Armoury {loss_rust:.6f}, PyTorch on Armoury's batch {loss_theirs:.6f}, on its own {loss_ours:.6f}; "
             f"logits after the step, max relative difference {logit_err:.2e} -> {'ok' if passed else 'DIFFERENT'}"
         )

@@ -110,13 +110,10 @@ impl Identity {
     }
 }
 
-/// The kernel path this process computes on: `avx512`, `avx2` or `portable` (capped by `ARMOURY_SIMD`).
+/// The kernel path this process computes on: `avx512`, `avx2` or `portable` (capped by `ARMOURY_SIMD`), with
+/// `-direct` when `ARMOURY_NO_WINOGRAD` keeps 3×3 convolutions off Winograd's transforms (another rounding).
 pub fn kernel_path() -> &'static str {
-    match crate::ops::simd_level_name() {
-        "avx512" => "avx512",
-        "avx2" => "avx2",
-        _ => "portable",
-    }
+    crate::ops::simd_level_name()
 }
 
 /// Lower-case hex of bytes (a digest).

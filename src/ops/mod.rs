@@ -129,12 +129,17 @@ impl Slots {
     }
 }
 
-/// The kernel path of this process: `avx512`, `avx2` or `portable` (the CPU's best, capped by `ARMOURY_SIMD`).
+/// The kernel path of this process: `avx512`, `avx2` or `portable` (the CPU's best, capped by `ARMOURY_SIMD`);
+/// `avx512-direct` or `avx2-direct` when `ARMOURY_NO_WINOGRAD` keeps 3×3 convolutions off Winograd's transforms,
+/// whose rounding differs.
 pub fn simd_level_name() -> &'static str {
-    match simd::level() {
-        simd::Level::Avx512 => "avx512",
-        simd::Level::Avx2 => "avx2",
-        simd::Level::Portable => "portable",
+    let direct = !conv::winograd_enabled();
+    match (simd::level(), direct) {
+        (simd::Level::Avx512, false) => "avx512",
+        (simd::Level::Avx512, true) => "avx512-direct",
+        (simd::Level::Avx2, false) => "avx2",
+        (simd::Level::Avx2, true) => "avx2-direct",
+        (simd::Level::Portable, _) => "portable",
     }
 }
 

@@ -8,7 +8,9 @@
 //! - [`depthwise`]: `groups == channels` as its own plane-by-plane kernel (forward and backward);
 //! - [`sparse`]: the backward through the fused ReLU and 2×2 max pooling from the windows' arg-max alone;
 //! - `plan` (x86-64; `no_plan.rs` elsewhere): the planners of the direct kernels, `None` where they do not run;
-//! - [`unfold`]: im2col, col2im, the product and the transpose, on the vector kernels or scalar loops.
+//! - [`unfold`]: im2col, col2im, the product and the transpose, on the vector kernels or scalar loops;
+//! - [`winograd`]: 3×3 convolutions of stride 1 with 32 channels or more (and their input gradients) by
+//!   Winograd's F(4×4, 3×3), a quarter of the multiply-adds (`ARMOURY_NO_WINOGRAD` turns it off).
 //!
 //! Weight and bias gradients are summed per fixed chunk of images and the chunks added in order, so results do not
 //! depend on the thread count. This file holds the parameters, the geometry and the [`Tensor`] methods.
@@ -32,6 +34,7 @@ mod unfold;
 mod winograd;
 
 pub(crate) use backward::{conv2d_backward, conv2d_pool_backward};
+pub(crate) use winograd::enabled as winograd_enabled;
 
 /// Stride, zero padding, dilation and groups of a convolution (PyTorch's meaning).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -35,7 +35,7 @@ pub(super) const MIN_CHANNELS: usize = 32;
 
 /// Whether Winograd runs at all: not when the environment variable `ARMOURY_NO_WINOGRAD` is set (to any value),
 /// for the direct convolution's rounding or a side-by-side measurement. Decided once.
-fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("ARMOURY_NO_WINOGRAD").is_none())
 }
