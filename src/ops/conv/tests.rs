@@ -619,6 +619,15 @@ fn winograd_matches_the_direct_convolution() {
         let pooled = x.conv2d_relu_max_pool2(&wt, Some(&b), p).unwrap();
         let separate = x.conv2d_relu(&wt, Some(&b), p).unwrap().max_pool2d(Pool2dParams::square(2)).unwrap();
         assert_eq!(pooled.to_vec(), separate.to_vec(), "case {seed}: pooled");
+        // Its input gradient alone (an attack's pass) through Winograd on the expanded gradient: the separate ops'.
+        let rp = Tensor::uniform(pooled.shape(), -1.0, 1.0, 40 + seed);
+        let gp = pooled.mul(&rp).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0).to_vec();
+        let gs = separate.mul(&rp).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0).to_vec();
+        // (Where the input gradient does not run as the flipped convolution, the fused op takes the sparse sums:
+        // the same values to rounding.)
+        let worst = gp.iter().zip(&gs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let bound = if super::backward::transposed_fits(&g) { 0.0 } else { 1e-6 };
+        assert!(worst <= bound, "case {seed}: the pooled input gradient differs by {worst}");
         // One image alone, on one thread: the same bits.
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
             let xi = Tensor::new(x.value().slice(ndarray::s![n - 1..n, .., .., ..]).to_owned().into_dyn());
