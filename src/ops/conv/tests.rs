@@ -623,10 +623,11 @@ fn winograd_matches_the_direct_convolution() {
         let rp = Tensor::uniform(pooled.shape(), -1.0, 1.0, 40 + seed);
         let gp = pooled.mul(&rp).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0).to_vec();
         let gs = separate.mul(&rp).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0).to_vec();
-        // (Where the input gradient does not run as the flipped convolution, the fused op takes the sparse sums:
-        // the same values to rounding.)
+        // (Where the input gradient does not run as the flipped convolution by Winograd — a smaller output, or
+        // no vector kernels — the fused op takes the sparse sums: the same values to rounding.)
         let worst = gp.iter().zip(&gs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        let bound = if super::backward::transposed_fits(&g) { 0.0 } else { 1e-6 };
+        let dense = super::backward::transposed_fits(&g) && super::winograd::applies(&g);
+        let bound = if dense { 0.0 } else { 4e-6 * gs.iter().fold(1.0f32, |m, v| m.max(v.abs())) };
         assert!(worst <= bound, "case {seed}: the pooled input gradient differs by {worst}");
         // One image alone, on one thread: the same bits.
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {

@@ -202,14 +202,28 @@ pub(super) fn forward(xs: &[f32], u: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
 
     // 1. Channels-last, zero-padded to whole tiles.
     let (in_len, padded_len) = (c * g.h * g.w, hp * wp * c);
-    let mut xt = vec![0.0f32; n * padded_len];
-    xt.par_chunks_mut(padded_len).zip(xs.par_chunks(in_len)).for_each_init(Vec::new, |tmp, (dst, img)| {
-        tmp.resize(in_len, 0.0);
-        transpose(img, None, c, g.h * g.w, tmp);
-        for (r, src) in tmp.chunks_exact(g.w * c).enumerate() {
-            dst[((r + ph) * wp + pw) * c..][..g.w * c].copy_from_slice(src);
-        }
-    });
+    let zero = std::mem::MaybeUninit::new(0.0f32);
+    // SAFETY: every row of every image is written: zeros outside the image, the image's row inside.
+    let xt = unsafe {
+        crate::ops::written(n * padded_len, |slots| {
+            slots.par_chunks_mut(padded_len).zip(xs.par_chunks(in_len)).for_each_init(Vec::new, |tmp, (dst, img)| {
+                tmp.resize(in_len, 0.0);
+                transpose(img, None, c, g.h * g.w, tmp);
+                for (r, row) in dst.chunks_exact_mut(wp * c).enumerate() {
+                    let Some(src) = r.checked_sub(ph).filter(|&i| i < g.h).map(|i| &tmp[i * g.w * c..][..g.w * c])
+                    else {
+                        row.fill(zero);
+                        continue;
+                    };
+                    let (left, rest) = row.split_at_mut(pw * c);
+                    let (mid, right) = rest.split_at_mut(g.w * c);
+                    left.fill(zero);
+                    mid.iter_mut().zip(src).for_each(|(d, &v)| _ = d.write(v));
+                    right.fill(zero);
+                }
+            })
+        })
+    };
 
     // 2. The tiles' transformed inputs, 36 products and transformed outputs (channels-last, whole tiles).
     let (oh, ow) = (TILE * th, TILE * tw);
