@@ -5,13 +5,15 @@
 //! 1. the images are copied channels-last and zero-padded to whole tiles (`Hp = 4·⌈Ho/4⌉ + 2` rows);
 //! 2. the tiles of all images are taken in blocks (sized so that a block's transformed inputs and products stay
 //!    near the core's cache): each block's inputs transformed, its 36 products, its outputs transformed with the
-//!    bias and the fused clamp into a channels-last output;
+//!    bias and the fused clamp into a channels-last output — or, with fewer than [`BLOCKS_PER_THREAD`] blocks per
+//!    thread (small maps), step by step across the threads: all inputs, the 36 products one point per job, all
+//!    outputs;
 //! 3. the output is copied back to `[N, O, Ho, Wo]`.
 //!
 //! The weight's transform `U` (36 matrices `C × O`, four times the weight) is made once per weight and kept with
 //! it by the caller. A tile's values depend only on its own inputs, so the results do not depend on the batch,
 //! the blocking or the thread count; they differ from the direct convolution's by the transforms' rounding
-//! (measured in the tests and docs/performance.md: about 1e-6 of the outputs' scale).
+//! (measured in the tests and docs/performance.md: a few 1e-6 of the outputs' scale).
 //!
 //! Taken for 3×3 convolutions of stride and dilation 1, ungrouped, with at least [`MIN_CHANNELS`] channels on each
 //! side, in whole vectors, and padding of at most 2 — the ResNets', VGGs', DenseNets' and WideResNets' — and, by
@@ -71,9 +73,6 @@ pub(super) fn weights(ws: &[f32], g: &Geom) -> Vec<f32> {
 /// Tiles per block: a block's transformed inputs and products (`36 · tiles · (C + O)` floats) about 1 MB, at
 /// least 24 tiles (the weight's transform is read once per block) and a multiple of the product's 6-row tile.
 fn block_tiles(g: &Geom) -> usize {
-    if let Some(t) = std::env::var("ARMOURY_WINO_TB").ok().and_then(|v| v.parse::<usize>().ok()) {
-        return t.max(1);
-    }
     let fit = (1 << 18) / (POINTS * (g.c + g.o));
     (fit / 6 * 6).clamp(24, 96)
 }
