@@ -96,7 +96,7 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
     if let OutGrad::Pooled(pooled) = src {
         // An input gradient alone (an attack's pass) where Winograd runs: its dense product on the expanded
         // gradient is faster than the sparse sums (a quarter of the direct multiply-adds, at a lower rate).
-        let dense_wino = need_x && !need_w && !need_b && super::winograd::applies(&g) && transposed_fits(&g);
+        let dense_wino = need_x && !need_w && !need_b && winograd_input_grad(&g);
         if sparse::applies(&g) && !dense_wino {
             let r = sparse::backward(xs, ws, &g, x.shape()[0], pooled, (need_x, need_w, need_b));
             let dx = r.dx.map(|v| ArrayD::from_shape_vec(x.shape(), v).expect("input-sized"));
@@ -188,14 +188,26 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
             std::borrow::Cow::Owned(all)
         }
     };
-    let (d, p) = (g.p.dilation, g.p.padding);
-    let params = Conv2dParams { stride: (1, 1), padding: (d.0 * (kh - 1) - p.0, d.1 * (kw - 1) - p.1), ..g.p };
-    let gt = geometry(&[n, g.o, g.ho, g.wo], &[g.c, og, kh, kw], None, params).expect("the adjoint geometry is valid");
-    debug_assert!((gt.ho, gt.wo) == (g.h, g.w));
+    let gt = adjoint(g, n);
     // Winograd's transform of the flipped weight, kept with the weight beside the flipped one.
-    let wino = super::winograd::applies(&gt)
-        .then(|| w.derived(super::winograd::KEY_FLIPPED, |_| super::winograd::weights(&flipped, &gt)));
+    let wino = super::winograd::kept(w, super::winograd::KEY_FLIPPED, &flipped, &gt);
     super::forward::values(&masked, &flipped, None, &gt, n, None, wino.as_deref().map(Vec::as_slice))
+}
+
+/// Whether the input gradient runs by Winograd: as the flipped convolution, on a geometry Winograd takes.
+pub(super) fn winograd_input_grad(g: &Geom) -> bool {
+    transposed_fits(g) && super::winograd::applies(&adjoint(g, 1))
+}
+
+/// The geometry of [`input_grad_flipped`]'s forward convolution (output gradient in, input gradient out) for a
+/// geometry [`transposed_fits`] takes.
+pub(super) fn adjoint(g: &Geom, n: usize) -> Geom {
+    let (d, p, (kh, kw)) = (g.p.dilation, g.p.padding, (g.kh, g.kw));
+    let params = Conv2dParams { stride: (1, 1), padding: (d.0 * (kh - 1) - p.0, d.1 * (kw - 1) - p.1), ..g.p };
+    let gt =
+        geometry(&[n, g.o, g.ho, g.wo], &[g.c, g.og(), kh, kw], None, params).expect("the adjoint geometry is valid");
+    debug_assert!((gt.ho, gt.wo) == (g.h, g.w));
+    gt
 }
 
 /// `[dx, dw]`, then `db` when the convolution has a bias.

@@ -146,8 +146,7 @@ pub(super) fn conv2d(
     let n = x.shape()[0];
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
-    // Winograd's transform of the weight, kept with it: an attack's passes make it once.
-    let wino = winograd::applies(&g).then(|| w.derived(winograd::KEY, |_| winograd::weights(ws, &g)));
+    let wino = winograd::kept(w, winograd::KEY, ws, &g);
     let out = values(xs, ws, bias, &g, n, act, wino.as_deref().map(Vec::as_slice));
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None }))
@@ -155,8 +154,8 @@ pub(super) fn conv2d(
 
 /// The forward's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), weight and bias: the
 /// depthwise kernel, the direct kernels or unfolding, as the geometry allows. The input gradient of a stride-1
-/// convolution runs here too, as the convolution of the output gradient with the flipped weight. `wino` is the
-/// weight's Winograd transform when the caller keeps it (made here otherwise, where Winograd applies).
+/// convolution runs here too, as the convolution of the output gradient with the flipped weight. Given the
+/// weight's Winograd transform (`wino`, from [`winograd::kept`]: only where Winograd runs), it runs Winograd.
 pub(super) fn values(
     xs: &[f32],
     ws: &[f32],
@@ -168,15 +167,7 @@ pub(super) fn values(
 ) -> Vec<f32> {
     let g = *g;
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
-    if winograd::applies(&g) {
-        let made;
-        let u = match wino {
-            Some(u) => u,
-            None => {
-                made = winograd::weights(ws, &g);
-                &made
-            }
-        };
+    if let Some(u) = wino {
         winograd::forward(xs, u, bias, &g, n, act)
     } else if depthwise::applies(&g) {
         depthwise::forward(xs, ws, bias, &g, n, act)
@@ -290,9 +281,8 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
     let (ph, pw) = (g.ho / 2, g.wo / 2);
     let pooled_len = g.o * ph * pw;
     let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
-    if winograd::applies(&g) {
+    if let Some(u) = winograd::kept(w, winograd::KEY, ws, &g) {
         // Winograd's convolution of the whole batch, with the ReLU, pooled image by image from there.
-        let u = w.derived(winograd::KEY, |_| winograd::weights(ws, &g));
         let mut conv = winograd::forward(xs, &u, bias, &g, n, Some(Clamp::RELU));
         let mut out = vec![0.0f32; n * pooled_len];
         let mut argmax = vec![0u32; if tracked { n * pooled_len } else { 0 }];

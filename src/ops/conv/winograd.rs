@@ -19,6 +19,8 @@
 //! side, in whole vectors, and padding of at most 2 — the ResNets', VGGs', DenseNets' and WideResNets' — and, by
 //! the transposition the input gradient runs as, their input gradients too.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use super::unfold::transpose;
@@ -26,6 +28,7 @@ use super::{Clamp, Geom};
 use crate::ops::simd::winograd::{self as kernels, POINTS, TILE};
 use crate::ops::simd::{gemm_nn, level, Level};
 use crate::ops::Slots;
+use crate::Tensor;
 
 /// The memo keys ([`Tensor::derived`](crate::Tensor)) of a weight's transform and of its flipped layout's (the
 /// input gradient's): apart from the flipped layout's (the group count) and the BatchNorm folds' (top bits set).
@@ -65,9 +68,11 @@ pub(super) fn applies(g: &Geom) -> bool {
         && g.wo >= TILE
 }
 
-/// The weight's transform `U[ξ][c][o]` for a `[O, C, 3, 3]` weight (see [`applies`]).
-pub(super) fn weights(ws: &[f32], g: &Geom) -> Vec<f32> {
-    kernels::weights(ws, g.o, g.c)
+/// The transform `U[ξ][c][o]` of the `[O, C, 3, 3]` weight `ws` where the geometry runs here ([`applies`]),
+/// kept with the tensor `w` under `key` ([`KEY`] for `w`'s own values, [`KEY_FLIPPED`] for its flipped layout):
+/// an attack's passes make it once. `None` where Winograd does not run.
+pub(super) fn kept(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<Vec<f32>>> {
+    applies(g).then(|| w.derived(key, |_| kernels::weights(ws, g.o, g.c)))
 }
 
 /// Tiles per block: a block's transformed inputs and products (`36 · tiles · (C + O)` floats) about 1 MB, at
@@ -197,6 +202,7 @@ pub(super) fn forward(xs: &[f32], u: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
     let (th, tw) = (g.ho.div_ceil(TILE), g.wo.div_ceil(TILE));
     let (hp, wp) = (TILE * th + 2, TILE * tw + 2);
     let (ph, pw) = g.p.padding;
+    debug_assert!(applies(g), "winograd::forward: a geometry `applies` takes");
     assert_eq!(u.len(), POINTS * c * o, "winograd::forward: the weight's transform");
 
     // 1. Channels-last, zero-padded to whole tiles.
