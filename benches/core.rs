@@ -65,8 +65,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Forward and forward + input-gradient time of single convolutions of the shapes real ResNets, WideResNets and
-/// MobileNets spend their time in.
+/// Forward and forward + input-gradient time of single convolutions of the shapes real ResNets, WideResNets,
+/// MobileNets and EfficientNets spend their time in.
 fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
     use armoury::ops::Conv2dParams;
     use armoury::Tensor;
@@ -101,6 +101,17 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
         ("cifar 3x3 128@16", [32, 128, 16, 16], 128, 3, 1, 1),
         ("cifar 3x3/2 256>512", [32, 256, 8, 8], 512, 3, 2, 1),
         ("cifar 1x1/2 256>512", [32, 256, 8, 8], 512, 1, 2, 0),
+        // Depthwise (groups = channels): EfficientNet-B0's and MobileNetV2's, ConvNeXt-T's 7×7.
+        ("dw 3x3 32@112", [4, 32, 112, 112], 32, 3, 1, 1),
+        ("dw 3x3/2 96@112", [4, 96, 112, 112], 96, 3, 2, 1),
+        ("dw 3x3 144@56", [4, 144, 56, 56], 144, 3, 1, 1),
+        ("dw 5x5/2 144@56", [4, 144, 56, 56], 144, 5, 2, 2),
+        ("dw 5x5 240@28", [4, 240, 28, 28], 240, 5, 1, 2),
+        ("dw 3x3 480@14", [4, 480, 14, 14], 480, 3, 1, 1),
+        ("dw 5x5 672@14", [4, 672, 14, 14], 672, 5, 1, 2),
+        ("dw 5x5 1152@7", [4, 1152, 7, 7], 1152, 5, 1, 2),
+        ("dw 7x7 96@56", [4, 96, 56, 56], 96, 7, 1, 3),
+        ("dw 7x7 768@7", [4, 768, 7, 7], 768, 7, 1, 3),
     ];
     println!(
         "{:<18} {:>9} {:>8} {:>7} {:>10} {:>8} {:>7} {:>10} {:>8} {:>7}",
@@ -110,11 +121,12 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
         if filter.is_some_and(|f| !label.contains(f)) {
             continue;
         }
-        let p = Conv2dParams { stride: (s, s), padding: (pad, pad), ..Conv2dParams::default() };
+        let groups = if label.starts_with("dw") { c } else { 1 };
+        let p = Conv2dParams { stride: (s, s), padding: (pad, pad), groups, ..Conv2dParams::default() };
         let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, 1);
-        let wt = Tensor::uniform(&[o, c, k, k], -0.1, 0.1, 2);
+        let wt = Tensor::uniform(&[o, c / groups, k, k], -0.1, 0.1, 2);
         let (ho, wo) = ((h + 2 * pad - k) / s + 1, (w + 2 * pad - k) / s + 1);
-        let flops = 2.0 * (n * o * ho * wo * c * k * k) as f64;
+        let flops = 2.0 * (n * o * ho * wo * (c / groups) * k * k) as f64;
         let fwd = bench::median_ms_within(budget_ms, 200, || {
             std::hint::black_box(x.conv2d(&wt, None, p)?);
             Ok(())

@@ -11,6 +11,10 @@
 //! Every output is one fixed-order sum (bias, then the taps row-major; the input gradient over the channel's
 //! outputs, then the taps; the weight and bias gradients image after image), so results depend neither on the
 //! thread count nor on the batch. Planes go to threads independently.
+//!
+//! With a channel multiplier of 1, the forward and the input gradient run with the channels in the vector lanes
+//! instead ([`super::depthwise_lanes`]) where the planes' rows are short or the kernel wide ([`lanes_layout`]): the
+//! same sums in the same order, so the same bits.
 
 use std::mem::MaybeUninit;
 
@@ -36,6 +40,35 @@ const JOB_OUTPUTS: usize = 1 << 13;
 /// no dilation, kernels up to 7 wide, column stride 1 or 2.
 pub(super) fn applies(g: &Geom) -> bool {
     g.p.groups == g.c && g.c > 1 && g.p.dilation == (1, 1) && g.kw <= MAX_KW && g.p.stride.1 <= 2
+}
+
+/// Whether the forward (`grad` false) or the input gradient runs with the channels in the vector lanes
+/// ([`super::depthwise_lanes`], the same bits): where the plane kernels' rows are short (under two 16-lane
+/// vectors: one latency-bound chain per row), the kernel is 7 wide, or (forward) the columns are strided. On long
+/// rows of a 3×3 or 5×5 the plane kernels are as fast or faster (the layout's copies cost more than they save;
+/// measured in docs/performance.md).
+#[cfg(target_arch = "x86_64")]
+fn lanes_layout(g: &Geom, grad: bool) -> bool {
+    if !super::depthwise_lanes::applies(g) {
+        return false;
+    }
+    #[cfg(test)]
+    if let Some(lanes) = LAYOUT.with(std::cell::Cell::get) {
+        return lanes;
+    }
+    let short = if grad { g.w } else { g.wo } < SHORT_ROW;
+    short || g.kw >= 7 || !grad && g.p.stride.1 > 1
+}
+
+/// Rows shorter than this run with the channels in the lanes (see [`lanes_layout`]).
+#[cfg(target_arch = "x86_64")]
+const SHORT_ROW: usize = 32;
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test on its thread: `Some(true)` runs the lanes layout wherever it applies, `Some(false)` the plane
+    /// kernels.
+    static LAYOUT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// The scratch an image plane is copied into: `sw` column phases, `ps` apart, of `h + 2·ph` rows `rs` apart; padded
@@ -130,6 +163,10 @@ pub(super) fn forward(
     n: usize,
     act: Option<Clamp>,
 ) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if lanes_layout(g, false) {
+        return super::depthwise_lanes::forward(xs, ws, bias, g, n, act);
+    }
     let (hw, in_plane, kk, mult) = (g.hw_out(), g.h * g.w, g.kh * g.kw, g.o / g.c);
     let lay = ImageLayout::new(g);
     let mut out = Vec::with_capacity(n * g.o * hw);
@@ -215,6 +252,10 @@ pub(super) fn backward(
 
 /// The input gradient `[N, C, H, W]`, plane by plane: each the transposed convolution of its channel's outputs.
 fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option<&[f32]>) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if lanes_layout(g, true) {
+        return super::depthwise_lanes::input_grad(ws, g, n, gout, y);
+    }
     let (hw, in_plane, kk, mult) = (g.hw_out(), g.h * g.w, g.kh * g.kw, g.o / g.c);
     let lay = GradLayout::new(g);
     let mut dx = vec![0.0f32; n * g.c * in_plane];
@@ -424,6 +465,54 @@ mod tests {
                     let d = max_diff(a, e);
                     assert!(d < 1e-4, "∂{name} {c} {mult} {size} {k} {s} {pad} relu {relu}: {d}");
                 }
+            }
+        }
+    }
+
+    /// The channels-in-lanes layout gives the plane kernels' bits, forward (plain, with the fused ReLU and with
+    /// ReLU6) and input gradient (masked by the fused ReLU), on blocks partly filled and several, maps from 3×3 to
+    /// banded, strides 1 and 2, kernels 1 to 7 wide.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn channels_in_lanes_give_the_plane_kernels_bits() {
+        use super::LAYOUT;
+        // (channels, height, width, kernel, stride, padding)
+        const LANES_CASES: &[(usize, usize, usize, usize, usize, usize)] = &[
+            (37, 7, 7, 5, 1, 2),
+            (16, 14, 14, 3, 1, 1),
+            (9, 3, 3, 3, 1, 1),
+            (20, 15, 13, 3, 2, 1),
+            (8, 29, 31, 5, 2, 2),
+            (17, 70, 67, 3, 1, 1),
+            (5, 12, 11, 7, 1, 3),
+            (6, 10, 9, 4, 2, 1),
+            (3, 9, 8, 1, 1, 0),
+            (24, 11, 12, 3, 2, 0),
+        ];
+        let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (seed, &(c, h, w, k, s, pad)) in LANES_CASES.iter().enumerate() {
+            let seed = 500 + seed as u64 * 10;
+            let x = Tensor::uniform(&[2, c, h, w], -1.0, 1.0, seed).variable();
+            let wt = Tensor::uniform(&[c, 1, k, k], -1.0, 1.0, seed + 1);
+            let b = Tensor::uniform(&[c], -1.0, 1.0, seed + 2);
+            let p = params(s, pad, c);
+            for act in 0..3 {
+                let run = |lanes: bool| {
+                    LAYOUT.with(|f| f.set(Some(lanes)));
+                    let y = match act {
+                        0 => x.conv2d(&wt, Some(&b), p),
+                        1 => x.conv2d_relu(&wt, Some(&b), p),
+                        _ => x.conv2d_clamp(&wt, Some(&b), p, 0.0, 0.5),
+                    }
+                    .unwrap();
+                    let gy = Tensor::uniform(y.shape(), -1.0, 1.0, seed + 3);
+                    let dx = y.mul(&gy).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0);
+                    LAYOUT.with(|f| f.set(None));
+                    (bits(&y), bits(&dx))
+                };
+                let (lanes, planes) = (run(true), run(false));
+                assert!(lanes.0 == planes.0, "forward {c} {h}x{w} k{k} s{s} p{pad} act {act}");
+                assert!(lanes.1 == planes.1, "input gradient {c} {h}x{w} k{k} s{s} p{pad} act {act}");
             }
         }
     }

@@ -5,7 +5,9 @@
 //!   the unfolded image — read in place by the direct kernels when the column stride is 1, else written by im2col;
 //! - [`backward`]: `dcol = Wᵀ · dout` scattered back into the image for ∂L/∂x (tile by tile on the direct kernels,
 //!   else by col2im), and `dW = Σₙ dout · colᵀ` for ∂L/∂W — only the gradients whose inputs are tracked;
-//! - [`depthwise`]: `groups == channels` as its own plane-by-plane kernel (forward and backward);
+//! - [`depthwise`]: `groups == channels` as its own plane-by-plane kernel (forward and backward), and
+//!   `depthwise_lanes` (x86-64): its forward and input gradient with the channels in the vector lanes, for short
+//!   rows and wide kernels;
 //! - [`sparse`]: the backward through the fused ReLU and 2×2 max pooling from the windows' arg-max alone;
 //! - `plan` (x86-64; `no_plan.rs` elsewhere): the planners of the direct kernels, `None` where they do not run;
 //! - [`unfold`]: im2col, col2im, the product and the transpose, on the vector kernels or scalar loops;
@@ -23,6 +25,8 @@ use crate::{Error, Result};
 
 mod backward;
 mod depthwise;
+#[cfg(target_arch = "x86_64")]
+mod depthwise_lanes;
 mod forward;
 #[cfg(target_arch = "x86_64")]
 mod plan;

@@ -95,6 +95,16 @@ pub(crate) fn transpose(src: &[f32], y: Option<&[f32]>, rows: usize, cols: usize
     true
 }
 
+/// `dst[k·ds + i] = src[i·ss + k]` for `i < rows`, `k < cols` (a strided block transposed), in 8×8 register
+/// blocks.
+///
+/// # Safety
+/// The CPU has AVX2 (both vector levels do) and the offsets named are inside the buffers.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn transpose_strided(src: *const f32, ss: usize, dst: *mut f32, ds: usize, rows: usize, cols: usize) {
+    x86::transpose_strided(src, ss, dst, ds, rows, cols)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -143,31 +153,82 @@ mod x86 {
                         *v = _mm256_and_ps(*v, _mm256_cmp_ps::<_CMP_GT_OQ>(yv, _mm256_setzero_ps()));
                     }
                 }
-                let mut t = [_mm256_setzero_ps(); 8];
-                for (q, pair) in t.chunks_exact_mut(2).enumerate() {
-                    let (a, b) = (r[2 * q], r[2 * q + 1]);
-                    pair[0] = _mm256_unpacklo_ps(a, b);
-                    pair[1] = _mm256_unpackhi_ps(a, b);
-                }
-                // tt[4q + j]: pairs (t[4q], t[4q + 2]) and (t[4q + 1], t[4q + 3]), low and high halves of each lane.
-                let tt = [
-                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-                ];
-                for k in 0..4 {
-                    let lo = _mm256_permute2f128_ps::<0x20>(tt[k], tt[k + 4]);
-                    let hi = _mm256_permute2f128_ps::<0x31>(tt[k], tt[k + 4]);
-                    _mm256_storeu_ps(d.add((c0 + k) * rows + r0), lo);
-                    _mm256_storeu_ps(d.add((c0 + k + 4) * rows + r0), hi);
+                for (k, v) in transposed(&r).iter().enumerate() {
+                    _mm256_storeu_ps(d.add((c0 + k) * rows + r0), *v);
                 }
             }
         }
+    }
+
+    /// `dst[k·ds + i] = src[i·ss + k]` for `i < rows`, `k < cols`: 8×8 blocks in registers, those on the edges
+    /// with masked moves.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose_strided(
+        src: *const f32,
+        ss: usize,
+        dst: *mut f32,
+        ds: usize,
+        rows: usize,
+        cols: usize,
+    ) {
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let first = |n: usize| _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), iota);
+        for r0 in (0..rows).step_by(8) {
+            let rn = (rows - r0).min(8);
+            for c0 in (0..cols).step_by(8) {
+                let cn = (cols - c0).min(8);
+                let mut r = [_mm256_setzero_ps(); 8];
+                if cn == 8 {
+                    for (i, v) in r.iter_mut().enumerate().take(rn) {
+                        *v = _mm256_loadu_ps(src.add((r0 + i) * ss + c0));
+                    }
+                } else {
+                    let m = first(cn);
+                    for (i, v) in r.iter_mut().enumerate().take(rn) {
+                        *v = _mm256_maskload_ps(src.add((r0 + i) * ss + c0), m);
+                    }
+                }
+                let t = transposed(&r);
+                if rn == 8 {
+                    for (k, v) in t.iter().enumerate().take(cn) {
+                        _mm256_storeu_ps(dst.add((c0 + k) * ds + r0), *v);
+                    }
+                } else {
+                    let m = first(rn);
+                    for (k, v) in t.iter().enumerate().take(cn) {
+                        _mm256_maskstore_ps(dst.add((c0 + k) * ds + r0), m, *v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The 8×8 block `r` (row `i` in `r[i]`) transposed: element `k` of the returned `[i]` is `r[k]`'s `i`.
+    #[inline(always)]
+    unsafe fn transposed(r: &[__m256; 8]) -> [__m256; 8] {
+        let mut t = [_mm256_setzero_ps(); 8];
+        for (q, pair) in t.chunks_exact_mut(2).enumerate() {
+            let (a, b) = (r[2 * q], r[2 * q + 1]);
+            pair[0] = _mm256_unpacklo_ps(a, b);
+            pair[1] = _mm256_unpackhi_ps(a, b);
+        }
+        // tt[4q + j]: pairs (t[4q], t[4q + 2]) and (t[4q + 1], t[4q + 3]), low and high halves of each lane.
+        let tt = [
+            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+        ];
+        let mut out = [_mm256_setzero_ps(); 8];
+        for k in 0..4 {
+            out[k] = _mm256_permute2f128_ps::<0x20>(tt[k], tt[k + 4]);
+            out[k + 4] = _mm256_permute2f128_ps::<0x31>(tt[k], tt[k + 4]);
+        }
+        out
     }
 
     #[inline(always)]

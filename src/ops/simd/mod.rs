@@ -24,6 +24,8 @@
 pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod depthwise;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod depthwise_lanes;
 mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod isa;
@@ -34,6 +36,8 @@ mod rows;
 pub(crate) mod winograd;
 
 pub(crate) use gemm::{fma_peak, gemm_nn, gemm_nn_clamped, Start};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use layout::transpose_strided;
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
 pub(crate) use packed::gemm_packed;
 pub(crate) use pool::{max_pool_2x2, max_pool_2x2_backward, relu_max_pool_2x2_expand};
