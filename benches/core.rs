@@ -231,5 +231,26 @@ fn gemm_compare(budget_ms: f64) -> Result<(), Box<dyn std::error::Error>> {
         let rate = |ms: f64| flops / ms / 1e6;
         println!("{m:>5} {k:>5} {n:>5} {:>10.1} {:>10.1} {:>15.1}", rate(ours), rate(crate_gemm), rate(mm));
     }
+    // The products of ConvNeXt-T's and ViT-B/16's blocks at batch 4, the weight a row-major `[k, n]` initializer
+    // as the ONNX graphs hold it (MatMul, not Gemm).
+    println!("{:>5} {:>5} {:>5} {:>10} {:>8} {:>10} {:>8}", "m", "k", "n", "x·w ms", "GFLOP/s", "g·wᵀ ms", "GFLOP/s");
+    for (m, k, n) in
+        [(196, 768, 3072), (196, 3072, 768), (12544, 96, 384), (12544, 384, 96), (784, 384, 1536), (788, 768, 2304)]
+    {
+        let x = Tensor::uniform(&[m, k], -1.0, 1.0, 1);
+        let w = Tensor::uniform(&[k, n], -1.0, 1.0, 2);
+        // And the input gradient's product through it, `g·wᵀ` (`wᵀ` a transposed view).
+        let (g, wt) = (Tensor::uniform(&[m, n], -1.0, 1.0, 3), w.t()?);
+        let ms = bench::median_ms_within(budget_ms, 1000, || {
+            std::hint::black_box(x.matmul(&w)?);
+            Ok(())
+        })?;
+        let ms_t = bench::median_ms_within(budget_ms, 1000, || {
+            std::hint::black_box(g.matmul(&wt)?);
+            Ok(())
+        })?;
+        let rate = |ms: f64| 2.0 * (m * k * n) as f64 / ms / 1e6;
+        println!("{m:>5} {k:>5} {n:>5} {ms:>10.2} {:>8.1} {ms_t:>10.2} {:>8.1}", rate(ms), rate(ms_t));
+    }
     Ok(())
 }

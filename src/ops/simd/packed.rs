@@ -38,13 +38,17 @@ const PACK_A_COLS: usize = 768;
 /// The product packs all of its `b` (`k ×` its columns) on every call, and a `c` whose rows are not contiguous is
 /// computed into a buffer and copied. So a classifier chunk's 32 rows through a `Linear` layer of 256 outputs put
 /// the chunk in `b` (25,000 floats packed, 8,000 copied, instead of the whole 200,000-float weight packed on every
-/// chunk), while a square product keeps a row-major `c`.
+/// chunk), while a square product keeps a row-major `c`. Not when the flipped product would read its `a` (this
+/// `b`, transposed) in place across rows — fewer than [`PACK_A_COLS`] columns of `cᵀ` and `b`'s rows not
+/// contiguous columns of it: every broadcast then lands on another cache line (ConvNeXt-T's last stage, 196 rows
+/// through a row-major `768 × 3072` weight, ran at half the speed flipped).
 #[cfg(target_arch = "x86_64")]
-fn flip(m: usize, k: usize, n: usize, c_strides: &[isize]) -> bool {
+fn flip(m: usize, k: usize, n: usize, b_strides: &[isize], c_strides: &[isize]) -> bool {
     let copy = |contiguous: bool| if contiguous { 0 } else { m * n };
     let as_is = k * n + copy(n == 1 || c_strides[1] == 1);
     let flipped = k * m + copy(m == 1 || c_strides[0] == 1);
-    flipped < as_is
+    let strided_in_place = m < PACK_A_COLS && k > 1 && n > 1 && b_strides[0] != 1;
+    flipped < as_is && !strided_in_place
 }
 
 /// `c = a·b`, or `c += a·b` when `accumulate`, for any strides of `a`, `b` and `c`. Returns `false` without
@@ -70,7 +74,7 @@ pub(crate) fn gemm_packed(
         // Compute cᵀ = bᵀ·aᵀ when that is cheaper (each element is the same chain, a multiply-add being
         // symmetric): see [`flip`].
         let (a, b) = (a.reborrow(), b.reborrow());
-        let flip = flip(m, k, n, c.strides());
+        let flip = flip(m, k, n, b.strides(), c.strides());
         let (a, b, mut c) = if flip { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
         if c.ncols() == 1 || c.strides()[1] == 1 {
             x86::gemm(level, a, b, c, accumulate, parallel);
@@ -512,10 +516,14 @@ mod tests {
         .join()
         .unwrap();
         assert!(packed <= 784 * 64, "packed {packed} floats: the weight was packed, not the chunk");
-        assert!(super::flip(32, 784, 256, &[256, 1]));
-        assert!(!super::flip(1024, 1024, 1024, &[1024, 1]));
-        assert!(super::flip(1024, 1024, 1024, &[1, 1024]));
-        assert!(!super::flip(1000, 784, 256, &[256, 1]));
+        // A `Linear` weight `[n, k]` as `b = wᵀ` (strides `(1, k)`).
+        assert!(super::flip(32, 784, 256, &[1, 784], &[256, 1]));
+        assert!(!super::flip(1024, 1024, 1024, &[1, 1024], &[1024, 1]));
+        assert!(super::flip(1024, 1024, 1024, &[1, 1024], &[1, 1024]));
+        assert!(!super::flip(1000, 784, 256, &[1, 784], &[256, 1]));
+        // A row-major `[k, n]` weight (ONNX MatMul): flipped, a few rows would broadcast across its rows in place.
+        assert!(!super::flip(196, 768, 3072, &[3072, 1], &[3072, 1]));
+        assert!(super::flip(196, 768, 3072, &[1, 768], &[3072, 1]));
     }
 
     /// A row of the product is bit-identical whichever other rows are computed with it (row blocks and pieces of
