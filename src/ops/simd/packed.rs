@@ -34,17 +34,24 @@ const MC: usize = 96;
 #[cfg(target_arch = "x86_64")]
 const PACK_A_COLS: usize = 768;
 
-/// Whether `c = a·b` (`m × k` by `k × n`) runs as `cᵀ = bᵀ·aᵀ`: whichever orientation copies fewer floats.
+/// What a float of `c` copied across (from a buffer into a `c` whose rows are not contiguous) costs, in floats
+/// packed: ConvNeXt-T's input gradient through its last stage's `3072 → 768` weight, `196 × 768` by `768 × 3072`,
+/// ran at 96 GFLOP/s flipped (with the copy) and 146–176 as it is when the copy counted once.
+#[cfg(target_arch = "x86_64")]
+const COPY_COST: usize = 4;
+
+/// Whether `c = a·b` (`m × k` by `k × n`) runs as `cᵀ = bᵀ·aᵀ`: whichever orientation moves fewer floats.
 /// The product packs all of its `b` (`k ×` its columns) on every call, and a `c` whose rows are not contiguous is
-/// computed into a buffer and copied. So a classifier chunk's 32 rows through a `Linear` layer of 256 outputs put
-/// the chunk in `b` (25,000 floats packed, 8,000 copied, instead of the whole 200,000-float weight packed on every
-/// chunk), while a square product keeps a row-major `c`. Not when the flipped product would read its `a` (this
-/// `b`, transposed) in place across rows — fewer than [`PACK_A_COLS`] columns of `cᵀ` and `b`'s rows not
-/// contiguous columns of it: every broadcast then lands on another cache line (ConvNeXt-T's last stage, 196 rows
-/// through a row-major `768 × 3072` weight, ran at half the speed flipped).
+/// computed into a buffer and copied across — each float of that copy counted [`COPY_COST`] times, a strided
+/// write costing that much more than a packed one. So a classifier chunk's 32 rows through a `Linear` layer of
+/// 256 outputs put the chunk in `b` (25,000 floats packed, 8,000 copied, instead of the whole 200,000-float weight
+/// packed on every chunk), while a square product keeps a row-major `c`. Not when the flipped product would read
+/// its `a` (this `b`, transposed) in place across rows — fewer than [`PACK_A_COLS`] columns of `cᵀ` and `b`'s rows
+/// not contiguous columns of it: every broadcast then lands on another cache line (ConvNeXt-T's last stage, 196
+/// rows through a row-major `768 × 3072` weight, ran at half the speed flipped).
 #[cfg(target_arch = "x86_64")]
 fn flip(m: usize, k: usize, n: usize, b_strides: &[isize], c_strides: &[isize]) -> bool {
-    let copy = |contiguous: bool| if contiguous { 0 } else { m * n };
+    let copy = |contiguous: bool| if contiguous { 0 } else { COPY_COST * m * n };
     let as_is = k * n + copy(n == 1 || c_strides[1] == 1);
     let flipped = k * m + copy(m == 1 || c_strides[0] == 1);
     let strided_in_place = m < PACK_A_COLS && k > 1 && n > 1 && b_strides[0] != 1;
@@ -266,21 +273,23 @@ mod x86 {
                     }
                     row[cols..].fill(0.0);
                 }
-            } else if rs == 1 {
-                // A transposed matrix (rows of `bᵀ` contiguous): 16 rows at a time (one cache line of each
-                // column of `b` read, a few KB of the sliver written), so neither side leaves L1.
-                for p0 in (0..k).step_by(16) {
-                    let p1 = (p0 + 16).min(k);
-                    for q in 0..cols {
-                        let src = ptr.wrapping_offset((j0 + q) as isize * cs);
-                        for p in p0..p1 {
-                            // SAFETY: as above.
-                            dst[p * w + q] = unsafe { *src.add(p) };
-                        }
-                    }
-                    for row in dst[p0 * w..p1 * w].chunks_exact_mut(w) {
-                        row[cols..].fill(0.0);
-                    }
+            } else if rs == 1 && cs > 0 {
+                // A transposed matrix (rows of `bᵀ` contiguous): the sliver is its `cols × k` block transposed,
+                // in 8×8 blocks in registers.
+                // SAFETY: rows `j0..j0 + cols` of `bᵀ` (`cs` apart, `k` long) lie inside `b`; the sliver holds
+                // `k` rows of `w ≥ cols`; both vector levels have AVX2.
+                unsafe {
+                    crate::ops::simd::transpose_strided(
+                        ptr.offset(j0 as isize * cs),
+                        cs as usize,
+                        dst.as_mut_ptr(),
+                        w,
+                        cols,
+                        k,
+                    )
+                };
+                for row in dst.chunks_exact_mut(w) {
+                    row[cols..].fill(0.0);
                 }
             } else {
                 for (p, row) in dst.chunks_exact_mut(w).enumerate() {
@@ -523,7 +532,26 @@ mod tests {
         assert!(!super::flip(1000, 784, 256, &[1, 784], &[256, 1]));
         // A row-major `[k, n]` weight (ONNX MatMul): flipped, a few rows would broadcast across its rows in place.
         assert!(!super::flip(196, 768, 3072, &[3072, 1], &[3072, 1]));
-        assert!(super::flip(196, 768, 3072, &[1, 768], &[3072, 1]));
+        // …nor when the flipped product's `c` would be copied across at length (an input gradient `g·wᵀ`).
+        assert!(!super::flip(196, 768, 3072, &[1, 768], &[3072, 1]));
+    }
+
+    /// A transposed `b` (a weight `[n, k]` as `wᵀ`, an input gradient's product) is packed by register transposes
+    /// with masked edges: the same bits as the same `b` laid out row-major, on partial slivers and odd lengths.
+    #[test]
+    fn a_transposed_b_packs_to_the_same_product() {
+        if !accelerated() {
+            return;
+        }
+        for &(m, k, n) in &[(200, 37, 150), (13, 9, 70), (64, 130, 65), (7, 1000, 3)] {
+            let (a, w) = (random(m, k, 11), random(n, k, 12));
+            let (mut strided, mut standard) = (Array2::zeros((m, n)), Array2::zeros((m, n)));
+            assert!(gemm_packed(a.view(), w.t(), strided.view_mut(), false, true));
+            let b = w.t().as_standard_layout().into_owned();
+            assert!(gemm_packed(a.view(), b.view(), standard.view_mut(), false, true));
+            let bits = |c: &Array2<f32>| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&strided) == bits(&standard), "{m}x{k}x{n}");
+        }
     }
 
     /// A row of the product is bit-identical whichever other rows are computed with it (row blocks and pieces of
