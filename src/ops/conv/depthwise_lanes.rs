@@ -76,6 +76,15 @@ unsafe fn gather(src: &[f32], stride: usize, cn: usize, len: usize, dst: &mut [f
     transpose_strided(src.as_ptr(), stride, dst.as_mut_ptr(), l, cn, len);
 }
 
+/// The first `len` floats of a job's results buffer, grown (with zeros) when short and otherwise left as the last
+/// job wrote them: the kernel overwrites all of them.
+fn results(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
 /// The forward `[N, C, Ho, Wo]` (see [`applies`]), with the fused clamp, if any.
 pub(super) fn forward(
     xs: &[f32],
@@ -122,8 +131,8 @@ pub(super) fn forward(
                     unsafe { gather(rows, g.h * g.w, cn, g.w, &mut band[(r * wp + pw) * l..], l) };
                 }
             }
-            res.clear();
-            res.resize(nr * g.wo * l, 0.0f32);
+            // The kernel writes every result: the buffer keeps its length and is not zero-filled per job.
+            let res = results(res, nr * g.wo * l);
             let t = kernels::Taps {
                 src: band.as_ptr(),
                 taps: taps.as_ptr(),
@@ -215,8 +224,7 @@ pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option
                     None => unsafe { gather(&gout[at..], hw, cn, g.wo, d, l) },
                 }
             }
-            res.clear();
-            res.resize(nr * g.w * l, 0.0f32);
+            let res = results(res, nr * g.w * l);
             for (class, taps) in class_taps.iter().enumerate() {
                 let (py, px) = (class / sw, class % sw);
                 pixels.clear();

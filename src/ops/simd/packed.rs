@@ -36,7 +36,7 @@ const PACK_A_COLS: usize = 768;
 
 /// What a float of `c` copied across (from a buffer into a `c` whose rows are not contiguous) costs, in floats
 /// packed: ConvNeXt-T's input gradient through its last stage's `3072 → 768` weight, `196 × 768` by `768 × 3072`,
-/// ran at 96 GFLOP/s flipped (with the copy) and 146–176 as it is when the copy counted once.
+/// ran at 96 GFLOP/s flipped (with the copy, chosen when the copy counted once) and 146–176 as it is.
 #[cfg(target_arch = "x86_64")]
 const COPY_COST: usize = 4;
 
