@@ -320,6 +320,18 @@ pub(crate) fn binary_backward(
     vec![ga, gb]
 }
 
+/// [`binary_backward`] of a sum, given the output's gradient to keep: it goes on to an operand as it is, copied
+/// only when both operands take it (a residual connection) — a transformer's bias adds and a ConvNeXt block's
+/// took a copy of the whole activation gradient each.
+pub(crate) fn add_backward(a: &Tensor, b: &Tensor, g: ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
+    match (need[0], need[1]) {
+        (true, true) => vec![Some(sum_to_shape(g.clone(), a.shape())), Some(sum_to_shape(g, b.shape()))],
+        (true, false) => vec![Some(sum_to_shape(g, a.shape())), None],
+        (false, true) => vec![None, Some(sum_to_shape(g, b.shape()))],
+        (false, false) => vec![None, None],
+    }
+}
+
 /// `Σ g·v` over the trailing axes that `small` broadcasts (it is `g`'s shape with its trailing axes of size 1 —
 /// a squeeze-excitation gate `[N, C, 1, 1]` scaling `v` `[N, C, H, W]`): the gradient of the broadcast factor of a
 /// product, row by row, without forming `g·v` ([`super::reduce::row_sums_of`]: the bits of summing the formed

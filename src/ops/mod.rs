@@ -284,6 +284,7 @@ impl Op {
             Op::Reshape(x) => Ok(vec![Some(shape::reshape_backward(x.shape(), g))]),
             Op::Permute(_, perm) => Ok(vec![Some(shape::permute_backward(perm, g))]),
             Op::BroadcastTo(x) => Ok(vec![Some(shape::sum_to_shape(g, x.shape()))]),
+            Op::Binary(elementwise::BinaryKind::Add, a, b) => Ok(elementwise::add_backward(a, b, g, need)),
             _ => self.backward_borrowed(out, &g, need),
         }
     }
