@@ -242,6 +242,12 @@ impl Tensor {
         self.0.role != Role::Constant
     }
 
+    /// Whether no op made this tensor (a weight, an input, a value computed with gradients off): its value is
+    /// what it was given, so a layout kept with it ([`Tensor::derived`]) is worth making for the next call.
+    pub(crate) fn is_leaf(&self) -> bool {
+        self.0.op.is_none()
+    }
+
     /// The value (a shared array: cloning it is a reference count).
     pub fn value(&self) -> &Array {
         &self.0.value

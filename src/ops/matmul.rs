@@ -71,6 +71,50 @@ pub(crate) fn gemm(
     }
 }
 
+/// `c = a·b` (or `c += a·b`) on the packed vector kernel, or on the `gemm` crate where that kernel is off: one
+/// item of a batched product (attention's `q·kᵀ` and `p·v` and their gradients, 48 items of 197 × 64 × 197 in
+/// ViT-B/16), where the crate ran at about half the packed kernel's rate. Each element is one fixed chain of
+/// multiply-adds either way, so the result does not depend on the thread count.
+fn item_product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32>, accumulate: bool, parallel: bool) {
+    if !super::simd::gemm_packed(a, b, c.view_mut(), accumulate, parallel) {
+        gemm(a, b, c, accumulate, parallel);
+    }
+}
+
+/// Keys of a weight's packed forms kept with it ([`Tensor::memo`]): as the `b` of `x·w`, and transposed, as the `b`
+/// of the input gradient `g·wᵀ`.
+const KEY_PACKED: u64 = 1 << 60;
+const KEY_PACKED_T: u64 = 1 << 60 | 1;
+
+/// A right-hand operand of at least this many floats, a leaf, keeps its packed form ([`kept_packed`]); a smaller
+/// one is packed per call (it is cheap, and a small leaf is as likely a value of the moment as a weight).
+const KEEP_PACKED_MIN: usize = 1 << 16;
+
+/// `b` — the value of the leaf `w`, or its transpose — packed and kept with `w` under `key`, so the product's
+/// next call (an attack's next pass) does not pack it again: ViT-B/16 packs 85 M floats of weights per forward
+/// pass and as many per input gradient. `None` (pack per call) for a computed `w`, a small `b`, or on the portable
+/// level.
+fn kept_packed(w: &Tensor, b: ArrayView2<f32>, key: u64) -> Option<std::sync::Arc<super::simd::PackedB>> {
+    if !w.is_leaf() || b.len() < KEEP_PACKED_MIN || !super::simd::accelerated() {
+        return None;
+    }
+    w.memo(key, |_| super::simd::pack(b).ok_or(())).ok()
+}
+
+/// `a·b` into a fresh matrix, `b` being the value of the tensor `w` (or its transpose, `key` saying which): on
+/// `w`'s kept packed form where it has one ([`kept_packed`]) — the same bits as [`matmul2`], each element the same
+/// chain of multiply-adds — else [`matmul2`].
+fn matmul2_kept(a: ArrayView2<f32>, w: &Tensor, b: ArrayView2<f32>, key: u64) -> Array2<f32> {
+    match kept_packed(w, b, key) {
+        Some(packed) => {
+            let mut c = Array2::zeros((a.nrows(), b.ncols()));
+            super::simd::gemm_prepacked(a, &packed, c.view_mut(), false, true);
+            c
+        }
+        None => matmul2(a, b),
+    }
+}
+
 /// The number of rows `a·b` is computed with so that the `gemm` crate takes its blocked micro-kernel path with a
 /// k-blocking that depends on `k` alone (gemm 0.18, `gemm_basic_generic`): fewer rows are zero-padded up to it.
 ///
@@ -147,7 +191,7 @@ fn batched(a: ArrayView3<f32>, b: ArrayView3<f32>) -> Array3<f32> {
     let n = b.shape()[2];
     let mut c = Array3::zeros((bn, m, n));
     for_items(c.view_mut(), bn * m * k * n, |i, ci, par| {
-        gemm(a.index_axis(Axis(0), i), b.index_axis(Axis(0), i), ci, false, par)
+        item_product(a.index_axis(Axis(0), i), b.index_axis(Axis(0), i), ci, false, par)
     });
     c
 }
@@ -161,22 +205,23 @@ fn rows(x: ndarray::ArrayViewD<'_, f32>, rows: usize, cols: usize) -> ndarray::C
     ndarray::CowArray::from(Array2::from_shape_vec((rows, cols), v).expect("rows · cols values"))
 }
 
-/// ∂L/∂A = G·Bᵀ and ∂L/∂B = Aᵀ·G of a 2-D product, each when `need` asks for it.
+/// ∂L/∂A = G·Bᵀ and ∂L/∂B = Aᵀ·G of a 2-D product with `b2` the value of `b`, each when `need` asks for it.
 fn backward2(
     a2: ArrayView2<f32>,
-    b2: ArrayView2<f32>,
+    (b, b2): (&Tensor, ArrayView2<f32>),
     g2: ArrayView2<f32>,
     need: &[bool],
 ) -> (Option<Array2<f32>>, Option<ArrayD<f32>>) {
     // ∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G. On the vector kernel when the right operand has contiguous rows (a
     // `Linear` layer's weight is [out, in], so G·W qualifies): each row of its product is one fixed chain
-    // of multiply-adds, so G·Bᵀ stays batch invariant without padding.
+    // of multiply-adds, so G·Bᵀ stays batch invariant without padding. A row-major weight's transpose is
+    // packed once and kept with it.
     let ga = need[0].then(|| {
         let mut c = Array2::zeros((g2.nrows(), b2.nrows()));
         if super::simd::gemm_nn(g2, b2.t(), c.view_mut(), false, true) {
             c
         } else {
-            matmul2(g2, b2.t())
+            matmul2_kept(g2, b, b2.t(), KEY_PACKED_T)
         }
     });
     let gb = need[1].then(|| {
@@ -211,7 +256,7 @@ pub(crate) fn matmul_backward(
         let g2 = g.view().into_dimensionality::<Ix2>().expect("output is a matrix");
         let a2 = av.view().into_dimensionality::<Ix2>().expect("rank checked");
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
-        let (ga, gb) = backward2(a2, b2, g2, need);
+        let (ga, gb) = backward2(a2, (b, b2), g2, need);
         return Ok(vec![ga.map(|c| c.into_dyn()), gb]);
     }
     if a.rank() == 3 && b.rank() == 2 {
@@ -224,7 +269,7 @@ pub(crate) fn matmul_backward(
         let a2 = if need[1] { rows(av.view(), bn * m, k) } else { ndarray::CowArray::from(Array2::zeros((0, k))) };
         let g2 = rows(g.view(), bn * m, n);
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
-        let (ga, gb) = backward2(a2.view(), b2, g2.view(), need);
+        let (ga, gb) = backward2(a2.view(), (b, b2), g2.view(), need);
         let ga = ga.map(|c| c.into_shape_with_order((bn, m, k)).expect("same size").into_dyn());
         return Ok(vec![ga, gb]);
     }
@@ -236,7 +281,7 @@ pub(crate) fn matmul_backward(
         for_items(out.view_mut(), work, |i, o, par| {
             let bi = if b.rank() == 3 { bv.index_axis(Axis(0), i) } else { bv.view() };
             let bi = bi.into_dimensionality::<Ix2>().expect("matrix");
-            gemm(g3.index_axis(Axis(0), i), bi.t(), o, false, par);
+            item_product(g3.index_axis(Axis(0), i), bi.t(), o, false, par);
         });
         out.into_dyn()
     });
@@ -244,7 +289,7 @@ pub(crate) fn matmul_backward(
         if b.rank() == 3 {
             let mut out = Array3::zeros((bv.shape()[0], bv.shape()[1], bv.shape()[2]));
             for_items(out.view_mut(), work, |i, o, par| {
-                gemm(a3.index_axis(Axis(0), i).t(), g3.index_axis(Axis(0), i), o, false, par)
+                item_product(a3.index_axis(Axis(0), i).t(), g3.index_axis(Axis(0), i), o, false, par)
             });
             out.into_dyn()
         } else {
@@ -337,6 +382,20 @@ fn matmul_broadcast(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Matrix products.
 impl Tensor {
+    /// `self · wᵀ` for matrices (ONNX's `Gemm` with `transB`, a `Linear` layer): [`Tensor::matmul`] of `w.t()`,
+    /// the same values and gradients, but `wᵀ`'s packed form is kept with `w` itself — a transposed view made
+    /// afresh on every call would keep it with the view, for that call only.
+    pub(crate) fn matmul_transposed(&self, w: &Tensor) -> Result<Tensor> {
+        let wt = w.t()?;
+        if self.rank() != 2 || w.rank() != 2 || self.shape()[1] != w.shape()[1] {
+            return self.matmul(&wt);
+        }
+        let a = self.value().view().into_dimensionality::<Ix2>().expect("rank checked");
+        let b = w.value().view().into_dimensionality::<Ix2>().expect("rank checked");
+        let value = matmul2_kept(a, w, b.t(), KEY_PACKED_T).into_dyn();
+        Ok(record(value, Op::MatMul(self.clone(), wt)))
+    }
+
     /// Matrix product with NumPy's `matmul` semantics: `[m,k]·[k,n]`; batched `[…,m,k]·[…,k,n]` with the leading
     /// axes broadcast (`[B,m,k]·[k,n]` is one product over the flattened rows); a 1-D operand is a row (left) or
     /// column (right) vector whose axis the result drops. Derivatives: ∂/∂A = G·Bᵀ, ∂/∂B = Aᵀ·G (summed over
@@ -355,7 +414,7 @@ impl Tensor {
         let value = if sa.len() == 2 {
             let a = self.value().view().into_dimensionality::<Ix2>().expect("rank checked");
             let b = other.value().view().into_dimensionality::<Ix2>().expect("rank checked");
-            matmul2(a, b).into_dyn()
+            matmul2_kept(a, other, b, KEY_PACKED).into_dyn()
         } else if sb.len() == 3 {
             let a = self.value().view().into_dimensionality::<Ix3>().expect("rank checked");
             let b = other.value().view().into_dimensionality::<Ix3>().expect("rank checked");
@@ -365,7 +424,10 @@ impl Tensor {
             let (bn, m, k) = (sa[0], sa[1], sa[2]);
             let a2 = rows(self.value().view(), bn * m, k);
             let b = other.value().view().into_dimensionality::<Ix2>().expect("rank checked");
-            matmul2(a2.view(), b).into_shape_with_order((bn, m, sb[1])).expect("same size").into_dyn()
+            matmul2_kept(a2.view(), other, b, KEY_PACKED)
+                .into_shape_with_order((bn, m, sb[1]))
+                .expect("same size")
+                .into_dyn()
         };
         Ok(record(value, Op::MatMul(self.clone(), other.clone())))
     }
@@ -426,6 +488,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A leaf weight's packed forms (as `b` of `x·w`, and transposed for the input gradient and for `x·wᵀ`) are
+    /// made once and kept with it, and the products on them have the bits of the products that pack per call —
+    /// forward, `x·wᵀ`, and the input gradient `g·wᵀ` — on rank-2 and rank-3 inputs. A computed or small weight
+    /// keeps nothing.
+    #[test]
+    fn a_leaf_weight_keeps_its_packing() {
+        if !super::super::simd::accelerated() {
+            return;
+        }
+        fn bits<'a>(a: impl IntoIterator<Item = &'a f32>) -> Vec<u32> {
+            a.into_iter().map(|v| v.to_bits()).collect()
+        }
+        let w = Tensor::uniform(&[300, 260], -1.0, 1.0, 5);
+        let wv = w.value().view().into_dimensionality::<Ix2>().unwrap();
+        for shape in [&[37, 300][..], &[3, 13, 300]] {
+            let x = Tensor::uniform(shape, -1.0, 1.0, 6).variable();
+            let n = shape.iter().product::<usize>() / 300;
+            let rows = Array2::from_shape_vec((n, 300), x.to_vec()).unwrap();
+            let y = x.matmul(&w).unwrap();
+            let mut want = Array2::zeros((n, 260));
+            assert!(super::super::simd::gemm_packed(rows.view(), wv, want.view_mut(), false, true));
+            assert_eq!(bits(y.value()), bits(&want));
+            // The input gradient of Σ y·r is r·wᵀ, on the kept transposed packing.
+            let r = Tensor::uniform(y.shape(), -1.0, 1.0, 7);
+            let gx = y.mul(&r).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0);
+            let r2 = Array2::from_shape_vec((n, 260), r.to_vec()).unwrap();
+            let mut want = Array2::zeros((n, 300));
+            assert!(super::super::simd::gemm_packed(r2.view(), wv.t(), want.view_mut(), false, true));
+            assert_eq!(bits(gx.value()), bits(&want));
+        }
+        let first = kept_packed(&w, wv, KEY_PACKED).expect("a large leaf keeps its packing");
+        assert!(std::sync::Arc::ptr_eq(&first, &kept_packed(&w, wv, KEY_PACKED).unwrap()), "made once");
+        assert!(kept_packed(&w, wv.t(), KEY_PACKED_T).is_some());
+        // x·wᵀ on the transposed packing kept with `w` itself.
+        let x = Tensor::uniform(&[20, 260], -1.0, 1.0, 8);
+        let y = x.matmul_transposed(&w).unwrap();
+        assert_eq!(bits(y.value()), bits(x.matmul(&w.t().unwrap()).unwrap().value()));
+        // A computed weight or a small one keeps nothing.
+        let computed = w.variable().mul_scalar(1.0);
+        let cv = computed.value().view().into_dimensionality::<Ix2>().unwrap();
+        assert!(kept_packed(&computed, cv, KEY_PACKED).is_none());
+        let small = Tensor::uniform(&[30, 26], -1.0, 1.0, 9);
+        let sv = small.value().view().into_dimensionality::<Ix2>().unwrap();
+        assert!(kept_packed(&small, sv, KEY_PACKED).is_none());
     }
 
     /// x·Wᵀ as `Linear` computes it: W's gradient arrives in W's own (standard) layout, with the values of Gᵀ·X.

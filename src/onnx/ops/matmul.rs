@@ -53,8 +53,7 @@ impl Op for Gemm {
     fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
         let (a, b, c) = (tensor(info, ins, 0)?, tensor(info, ins, 1)?, opt_tensor(ins, 2)?);
         let a = if self.trans_a { a.t()? } else { a };
-        let b = if self.trans_b { b.t()? } else { b };
-        let mut y = a.matmul(&b)?;
+        let mut y = if self.trans_b { a.matmul_transposed(&b)? } else { a.matmul(&b)? };
         if self.alpha != 1.0 {
             y = y.mul_scalar(self.alpha);
         }

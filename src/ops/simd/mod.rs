@@ -39,7 +39,7 @@ pub(crate) use gemm::{fma_peak, gemm_nn, gemm_nn_clamped, Start};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use layout::transpose_strided;
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
-pub(crate) use packed::gemm_packed;
+pub(crate) use packed::{gemm_packed, gemm_prepacked, pack, PackedB};
 pub(crate) use pool::{max_pool_2x2, max_pool_2x2_backward, relu_max_pool_2x2_expand};
 pub(crate) use rows::{RowSums, Term};
 

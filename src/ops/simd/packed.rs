@@ -100,6 +100,67 @@ pub(crate) fn gemm_packed(
     }
 }
 
+/// A right-hand operand `b` (`k × n`) packed once for many products ([`gemm_prepacked`]): a weight's packed form,
+/// kept with the weight ([`crate::tensor::Tensor::derived`]) so that an attack's passes do not repack it on every
+/// call — ViT-B/16's MLP weights are 2.4 M floats each, ConvNeXt-T's last stage's too. The layout is the one
+/// [`gemm_packed`] packs into on the instruction set of this process (fixed at start-up).
+pub(crate) struct PackedB {
+    k: usize,
+    n: usize,
+    data: Vec<f32>,
+}
+
+/// `b` packed for [`gemm_prepacked`], or `None` when the CPU has neither instruction set.
+pub(crate) fn pack(b: ArrayView2<f32>) -> Option<PackedB> {
+    let level = level();
+    if level == Level::Portable {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (k, n) = b.dim();
+        let w = x86::tile_cols(level);
+        let mut data = vec![0.0; n.div_ceil(w) * k * w];
+        x86::pack_b(w, b, &mut data, k * n >= super::PAR_WORK / 64);
+        Some(PackedB { k, n, data })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("off x86-64 the level is always `Portable`")
+}
+
+/// `c = a·b` (or `c += a·b`) with `b` packed beforehand ([`pack`]): the same multiply-add chains, so the same bits,
+/// as [`gemm_packed`] of the unpacked `b`, in `b`'s orientation (nothing to pack, so none is cheaper).
+pub(crate) fn gemm_prepacked(
+    a: ArrayView2<f32>,
+    b: &PackedB,
+    mut c: ArrayViewMut2<f32>,
+    accumulate: bool,
+    parallel: bool,
+) {
+    let (m, k) = a.dim();
+    assert!(k == b.k && c.dim() == (m, b.n), "gemm_prepacked: callers check shapes");
+    if super::gemm::empty_product(k, &mut c, accumulate) {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let level = level();
+        if c.ncols() == 1 || c.strides()[1] == 1 {
+            x86::run(level, a, &b.data, c, accumulate, parallel);
+        } else {
+            let mut tmp =
+                if accumulate { c.as_standard_layout().into_owned() } else { ndarray::Array2::zeros(c.dim()) };
+            x86::run(level, a, &b.data, tmp.view_mut(), accumulate, parallel);
+            c.assign(&tmp);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (parallel, accumulate, m);
+        unreachable!("a `PackedB` is only made on x86-64")
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::cell::Cell;
@@ -112,7 +173,7 @@ mod x86 {
     use super::{MC, PACK_A_COLS};
 
     /// Columns of one register tile (and of a packed sliver of `b`).
-    fn tile_cols(level: Level) -> usize {
+    pub(super) fn tile_cols(level: Level) -> usize {
         if level == Level::Avx512 {
             64
         } else {
@@ -192,7 +253,7 @@ mod x86 {
         level: Level,
         a: ArrayView2<f32>,
         b: ArrayView2<f32>,
-        mut c: ArrayViewMut2<f32>,
+        c: ArrayViewMut2<f32>,
         accumulate: bool,
         parallel: bool,
     ) {
@@ -201,22 +262,37 @@ mod x86 {
         let w = tile_cols(level);
         with_scratch(&PACKED_B, n.div_ceil(w) * k * w, |packed| {
             pack_b(w, b, packed, parallel && work >= super::super::PAR_WORK);
-            let p = Product {
-                a: a.as_ptr(),
-                rsa: a.strides()[0],
-                csa: a.strides()[1],
-                packed_b: packed.as_ptr(),
-                c: c.as_mut_ptr(),
-                rsc: c.strides()[0],
-                k,
-                accumulate,
-                pack_a: n >= PACK_A_COLS,
-                level,
-            };
-            run_jobs(jobs(m, n, w, parallel), parallel, work, |(i, mc, j, nc)| {
-                // SAFETY: jobs cover disjoint blocks of `c`; the operands are valid for the product's shape.
-                unsafe { p.block(i, mc, j, nc) }
-            });
+            run(level, a, packed, c, accumulate, parallel);
+        });
+    }
+
+    /// `c (+)= a·b` with `b` packed by [`pack_b`] into `packed` (`c`'s columns wide, `a`'s columns deep).
+    pub(super) fn run(
+        level: Level,
+        a: ArrayView2<f32>,
+        packed: &[f32],
+        mut c: ArrayViewMut2<f32>,
+        accumulate: bool,
+        parallel: bool,
+    ) {
+        let ((m, k), n) = (a.dim(), c.ncols());
+        let w = tile_cols(level);
+        assert!(packed.len() >= n.div_ceil(w) * k * w, "the packed `b` holds every sliver");
+        let p = Product {
+            a: a.as_ptr(),
+            rsa: a.strides()[0],
+            csa: a.strides()[1],
+            packed_b: packed.as_ptr(),
+            c: c.as_mut_ptr(),
+            rsc: c.strides()[0],
+            k,
+            accumulate,
+            pack_a: n >= PACK_A_COLS,
+            level,
+        };
+        run_jobs(jobs(m, n, w, parallel), parallel, m * n * k, |(i, mc, j, nc)| {
+            // SAFETY: jobs cover disjoint blocks of `c`; the operands are valid for the product's shape.
+            unsafe { p.block(i, mc, j, nc) }
         });
     }
 
@@ -251,7 +327,7 @@ mod x86 {
 
     /// `b` packed into `out` as slivers of `w` columns: sliver `s` holds columns `s·w..(s+1)·w` as `k` rows of
     /// `w` contiguous values, zero beyond `n`.
-    fn pack_b(w: usize, b: ArrayView2<f32>, out: &mut [f32], parallel: bool) {
+    pub(super) fn pack_b(w: usize, b: ArrayView2<f32>, out: &mut [f32], parallel: bool) {
         let (k, n) = b.dim();
         let (rs, cs) = (b.strides()[0], b.strides()[1]);
         let ptr = b.as_ptr() as usize;
