@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use armoury::nn::plan::{Fused, Fusion};
-use armoury::nn::{BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, ReLU};
+use armoury::nn::{BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, ModuleExt, ReLU};
 use armoury::{Conv2dParams, Module, Pool2dParams, Sequential, Tensor};
 
 /// A BatchNorm with statistics far from the defaults (so a fold that did not happen, or went wrong, shows).
@@ -85,6 +85,56 @@ fn native_plan_folds_batchnorm_and_fuses_relu_and_pool_also_through_box_and_arc(
     let gf = input_gradient(|x| net.forward_t(x, false).expect("forward"), &x, 2);
     let gl = input_gradient(|x| net.forward_collect(x, false).expect("forward").pop().expect("out").1, &x, 2);
     close("input gradient", &gf, &gl, 1e-4);
+}
+
+/// A pre-activation network's BatchNorm + ReLU, which no convolution takes (it comes before one), runs as one
+/// step in evaluation mode, with the bits of the two layers — forward, the input gradient (masked inside the
+/// scaling loop) and the gradients of the BatchNorm's scale and shift (masked first) — and as the two layers in
+/// training.
+#[test]
+fn a_batchnorm_before_its_relu_fuses_with_it() {
+    let net = Sequential::new()
+        .add("bn0", batch_norm(3, 40))
+        .add("relu0", ReLU)
+        .add("conv", Conv2d::new(3, 4, 3, Conv2dParams::default(), true, 41).expect("conv"))
+        .add("bn1", batch_norm(4, 42))
+        .add("relu1", ReLU);
+    assert_eq!(
+        net.plan(false),
+        vec![
+            fusion(Fused::BatchNormRelu, &["bn0", "relu0"]),
+            fusion(conv(true, true, false), &["conv", "bn1", "relu1"])
+        ]
+    );
+    assert_eq!(net.plan(true).len(), 5, "training: batch statistics, nothing fused across a BatchNorm");
+    let pre = Sequential::new().add("bn0", batch_norm(3, 40)).add("relu0", ReLU);
+    assert_eq!(pre.plan(false), vec![fusion(Fused::BatchNormRelu, &["bn0", "relu0"])]);
+    let x = Tensor::uniform(&[5, 3, 7, 6], -2.0, 2.0, 43);
+    let fused = pre.forward_t(&x, false).expect("forward");
+    let layered = pre.forward_collect(&x, false).expect("layer by layer").pop().expect("output").1;
+    assert!(fused.to_vec().contains(&0.0) && fused.to_vec().iter().any(|&v| v > 0.0), "both sides of the ReLU");
+    let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&fused), bits(&layered));
+    let gf = input_gradient(|x| pre.forward_t(x, false).expect("forward"), &x, 44);
+    let gl = input_gradient(|x| pre.forward_collect(x, false).expect("forward").pop().expect("out").1, &x, 44);
+    assert_eq!(bits(&gf), bits(&gl));
+    // The parameters' gradients too (the masked-first branch), against the layers'.
+    let params = |y: Tensor| {
+        let r = Tensor::uniform(y.shape(), -1.0, 1.0, 45);
+        y.mul(&r).expect("same shape").sum_all().backward().expect("backward")
+    };
+    let (pf, pl) = (params(pre.forward_t(&x, false).expect("forward")), params(layered_output(&pre, &x)));
+    let named: Vec<_> = pre.named_params().into_iter().filter(|(_, p)| p.is_trainable()).collect();
+    assert_eq!(named.len(), 2, "the BatchNorm's scale and shift");
+    for (name, p) in &named {
+        let t = p.tensor();
+        let (a, b) = (pf.get(&t).expect("fused gradient"), pl.get(&t).expect("layered gradient"));
+        assert_eq!(a, b, "{name}");
+    }
+}
+
+fn layered_output(net: &Sequential, x: &Tensor) -> Tensor {
+    net.forward_collect(x, false).expect("layer by layer").pop().expect("output").1
 }
 
 #[test]

@@ -3,7 +3,8 @@
 // Test tables read best with `&[x.clone()]`; the clone is of a small test array.
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
-use armoury::nn::{BatchNorm, Module, Normalize};
+use armoury::nn::plan::Fused;
+use armoury::nn::{BatchNorm, Layer, Module, Normalize};
 use armoury::{no_grad, Conv2dParams, Pool2dParams, Reduction, Result, Tensor};
 use ndarray::{Array2, ArrayD, IxDyn};
 use rand::{Rng, SeedableRng};
@@ -307,6 +308,21 @@ fn normalisation_and_softmax() {
         let inputs = [uniform(shape, -1.0, 2.0, s), uniform(&[c], 0.5, 1.5, s + 1), uniform(&[c], -0.5, 0.5, s + 2)];
         check(&format!("batch_norm {shape:?}"), &inputs, &|t| t[0].batch_norm(&t[1], &t[2], 1e-5));
     }
+    // An evaluation-mode BatchNorm and the ReLU after it as one fused step (x, scale and bias), the outputs kept
+    // at least 0.04 from the kink.
+    let (mean, var) = (Tensor::new(uniform(&[3], -0.1, 0.1, 40)), Tensor::new(uniform(&[3], 0.8, 1.2, 41)));
+    let inputs =
+        [away_from_zero(&[2, 3, 5, 4], 0.3, 1.0, 42), uniform(&[3], 0.5, 1.5, 43), uniform(&[3], -0.05, 0.05, 44)];
+    check("batch_norm_relu", &inputs, &|t| {
+        let bn = Layer::BatchNorm {
+            weight: t[1].clone(),
+            bias: t[2].clone(),
+            running_mean: mean.clone(),
+            running_var: var.clone(),
+            eps: 1e-5,
+        };
+        Fused::BatchNormRelu.run(&t[0], &[bn, Layer::Relu])
+    });
     let z = uniform(&[3, 6], -3.0, 3.0, 22);
     check("softmax", &[z.clone()], &|t| t[0].softmax(1));
     check("log_softmax", &[z.clone()], &|t| t[0].log_softmax(1));

@@ -183,6 +183,10 @@ pub enum Fused {
         /// A BatchNorm folded in.
         bn: bool,
     },
+    /// An evaluation-mode BatchNorm that no convolution takes (a pre-activation network's, after a concatenation
+    /// or a residual add) and the ReLU after it: one pass over the activations each way, the same values and
+    /// gradients as the two layers.
+    BatchNormRelu,
     /// A residual add and the ReLU after it: one [`Tensor::add_relu`].
     AddRelu,
     /// A sigmoid and the product of its input with it, `x·σ(x)`: one [`Tensor::silu`]. (A product with any other
@@ -271,6 +275,7 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
                     _ => (j - i, Fused::Conv { bn, relu, pool }),
                 }
             }
+            Kind::BatchNorm if !train && open(i) && at(i + 1) == Kind::Relu => (2, Fused::BatchNormRelu),
             Kind::Add if open(i) && at(i + 1) == Kind::Relu => (2, Fused::AddRelu),
             Kind::Sigmoid if open(i) && at(i + 1) == Kind::Mul => (2, Fused::Silu),
             Kind::Div
@@ -401,6 +406,14 @@ impl Fused {
                     // Not an interval (or a NaN bound): the clamp's own rule, as the Clip alone would run.
                     Ok(x.conv2d(&w, b.as_ref(), *params)?.clamp(*lo, *hi))
                 }
+            }
+            (
+                Fused::BatchNormRelu,
+                [Layer::BatchNorm { weight, bias, running_mean, running_var, eps }, Layer::Relu],
+            ) => {
+                let (mean, var) = (running_mean.to_vec(), running_var.to_vec());
+                let stats = crate::ops::batch_norm::Stats::Given { mean: &mean, var: &var };
+                Ok(crate::ops::batch_norm::batch_norm_act(x, stats, weight, bias, *eps, true)?.0)
             }
             (Fused::AddRelu, [Layer::Add { other }, Layer::Relu]) => x.add_relu(other),
             // The same value on both sides (one tensor, so one node of the graph): the SiLU.

@@ -36,6 +36,9 @@ pub(crate) struct BatchNormSaved {
     pub(crate) rstd: Vec<f32>,
     /// Batch statistics (training): the mean and variance depend on x, and ∂x has their two terms.
     pub(crate) batch_stats: bool,
+    /// A ReLU fused after it (given statistics only): the output is `max(y, 0)` and the gradient passes where it is
+    /// positive.
+    pub(crate) relu: bool,
 }
 
 /// Which statistics normalise.
@@ -207,7 +210,25 @@ pub(crate) fn batch_norm(
     bias: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
+    batch_norm_act(x, stats, scale, bias, eps, false)
+}
+
+/// [`batch_norm`] with given statistics and the ReLU after it in the same pass (`relu`), each way: a
+/// pre-activation network's BatchNorm + ReLU before every convolution (DenseNet-121, PreAct-ResNet-18), which
+/// the convolution's fold cannot take, ran as three passes over the activations forward and three back. The same
+/// values and gradients as [`batch_norm`] then [`Tensor::relu`], bit for bit.
+pub(crate) fn batch_norm_act(
+    x: &Tensor,
+    stats: Stats<'_>,
+    scale: &Tensor,
+    bias: &Tensor,
+    eps: f32,
+    relu: bool,
+) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
     const OP: &str = "batch_norm";
+    if relu && matches!(stats, Stats::Batch) {
+        return Err(Error::invalid(OP, "a fused ReLU needs given statistics (evaluation mode)"));
+    }
     let (n, c, s) = dims(OP, x)?;
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(Error::invalid(OP, format!("epsilon {eps} must be finite and non-negative")));
@@ -245,11 +266,19 @@ pub(crate) fn batch_norm(
             per_plane(out, c, s, |ch, at, o| {
                 let (mu, a, b) = (mean[ch], a[ch], beta[ch]);
                 let xr = &xs[at..at + o.len()];
-                vectorised(|| {
-                    o.iter_mut().zip(xr).for_each(|(o, &v)| {
-                        o.write((v - mu) * a + b);
-                    })
-                });
+                if relu {
+                    vectorised(|| {
+                        o.iter_mut().zip(xr).for_each(|(o, &v)| {
+                            o.write(((v - mu) * a + b).max(0.0));
+                        })
+                    });
+                } else {
+                    vectorised(|| {
+                        o.iter_mut().zip(xr).for_each(|(o, &v)| {
+                            o.write((v - mu) * a + b);
+                        })
+                    });
+                }
             })
         })
     };
@@ -262,6 +291,7 @@ pub(crate) fn batch_norm(
         mean: mean.clone(),
         rstd,
         batch_stats: matches!(stats, Stats::Batch),
+        relu,
     };
     Ok((record(value, Op::BatchNorm(Box::new(saved))), mean, var))
 }
@@ -269,12 +299,30 @@ pub(crate) fn batch_norm(
 /// With x̂ = (x − μ)·r (r = 1/√(var + ε)), y = x̂·γ + β and M values per channel: ∂L/∂β = Σ g, ∂L/∂γ = Σ g·x̂ and,
 /// with batch statistics, ∂L/∂x = γ·r·(g − Σg/M − x̂·Σ(g·x̂)/M) (the mean's and the variance's terms), with given
 /// statistics ∂L/∂x = γ·r·g. Sums over every axis but 1.
-pub(crate) fn batch_norm_backward(s: &BatchNormSaved, g: &ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
+///
+/// With a fused ReLU, `g` is first masked where the output `out` is not positive (the ReLU's backward: `g·[y > 0]`,
+/// the same lanes as its input's sign) — inside the loop of ∂x when no sum is asked for.
+pub(crate) fn batch_norm_backward(
+    s: &BatchNormSaved,
+    out: &crate::tensor::Array,
+    g: &ArrayD<f32>,
+    need: &[bool],
+) -> Vec<Option<ArrayD<f32>>> {
     let (n, c, sp) = dims("batch_norm", &s.x).expect("checked in the forward");
     let xs = standard(s.x.value());
-    let gs = standard(g);
-    let gamma: Vec<f32> = s.scale.value().iter().copied().collect();
     let need_sums = need[1] || need[2] || (need[0] && s.batch_stats);
+    let ys = s.relu.then(|| standard(out));
+    let masked = ys.as_ref().filter(|_| need_sums).map(|ys| {
+        let gs = standard(g);
+        gs.iter().zip(ys.iter()).map(|(&g, &y)| g * f32::from(y > 0.0)).collect::<Vec<f32>>()
+    });
+    let gs = match &masked {
+        Some(m) => std::borrow::Cow::Borrowed(m.as_slice()),
+        None => standard(g),
+    };
+    // The mask left to ∂x's loop: a fused ReLU whose gradient was not masked above.
+    let mask = ys.as_deref().filter(|_| masked.is_none());
+    let gamma: Vec<f32> = s.scale.value().iter().copied().collect();
     let sums: Vec<(f64, f64)> = if need_sums {
         per_channel(c, xs.len(), |ch| vectorised(|| channel_grad_sums(&gs, &xs, (n, c, sp), ch, s.mean[ch])))
     } else {
@@ -303,6 +351,13 @@ pub(crate) fn batch_norm_backward(s: &BatchNormSaved, g: &ArrayD<f32>, need: &[b
                             o.iter_mut().zip(gr).zip(xr).for_each(|((o, &g), &v)| {
                                 o.write(k * g - k0 - k1 * (v - mu));
                             });
+                        });
+                    } else if let Some(ys) = mask {
+                        let yr = &ys[at..at + o.len()];
+                        vectorised(|| {
+                            o.iter_mut().zip(gr).zip(yr).for_each(|((o, &g), &y)| {
+                                o.write(k * (g * f32::from(y > 0.0)));
+                            })
                         });
                     } else {
                         vectorised(|| {

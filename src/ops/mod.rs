@@ -242,6 +242,7 @@ impl Op {
             Op::MaxPool2d { .. } => "max_pool2d",
             Op::AvgPool2d { .. } => "avg_pool2d",
             Op::LayerNorm(_) => "layer_norm",
+            Op::BatchNorm(s) if s.relu => "batch_norm_relu",
             Op::BatchNorm(_) => "batch_norm",
             Op::Softmax(_) => "softmax",
         }
@@ -319,7 +320,7 @@ impl Op {
             Op::MaxPool2d { x, p } => Ok(vec![Some(pool::max_pool2d_backward(x, p, out, g))]),
             Op::AvgPool2d { x, p } => Ok(vec![Some(pool::avg_pool2d_backward(x.shape(), p, g))]),
             Op::LayerNorm(s) => Ok(norm::layer_norm_backward(s, g, need)),
-            Op::BatchNorm(s) => Ok(batch_norm::batch_norm_backward(s, g, need)),
+            Op::BatchNorm(s) => Ok(batch_norm::batch_norm_backward(s, out, g, need)),
             Op::Softmax(_) => Ok(vec![Some(loss::softmax_backward(out, g))]),
         }
     }

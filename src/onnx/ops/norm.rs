@@ -7,12 +7,13 @@ use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::meta::{Arg, Cost, Meta};
 use crate::onnx::value::Value;
+use crate::ops::batch_norm::{self as core_bn, Stats};
 use crate::ops::elementwise::broadcast_shape;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
-/// BatchNormalization in inference: y = x·a + (B − mean·a) with a = scale/√(var + ε) per channel; the scale
-/// and B stay differentiable, mean and var are running statistics (buffers).
+/// BatchNormalization in inference: y = (x − mean)·a + B with a = scale/√(var + ε) per channel; the scale and B
+/// stay differentiable, mean and var are running statistics (buffers).
 #[derive(Clone, Debug)]
 struct BatchNorm {
     eps: f32,
@@ -52,11 +53,11 @@ impl Op for BatchNorm {
                 });
             }
         }
-        let mut bshape = vec![1; x.rank()];
-        bshape[1] = c;
-        let a = scale.mul(&var.add_scalar(self.eps).powf(-0.5))?;
-        let shift = bias.sub(&mean.mul(&a)?)?;
-        Ok(vec![Value::F(x.mul(&a.reshape(&bshape)?)?.add(&shift.reshape(&bshape)?)?)])
+        // The core's one-pass op with the running statistics given, (x − mean)·a + B with a = scale/√(var + ε),
+        // as the layer runs in evaluation mode; the scale and B get gradients, the statistics none.
+        let (mean, var) = (mean.to_vec(), var.to_vec());
+        let stats = Stats::Given { mean: &mean, var: &var };
+        Ok(vec![Value::F(core_bn::batch_norm(x, stats, scale, bias, self.eps)?.0)])
     }
 
     fn kind(&self) -> Kind {
