@@ -323,6 +323,11 @@ fn normalisation_and_softmax() {
         };
         Fused::BatchNormRelu.run(&t[0], &[bn, Layer::Relu])
     });
+    // A matrix product and its bias as one fused step (chains started at the bias): x, the weight and the bias.
+    let inputs = [uniform(&[2, 3, 5], -1.0, 1.0, 45), uniform(&[5, 4], -1.0, 1.0, 46), uniform(&[4], -1.0, 1.0, 47)];
+    check("matmul_bias", &inputs, &|t| {
+        Fused::MatMulBias.run(&t[0], &[Layer::MatMul { weight: t[1].clone() }, Layer::Add { other: t[2].clone() }])
+    });
     let z = uniform(&[3, 6], -3.0, 3.0, 22);
     check("softmax", &[z.clone()], &|t| t[0].softmax(1));
     check("log_softmax", &[z.clone()], &|t| t[0].log_softmax(1));

@@ -95,6 +95,12 @@ pub enum Layer {
     },
     /// The error function (ONNX `Erf`).
     Erf,
+    /// `x · weight` (NumPy's `matmul`), `weight` a second value of the graph (ONNX `MatMul`): with a bias added
+    /// after it, a transformer's linear layer, exported as two nodes.
+    MatMul {
+        /// The right-hand operand.
+        weight: Tensor,
+    },
     /// `x` clamped to `[lo, hi]` (ONNX `Clip` with constant bounds, an infinite one where it has none): after a
     /// convolution, the ReLU6 of MobileNets.
     Clip {
@@ -132,6 +138,8 @@ pub enum Kind {
     Div,
     /// [`Layer::Erf`].
     Erf,
+    /// [`Layer::MatMul`].
+    MatMul,
     /// [`Layer::Clip`].
     Clip,
     /// [`Layer::Opaque`].
@@ -152,6 +160,7 @@ impl Layer {
             Layer::Add { .. } => Kind::Add,
             Layer::Div { .. } => Kind::Div,
             Layer::Erf => Kind::Erf,
+            Layer::MatMul { .. } => Kind::MatMul,
             Layer::Clip { .. } => Kind::Clip,
             Layer::Opaque => Kind::Opaque,
         }
@@ -189,6 +198,12 @@ pub enum Fused {
     BatchNormRelu,
     /// A residual add and the ReLU after it: one [`Tensor::add_relu`].
     AddRelu,
+    /// A matrix product and the bias added after it (a vector as long as the product's rows, a constant): one
+    /// product whose multiply-add chains start at the bias, with no pass of its own over the output (a
+    /// transformer's linear layers as PyTorch exports them; ONNX `Gemm` does the same with its `C`). Rounded as
+    /// one chain from the bias, so within rounding of the two ops, not bit for bit. Any other operands run as the
+    /// two ops.
+    MatMulBias,
     /// A sigmoid and the product of its input with it, `x·σ(x)`: one [`Tensor::silu`]. (A product with any other
     /// value — a squeeze-and-excitation gate — runs as the two ops.)
     Silu,
@@ -277,6 +292,7 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
             }
             Kind::BatchNorm if !train && open(i) && at(i + 1) == Kind::Relu => (2, Fused::BatchNormRelu),
             Kind::Add if open(i) && at(i + 1) == Kind::Relu => (2, Fused::AddRelu),
+            Kind::MatMul if open(i) && at(i + 1) == Kind::Add => (2, Fused::MatMulBias),
             Kind::Sigmoid if open(i) && at(i + 1) == Kind::Mul => (2, Fused::Silu),
             Kind::Div
                 if (i..i + 4).all(open)
@@ -416,6 +432,9 @@ impl Fused {
                 Ok(crate::ops::batch_norm::batch_norm_act(x, stats, weight, bias, *eps, true)?.0)
             }
             (Fused::AddRelu, [Layer::Add { other }, Layer::Relu]) => x.add_relu(other),
+            (Fused::MatMulBias, [Layer::MatMul { weight }, Layer::Add { other }]) => {
+                x.matmul_bias(weight, other, false)
+            }
             // The same value on both sides (one tensor, so one node of the graph): the SiLU.
             (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) if other.id() == x.id() => Ok(x.silu()),
             (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) => x.sigmoid().mul(other),
@@ -462,6 +481,19 @@ mod tests {
 
     fn conv(bn: bool, relu: bool, pool: bool) -> Fused {
         Fused::Conv { bn, relu, pool }
+    }
+
+    /// A product and the Add after it fuse, and a BatchNorm no convolution takes with its ReLU (evaluation mode
+    /// only); neither when the first output is read elsewhere or tapped.
+    #[test]
+    fn products_with_their_bias_and_batchnorms_with_their_relu() {
+        let k = [Kind::MatMul, Kind::Add, Kind::BatchNorm, Kind::Relu, Kind::MatMul, Kind::Mul];
+        let want = vec![(0, 2, Fused::MatMulBias), (2, 2, Fused::BatchNormRelu), (4, 1, ALONE), (5, 1, ALONE)];
+        assert_eq!(steps(&k, &[], &[], false), want);
+        let train = steps(&k, &[], &[], true);
+        assert_eq!(train[..3], [(0, 2, Fused::MatMulBias), (2, 1, ALONE), (3, 1, ALONE)]);
+        assert_eq!(steps(&k, &[0, 2], &[], false)[..4], [(0, 1, ALONE), (1, 1, ALONE), (2, 1, ALONE), (3, 1, ALONE)]);
+        assert_eq!(steps(&k, &[], &[0, 2], false)[..4], [(0, 1, ALONE), (1, 1, ALONE), (2, 1, ALONE), (3, 1, ALONE)]);
     }
 
     #[test]

@@ -317,7 +317,7 @@ pub(super) fn build(model: &ModelProto, options: LoadOptions) -> Result<Graph> {
         return Err(malformed("the output does not depend on the input"));
     }
 
-    fuse::fuse(&mut steps, output_slot);
+    fuse::fuse(&mut steps, output_slot, input_slot);
     let taps = tap_list(&names, &steps, &input.name, input_slot);
     let sources = schedule(&mut steps, output_slot, param_slots, consts);
     let mut g = Graph {

@@ -100,8 +100,16 @@ impl Op for Planned {
 }
 
 /// Plans `steps` and replaces every planned run of several nodes by one step running them as a [`Planned`] op;
-/// `unfused` keeps the steps it replaced (their outputs stay taps).
-pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
+/// `unfused` keeps the steps it replaced (their outputs stay taps). A MatMul whose left operand does not come from
+/// the graph's input (`input_slot`) is not a layer (a product of parameters, which the load-time checks size on
+/// its own) and is not planned as one.
+pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize, input_slot: usize) {
+    let mut from_input = std::collections::HashSet::from([input_slot]);
+    for s in steps.iter() {
+        if s.inputs.iter().flatten().any(|slot| from_input.contains(slot)) {
+            from_input.extend(s.outputs.iter().copied());
+        }
+    }
     let mut readers: HashMap<usize, usize> = HashMap::new();
     for s in steps.iter() {
         for &slot in s.inputs.iter().flatten() {
@@ -119,7 +127,15 @@ pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize) {
         (at == 0 || matches!(next.op.kind(), Kind::Add | Kind::Mul)).then_some(at)
     };
     let links: Vec<Option<usize>> = (0..steps.len()).map(link).collect();
-    let kinds: Vec<Kind> = steps.iter().map(|s| s.op.kind()).collect();
+    let kinds: Vec<Kind> = steps
+        .iter()
+        .map(|s| match s.op.kind() {
+            Kind::MatMul if !s.inputs.first().copied().flatten().is_some_and(|i| from_input.contains(&i)) => {
+                Kind::Opaque
+            }
+            kind => kind,
+        })
+        .collect();
     let outputs: Vec<Output> = links.iter().map(|l| if l.is_some() { Output::Open } else { Output::Kept }).collect();
     let mut rest = std::mem::take(steps).into_iter();
     for p in plan::plan(&kinds, &outputs, false) {

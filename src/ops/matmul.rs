@@ -108,7 +108,7 @@ fn matmul2_kept(a: ArrayView2<f32>, w: &Tensor, b: ArrayView2<f32>, key: u64) ->
     match kept_packed(w, b, key) {
         Some(packed) => {
             let mut c = Array2::zeros((a.nrows(), b.ncols()));
-            super::simd::gemm_prepacked(a, &packed, c.view_mut(), false, true);
+            super::simd::gemm_prepacked(a, &packed, c.view_mut(), false, None, true);
             c
         }
         None => matmul2(a, b),
@@ -259,18 +259,19 @@ pub(crate) fn matmul_backward(
         let (ga, gb) = backward2(a2, (b, b2), g2, need);
         return Ok(vec![ga.map(|c| c.into_dyn()), gb]);
     }
-    if a.rank() == 3 && b.rank() == 2 {
-        // [B,m,k]·[k,n] was one product over the flattened rows, and so is its backward: per item, ∂L/∂A would
-        // stream all of B once per item (a transformer's sequence-first QKV projection: 197 items of 4 rows
-        // reading a 768×2304 weight, 63 ms a call against 11 ms forward), and ∂L/∂B would be B products.
-        let (bn, m, k) = (a.shape()[0], a.shape()[1], a.shape()[2]);
-        let n = b.shape()[1];
+    if a.rank() >= 3 && b.rank() == 2 {
+        // [B,m,k]·[k,n] was one product over the flattened rows (and `[…, m, k]` with a bias, `matmul_bias`), and so
+        // is its backward: per item, ∂L/∂A would stream all of B once per item (a transformer's sequence-first QKV
+        // projection: 197 items of 4 rows reading a 768×2304 weight, 63 ms a call against 11 ms forward), and
+        // ∂L/∂B would be B products.
+        let (k, n) = (b.shape()[0], b.shape()[1]);
+        let rows_n = a.numel() / k.max(1);
         // The rows of A only when ∂L/∂B is asked for (an attack's weights are not tracked).
-        let a2 = if need[1] { rows(av.view(), bn * m, k) } else { ndarray::CowArray::from(Array2::zeros((0, k))) };
-        let g2 = rows(g.view(), bn * m, n);
+        let a2 = if need[1] { rows(av.view(), rows_n, k) } else { ndarray::CowArray::from(Array2::zeros((0, k))) };
+        let g2 = rows(g.view(), rows_n, n);
         let b2 = bv.view().into_dimensionality::<Ix2>().expect("rank checked");
         let (ga, gb) = backward2(a2.view(), (b, b2), g2.view(), need);
-        let ga = ga.map(|c| c.into_shape_with_order((bn, m, k)).expect("same size").into_dyn());
+        let ga = ga.map(|c| c.into_shape_with_order(a.shape()).expect("same size").into_dyn());
         return Ok(vec![ga, gb]);
     }
     let g3 = g.view().into_dimensionality::<Ix3>().expect("output is batched");
@@ -382,6 +383,41 @@ fn matmul_broadcast(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Matrix products.
 impl Tensor {
+    /// `self · w + b` (or `self · wᵀ + b` when `transposed`) for `self` `[…, m, k]` (its rows flattened), `w` a matrix and
+    /// `b` a vector of its columns' count: one product on `w`'s kept packing whose chains start at the
+    /// bias ([`crate::nn::plan::Fused::MatMulBias`], ONNX `Gemm`), no pass of its own over the output. Each element
+    /// is one fused multiply-add chain from `b[j]`, so it rounds within an ulp or so of the product then the sum,
+    /// not bit for bit; the gradients are those of the two ops. Other operands (other ranks, a bias that
+    /// broadcasts, the portable level) run as the two ops.
+    pub(crate) fn matmul_bias(&self, w: &Tensor, b: &Tensor, transposed: bool) -> Result<Tensor> {
+        let wt = if transposed { w.t()? } else { w.clone() };
+        let fits = w.rank() == 2
+            && self.rank() >= 2
+            && self.shape().last() == wt.shape().first()
+            && b.shape() == &wt.shape()[1..]
+            && super::simd::accelerated();
+        if !fits {
+            return self.matmul(&wt)?.add(b);
+        }
+        let (k, n) = (wt.shape()[0], wt.shape()[1]);
+        let m = self.numel() / k.max(1);
+        let a2 = rows(self.value().view(), m, k);
+        let wv = w.value().view().into_dimensionality::<Ix2>().expect("rank checked");
+        let (bv, key) = if transposed { (wv.t(), KEY_PACKED_T) } else { (wv, KEY_PACKED) };
+        let packed = match kept_packed(w, bv, key) {
+            Some(p) => p,
+            None => std::sync::Arc::new(super::simd::pack(bv).expect("the vector kernels are on")),
+        };
+        let bias = b.value().as_standard_layout();
+        let mut c = Array2::zeros((m, n));
+        let start = bias.as_slice().expect("standard layout");
+        super::simd::gemm_prepacked(a2.view(), &packed, c.view_mut(), false, Some(start), true);
+        let mut shape = self.shape().to_vec();
+        *shape.last_mut().expect("rank 2 or more") = n;
+        let value = c.into_shape_with_order(ndarray::IxDyn(&shape)).expect("same size");
+        Ok(record(value, Op::MatMulBias(self.clone(), wt, b.clone())))
+    }
+
     /// `self · wᵀ` for matrices (ONNX's `Gemm` with `transB`, a `Linear` layer): [`Tensor::matmul`] of `w.t()`,
     /// the same values and gradients, but `wᵀ`'s packed form is kept with `w` itself — a transposed view made
     /// afresh on every call would keep it with the view, for that call only.
@@ -436,6 +472,11 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bit patterns of values, in order.
+    fn bits<'a>(a: impl IntoIterator<Item = &'a f32>) -> Vec<u32> {
+        a.into_iter().map(|v| v.to_bits()).collect()
+    }
 
     /// Each row of `matmul2` is bit-identical to that row computed alone or in any other batch, across the shapes
     /// where the `gemm` crate changes kernels (see [`invariant_rows`]).
@@ -499,9 +540,6 @@ mod tests {
         if !super::super::simd::accelerated() {
             return;
         }
-        fn bits<'a>(a: impl IntoIterator<Item = &'a f32>) -> Vec<u32> {
-            a.into_iter().map(|v| v.to_bits()).collect()
-        }
         let w = Tensor::uniform(&[300, 260], -1.0, 1.0, 5);
         let wv = w.value().view().into_dimensionality::<Ix2>().unwrap();
         for shape in [&[37, 300][..], &[3, 13, 300]] {
@@ -534,6 +572,53 @@ mod tests {
         let small = Tensor::uniform(&[30, 26], -1.0, 1.0, 9);
         let sv = small.value().view().into_dimensionality::<Ix2>().unwrap();
         assert!(kept_packed(&small, sv, KEY_PACKED).is_none());
+    }
+
+    /// `x·w + b` as one product: each element the chain of multiply-adds started at `b[j]` — the bits of the packed
+    /// product accumulating onto `b` — on `[m, k]`, `[B, m, k]` and `[B, h, w, k]` inputs, `w` as is and transposed, pieces of the
+    /// reduction and partial slivers, `a` packed (800 columns) or read in place; the gradients those of the two
+    /// ops; a bias that broadcasts (one value) runs as the two ops.
+    #[test]
+    fn matmul_bias_starts_the_chains_at_the_bias() {
+        if !super::super::simd::accelerated() {
+            return;
+        }
+        for (n, transposed) in [(260, false), (260, true), (800, false)] {
+            let w = if transposed {
+                Tensor::uniform(&[n, 300], -1.0, 1.0, 5)
+            } else {
+                Tensor::uniform(&[300, n], -1.0, 1.0, 5)
+            };
+            let b = Tensor::uniform(&[n], -1.0, 1.0, 6);
+            let wt = if transposed { w.t().unwrap() } else { w.clone() };
+            let wv = wt.value().view().into_dimensionality::<Ix2>().unwrap();
+            for shape in [&[37, 300][..], &[3, 13, 300], &[2, 3, 5, 300]] {
+                let x = Tensor::uniform(shape, -1.0, 1.0, 7).variable();
+                let rows = shape.iter().product::<usize>() / 300;
+                let y = x.matmul_bias(&w, &b, transposed).unwrap();
+                let mut want = Array2::from_shape_fn((rows, n), |(_, j)| b.value()[[j]]);
+                let xr = Array2::from_shape_vec((rows, 300), x.to_vec()).unwrap();
+                assert!(super::super::simd::gemm_packed(xr.view(), wv, want.view_mut(), true, true));
+                assert_eq!(bits(y.value()), bits(&want), "n {n} transposed {transposed} {shape:?}");
+                let two = x.matmul(&wt).unwrap().add(&b).unwrap();
+                let worst = y.value().iter().zip(two.value().iter()).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                assert!(worst < 1e-4, "within rounding of the two ops: {worst}");
+                // Gradients: those of the product and the sum.
+                let r = Tensor::uniform(y.shape(), -1.0, 1.0, 8);
+                let (wv2, bv2) = (w.variable(), b.variable());
+                let loss = |y: Tensor| y.mul(&r).unwrap().sum_all();
+                let fused = loss(x.matmul_bias(&wv2, &bv2, transposed).unwrap()).grad_wrt(&[&x, &wv2, &bv2]).unwrap();
+                let wt2 = if transposed { wv2.t().unwrap() } else { wv2.clone() };
+                let apart = loss(x.matmul(&wt2).unwrap().add(&bv2).unwrap()).grad_wrt(&[&x, &wv2, &bv2]).unwrap();
+                for (f, a) in fused.iter().zip(&apart) {
+                    assert_eq!(bits(f.value()), bits(a.value()));
+                }
+            }
+        }
+        let (x, w, one) =
+            (Tensor::uniform(&[5, 30], -1.0, 1.0, 9), Tensor::uniform(&[30, 20], -1.0, 1.0, 10), Tensor::ones(&[1]));
+        let y = x.matmul_bias(&w, &one, false).unwrap();
+        assert_eq!(bits(y.value()), bits(x.matmul(&w).unwrap().add(&one).unwrap().value()));
     }
 
     /// x·Wᵀ as `Linear` computes it: W's gradient arrives in W's own (standard) layout, with the values of Gᵀ·X.

@@ -150,6 +150,8 @@ pub(crate) enum Op {
     AddRelu(Tensor, Tensor),
     Unary(UnaryKind, Tensor),
     MatMul(Tensor, Tensor),
+    /// `a·b + bias` as one product (`Tensor::matmul_bias`): the bias a vector of `b`'s columns.
+    MatMulBias(Tensor, Tensor, Tensor),
     Sum {
         x: Tensor,
         axes: Vec<usize>,
@@ -224,6 +226,7 @@ impl Op {
             Op::AddRelu(..) => "add_relu",
             Op::Unary(k, _) => k.name(),
             Op::MatMul(..) => "matmul",
+            Op::MatMulBias(..) => "matmul_bias",
             Op::Sum { .. } => "sum",
             Op::MaxAlong { .. } => "max",
             Op::Reshape(_) => "reshape",
@@ -252,6 +255,7 @@ impl Op {
     pub(crate) fn inputs(&self) -> Vec<&Tensor> {
         match self {
             Op::Binary(_, a, b) | Op::AddRelu(a, b) | Op::MatMul(a, b) | Op::Where { a, b, .. } => vec![a, b],
+            Op::MatMulBias(a, b, bias) => vec![a, b, bias],
             Op::Unary(_, x)
             | Op::Sum { x, .. }
             | Op::MaxAlong { x, .. }
@@ -297,6 +301,11 @@ impl Op {
             Op::AddRelu(..) => Ok(elementwise::add_relu_backward(out, g, need)),
             Op::Unary(k, x) => Ok(vec![Some(unary::unary_backward(*k, x.value(), out, g))]),
             Op::MatMul(a, b) => matmul::matmul_backward(a, b, g, need),
+            Op::MatMulBias(a, b, bias) => {
+                let mut grads = matmul::matmul_backward(a, b, g, &need[..2])?;
+                grads.push(need[2].then(|| shape::sum_to_shape(g.clone(), bias.shape())));
+                Ok(grads)
+            }
             Op::Sum { x, axes, keepdim } => Ok(vec![Some(reduce::sum_backward(x.shape(), axes, *keepdim, g))]),
             Op::MaxAlong { x, axis, keepdim, index } => {
                 Ok(vec![Some(reduce::max_backward(x.shape(), *axis, *keepdim, index, g))])

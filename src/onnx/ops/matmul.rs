@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::{input, opt_tensor, tensor, Op};
+use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::meta::{Arg, Cost, Meta};
 use crate::onnx::value::Value;
@@ -53,6 +54,10 @@ impl Op for Gemm {
     fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
         let (a, b, c) = (tensor(info, ins, 0)?, tensor(info, ins, 1)?, opt_tensor(ins, 2)?);
         let a = if self.trans_a { a.t()? } else { a };
+        // The usual linear layer (no scaling, a bias per column): one product whose chains start at the bias.
+        if let Some(c) = c.as_ref().filter(|c| self.alpha == 1.0 && self.beta == 1.0 && c.rank() == 1) {
+            return Ok(vec![Value::F(a.matmul_bias(&b, c, self.trans_b)?)]);
+        }
         let mut y = if self.trans_b { a.matmul_transposed(&b)? } else { a.matmul(&b)? };
         if self.alpha != 1.0 {
             y = y.mul_scalar(self.alpha);
@@ -74,5 +79,17 @@ impl Op for MatMul {
 
     fn run(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Vec<Value>> {
         Ok(vec![Value::F(tensor(info, ins, 0)?.matmul(&tensor(info, ins, 1)?)?)])
+    }
+
+    /// With an Add after it, the fuser's product-and-bias step ([`Fused::MatMulBias`](crate::nn::plan::Fused)).
+    fn kind(&self) -> Kind {
+        Kind::MatMul
+    }
+
+    fn describe(&self, info: &NodeInfo, ins: &[Option<&Value>]) -> Result<Layer> {
+        match ins {
+            [None, Some(w)] => Ok(Layer::MatMul { weight: w.to_tensor()? }),
+            _ => Err(info.malformed("planned as a fused MatMul with its first input carried")),
+        }
     }
 }

@@ -244,6 +244,7 @@ pub(super) mod x86 {
                     tail,
                     accumulate: self.accumulate,
                     rows: if self.rows.is_null() { self.rows } else { self.rows.add(i) },
+                    cols: std::ptr::null(),
                     clamp: self.clamp,
                 };
                 tile(self.level, &t, mr, nv);
@@ -265,6 +266,9 @@ pub(super) mod x86 {
         pub(in crate::ops::simd) accumulate: bool,
         /// Unless null (or `accumulate`), row `r`'s chains start at `rows[r]` instead of zero.
         pub(in crate::ops::simd) rows: *const f32,
+        /// Unless null (or `accumulate`), column `j`'s chains start at `cols[j]` (a `Linear` layer's bias; `rows`
+        /// null then).
+        pub(in crate::ops::simd) cols: *const f32,
         /// The results clamped to `[lo, hi]` as they are stored, or not.
         pub(in crate::ops::simd) clamp: Option<[f32; 2]>,
     }
@@ -286,9 +290,27 @@ pub(super) mod x86 {
                 *row = [S::splat(*t.rows.add(r)); V];
             }
         }
+        if !t.accumulate && !t.cols.is_null() {
+            start_at_cols::<S, R, V, TAIL>(&mut acc, last, t.cols);
+        }
         reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, t.rsa, t.csa), (t.b, t.rsb));
         let bounds = t.clamp.map(|b| b.map(|v| S::splat(v)));
         store_tile_clamped::<S, R, V, TAIL>(last, t.c, t.rsc, &acc, bounds);
+    }
+
+    /// Every row of a tile set to the `V` vectors at `cols` (the last masked to `last` with `TAIL`): chains that
+    /// start at a value per column.
+    #[inline(always)]
+    pub(in crate::ops::simd) unsafe fn start_at_cols<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
+        acc: &mut [[S::V; V]; R],
+        last: S::M,
+        cols: *const f32,
+    ) {
+        let mut start = [S::zero(); V];
+        for (v, s) in start.iter_mut().enumerate() {
+            *s = ld::<S, V, TAIL>(last, cols.add(S::LANES * v), v);
+        }
+        *acc = [start; R];
     }
 
     /// A register tile's reduction: `k` steps of `acc[r][v] += a[r]·b[v]`, row `r` of `a` at `r·rsa` from `a`

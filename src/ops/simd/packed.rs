@@ -130,15 +130,24 @@ pub(crate) fn pack(b: ArrayView2<f32>) -> Option<PackedB> {
 
 /// `c = a·b` (or `c += a·b`) with `b` packed beforehand ([`pack`]): the same multiply-add chains, so the same bits,
 /// as [`gemm_packed`] of the unpacked `b`, in `b`'s orientation (nothing to pack, so none is cheaper).
+///
+/// With `bias` (`n` values, not with `accumulate`), column `j`'s chains start at `bias[j]`: `c = bias + a·b` with
+/// no pass of its own (a `Linear` layer's or an ONNX MatMul's bias).
 pub(crate) fn gemm_prepacked(
     a: ArrayView2<f32>,
     b: &PackedB,
     mut c: ArrayViewMut2<f32>,
     accumulate: bool,
+    bias: Option<&[f32]>,
     parallel: bool,
 ) {
     let (m, k) = a.dim();
     assert!(k == b.k && c.dim() == (m, b.n), "gemm_prepacked: callers check shapes");
+    assert!(bias.is_none_or(|v| v.len() == b.n && !accumulate), "gemm_prepacked: a bias per column, not accumulating");
+    if let (0, Some(v)) = (k, bias) {
+        c.rows_mut().into_iter().for_each(|mut row| row.assign(&ndarray::ArrayView1::from(v)));
+        return;
+    }
     if super::gemm::empty_product(k, &mut c, accumulate) {
         return;
     }
@@ -146,11 +155,11 @@ pub(crate) fn gemm_prepacked(
     {
         let level = level();
         if c.ncols() == 1 || c.strides()[1] == 1 {
-            x86::run(level, a, &b.data, c, accumulate, parallel);
+            x86::run(level, a, &b.data, c, accumulate, bias, parallel);
         } else {
             let mut tmp =
                 if accumulate { c.as_standard_layout().into_owned() } else { ndarray::Array2::zeros(c.dim()) };
-            x86::run(level, a, &b.data, tmp.view_mut(), accumulate, parallel);
+            x86::run(level, a, &b.data, tmp.view_mut(), accumulate, bias, parallel);
             c.assign(&tmp);
         }
     }
@@ -167,7 +176,7 @@ mod x86 {
 
     use ndarray::{ArrayView2, ArrayViewMut2};
 
-    use super::super::gemm::x86::{reduce, tile, Tile};
+    use super::super::gemm::x86::{reduce, start_at_cols, tile, Tile};
     use super::super::isa::{load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
     use super::super::{run_jobs, Level, BLOCK_M};
     use super::{MC, PACK_A_COLS};
@@ -240,6 +249,8 @@ mod x86 {
         rsc: isize,
         k: usize,
         accumulate: bool,
+        /// Where column `j`'s chains start (`bias[j]`), or null: from zero (or `c` when accumulating).
+        bias: *const f32,
         pack_a: bool,
         level: Level,
     }
@@ -262,17 +273,19 @@ mod x86 {
         let w = tile_cols(level);
         with_scratch(&PACKED_B, n.div_ceil(w) * k * w, |packed| {
             pack_b(w, b, packed, parallel && work >= super::super::PAR_WORK);
-            run(level, a, packed, c, accumulate, parallel);
+            run(level, a, packed, c, accumulate, None, parallel);
         });
     }
 
-    /// `c (+)= a·b` with `b` packed by [`pack_b`] into `packed` (`c`'s columns wide, `a`'s columns deep).
+    /// `c (+)= a·b` with `b` packed by [`pack_b`] into `packed` (`c`'s columns wide, `a`'s columns deep), the
+    /// chains started at `bias` (one value per column) when given.
     pub(super) fn run(
         level: Level,
         a: ArrayView2<f32>,
         packed: &[f32],
         mut c: ArrayViewMut2<f32>,
         accumulate: bool,
+        bias: Option<&[f32]>,
         parallel: bool,
     ) {
         let ((m, k), n) = (a.dim(), c.ncols());
@@ -287,6 +300,7 @@ mod x86 {
             rsc: c.strides()[0],
             k,
             accumulate,
+            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
             pack_a: n >= PACK_A_COLS,
             level,
         };
@@ -389,6 +403,8 @@ mod x86 {
         pub(super) rsc: isize,
         pub(super) tail: usize,
         pub(super) accumulate: bool,
+        /// Unless null (or `accumulate`), column `j`'s chains start at `cols[j]`.
+        pub(super) cols: *const f32,
     }
 
     /// Runs [`packed_body`] specialised for `r` rows and `v` vectors.
@@ -405,6 +421,9 @@ mod x86 {
         let w: isize = if S::LANES == 16 { 64 } else { 16 };
         let last = if TAIL { S::lanes(0, t.tail as isize) } else { S::lanes(0, S::LANES as isize) };
         let mut acc = if t.accumulate { load_tile::<S, R, V, TAIL>(last, t.c, t.rsc) } else { [[S::zero(); V]; R] };
+        if !t.accumulate && !t.cols.is_null() {
+            start_at_cols::<S, R, V, TAIL>(&mut acc, last, t.cols);
+        }
         reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, 1, BLOCK_M as isize), (t.b, w));
         store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
     }
@@ -465,13 +484,15 @@ mod x86 {
             let nv = cols.div_ceil(lanes);
             let tail = cols - (nv - 1) * lanes;
             let load = self.accumulate || p0 > 0;
+            // The first piece of the reduction starts the chains at the bias, the next ones continue them from `c`.
+            let cols = if load || self.bias.is_null() { std::ptr::null() } else { self.bias.add(jj) };
             let sliver = self.packed_b.add((jj / w) * self.k * w + p0 * w);
             for r0 in (0..mc).step_by(BLOCK_M) {
                 let mr = (mc - r0).min(BLOCK_M);
                 let c = self.c.offset((i + r0) as isize * self.rsc).add(jj);
                 if self.pack_a {
                     let a = panels.as_ptr().add(r0 * kc);
-                    let t = Packed { k: kc, a, b: sliver, c, rsc: self.rsc, tail, accumulate: load };
+                    let t = Packed { k: kc, a, b: sliver, c, rsc: self.rsc, tail, accumulate: load, cols };
                     packed_tile(self.level, &t, mr, nv);
                 } else {
                     // Few columns: `a` read in place by the unpacked kernel's tile (broadcasts take any strides).
@@ -487,6 +508,7 @@ mod x86 {
                         tail,
                         accumulate: load,
                         rows: std::ptr::null(),
+                        cols,
                         clamp: None,
                     };
                     tile(self.level, &t, mr, nv);
