@@ -242,10 +242,12 @@ impl Tensor {
         self.0.role != Role::Constant
     }
 
-    /// Whether no op made this tensor (a weight, an input, a value computed with gradients off): its value is
-    /// what it was given, so a layout kept with it ([`Tensor::derived`]) is worth making for the next call.
-    pub(crate) fn is_leaf(&self) -> bool {
-        self.0.op.is_none()
+    /// Whether no op made this tensor and another handle holds it too (a layer's parameter slot, an imported
+    /// graph's constants): a weight, kept across calls, so a layout kept with it ([`Tensor::derived`]) is worth
+    /// making for the next call — unlike a view made afresh for one call (`w.t()` with gradients off is a new
+    /// leaf), whose kept layout would be made on every call and freed after it.
+    pub(crate) fn is_kept_leaf(&self) -> bool {
+        self.0.op.is_none() && Arc::strong_count(&self.0) > 1
     }
 
     /// The value (a shared array: cloning it is a reference count).

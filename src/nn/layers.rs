@@ -48,7 +48,8 @@ impl Module for Linear {
                 got: x.shape().to_vec(),
             });
         }
-        let y = x.matmul(&w.t()?)?;
+        // x·wᵀ with wᵀ's packed form kept with the weight (the same values as `x.matmul(&w.t()?)`).
+        let y = x.matmul_transposed(&w)?;
         match &self.bias {
             Some(b) => y.add(&b.tensor()),
             None => Ok(y),

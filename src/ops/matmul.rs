@@ -92,10 +92,10 @@ const KEEP_PACKED_MIN: usize = 1 << 16;
 
 /// `b` — the value of the leaf `w`, or its transpose — packed and kept with `w` under `key`, so the product's
 /// next call (an attack's next pass) does not pack it again: ViT-B/16 packs 85 M floats of weights per forward
-/// pass and as many per input gradient. `None` (pack per call) for a computed `w`, a small `b`, or on the portable
-/// level.
+/// pass and as many per input gradient. `None` (pack per call) for a computed `w` or one only this call holds
+/// ([`Tensor::is_kept_leaf`]), a small `b`, or on the portable level.
 fn kept_packed(w: &Tensor, b: ArrayView2<f32>, key: u64) -> Option<std::sync::Arc<super::simd::PackedB>> {
-    if !w.is_leaf() || b.len() < KEEP_PACKED_MIN || !super::simd::accelerated() {
+    if !w.is_kept_leaf() || b.len() < KEEP_PACKED_MIN || !super::simd::accelerated() {
         return None;
     }
     w.memo(key, |_| super::simd::pack(b).ok_or(())).ok()
@@ -390,16 +390,27 @@ impl Tensor {
     /// not bit for bit; the gradients are those of the two ops. Other operands (other ranks, a bias that
     /// broadcasts, the portable level) run as the two ops.
     pub(crate) fn matmul_bias(&self, w: &Tensor, b: &Tensor, transposed: bool) -> Result<Tensor> {
-        let wt = if transposed { w.t()? } else { w.clone() };
+        // The right operand as a tensor, made after the packing is looked up (a clone of `w` would count as a
+        // second holder: `Tensor::is_kept_leaf`).
+        let wt = || if transposed { w.t() } else { Ok(w.clone()) };
+        let (k, n) = match w.shape() {
+            &[r, c] => {
+                if transposed {
+                    (c, r)
+                } else {
+                    (r, c)
+                }
+            }
+            _ => (0, 0),
+        };
         let fits = w.rank() == 2
             && self.rank() >= 2
-            && self.shape().last() == wt.shape().first()
-            && b.shape() == &wt.shape()[1..]
+            && self.shape().last() == Some(&k)
+            && b.shape() == [n]
             && super::simd::accelerated();
         if !fits {
-            return self.matmul(&wt)?.add(b);
+            return self.matmul(&wt()?)?.add(b);
         }
-        let (k, n) = (wt.shape()[0], wt.shape()[1]);
         let m = self.numel() / k.max(1);
         let a2 = rows(self.value().view(), m, k);
         let wv = w.value().view().into_dimensionality::<Ix2>().expect("rank checked");
@@ -415,21 +426,21 @@ impl Tensor {
         let mut shape = self.shape().to_vec();
         *shape.last_mut().expect("rank 2 or more") = n;
         let value = c.into_shape_with_order(ndarray::IxDyn(&shape)).expect("same size");
-        Ok(record(value, Op::MatMulBias(self.clone(), wt, b.clone())))
+        Ok(record(value, Op::MatMulBias(self.clone(), wt()?, b.clone())))
     }
 
     /// `self · wᵀ` for matrices (ONNX's `Gemm` with `transB`, a `Linear` layer): [`Tensor::matmul`] of `w.t()`,
     /// the same values and gradients, but `wᵀ`'s packed form is kept with `w` itself — a transposed view made
     /// afresh on every call would keep it with the view, for that call only.
     pub(crate) fn matmul_transposed(&self, w: &Tensor) -> Result<Tensor> {
-        let wt = w.t()?;
         if self.rank() != 2 || w.rank() != 2 || self.shape()[1] != w.shape()[1] {
-            return self.matmul(&wt);
+            return self.matmul(&w.t()?);
         }
         let a = self.value().view().into_dimensionality::<Ix2>().expect("rank checked");
         let b = w.value().view().into_dimensionality::<Ix2>().expect("rank checked");
         let value = matmul2_kept(a, w, b.t(), KEY_PACKED_T).into_dyn();
-        Ok(record(value, Op::MatMul(self.clone(), wt)))
+        // The view after the product: made before, it would hold `w` (`Tensor::is_kept_leaf`).
+        Ok(record(value, Op::MatMul(self.clone(), w.t()?)))
     }
 
     /// Matrix product with NumPy's `matmul` semantics: `[m,k]·[k,n]`; batched `[…,m,k]·[…,k,n]` with the leading
@@ -541,6 +552,8 @@ mod tests {
             return;
         }
         let w = Tensor::uniform(&[300, 260], -1.0, 1.0, 5);
+        // A layer's parameter slot holds the weight too.
+        let _slot = w.clone();
         let wv = w.value().view().into_dimensionality::<Ix2>().unwrap();
         for shape in [&[37, 300][..], &[3, 13, 300]] {
             let x = Tensor::uniform(shape, -1.0, 1.0, 6).variable();
@@ -565,7 +578,10 @@ mod tests {
         let x = Tensor::uniform(&[20, 260], -1.0, 1.0, 8);
         let y = x.matmul_transposed(&w).unwrap();
         assert_eq!(bits(y.value()), bits(x.matmul(&w.t().unwrap()).unwrap().value()));
-        // A computed weight or a small one keeps nothing.
+        // A computed weight, a transient view or a small weight keeps nothing.
+        let view = w.t().unwrap();
+        let vv = view.value().view().into_dimensionality::<Ix2>().unwrap();
+        assert!(kept_packed(&view, vv, KEY_PACKED).is_none(), "a view made for one call");
         let computed = w.variable().mul_scalar(1.0);
         let cv = computed.value().view().into_dimensionality::<Ix2>().unwrap();
         assert!(kept_packed(&computed, cv, KEY_PACKED).is_none());
