@@ -165,7 +165,7 @@ pub(crate) fn gemm_prepacked(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (parallel, accumulate, m);
+        let _ = (parallel, accumulate, bias, m);
         unreachable!("a `PackedB` is only made on x86-64")
     }
 }
