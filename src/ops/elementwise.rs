@@ -353,10 +353,29 @@ fn trailing_dots(g: &ArrayD<f32>, v: &Array, small: &[usize]) -> Option<ArrayD<f
 
 /// The gradient of [`Tensor::add_relu`] for both operands: `g` where the output is positive (the ReLU's backward,
 /// which masks by the sum being positive: the same lanes).
-pub(crate) fn add_relu_backward(out: &Array, g: &ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
-    let masked = zip2(g, out, |g, y| g * f32::from(y > 0.0));
-    let gb = need[1].then(|| masked.clone());
-    vec![need[0].then_some(masked), gb]
+///
+/// Given the output's gradient to keep: masked in place when both are in standard layout (a residual block's
+/// gradient, ResNet-50's largest, was masked into a fresh array and that copied again), copied only when both
+/// operands take it.
+pub(crate) fn add_relu_backward(out: &Array, mut g: ArrayD<f32>, need: &[bool]) -> Vec<Option<ArrayD<f32>>> {
+    let mask = |gs: &mut [f32], ys: &[f32]| gs.iter_mut().zip(ys).for_each(|(g, &y)| *g *= f32::from(y > 0.0));
+    let masked = match (g.as_slice_mut(), out.as_slice()) {
+        (Some(gs), Some(ys)) if gs.len() == ys.len() => {
+            if gs.len() >= PAR_THRESHOLD {
+                gs.par_chunks_mut(FLAT_CHUNK).zip(ys.par_chunks(FLAT_CHUNK)).for_each(|(g, y)| mask(g, y));
+            } else {
+                mask(gs, ys);
+            }
+            g
+        }
+        _ => zip2(&g, out, |g, y| g * f32::from(y > 0.0)),
+    };
+    match (need[0], need[1]) {
+        (true, true) => vec![Some(masked.clone()), Some(masked)],
+        (true, false) => vec![Some(masked), None],
+        (false, true) => vec![None, Some(masked)],
+        (false, false) => vec![None, None],
+    }
 }
 
 /// The share of `g` that goes to the winner `x` of a max against `y`: all of it, none, or half on a tie (PyTorch).
@@ -455,7 +474,15 @@ mod tests {
             for (f, p) in gf.iter().zip(&gp) {
                 assert_eq!(bits(f), bits(p));
             }
+            // One operand's gradient alone (the masked gradient handed on, not copied), and a gradient that
+            // arrives transposed (masked by the `Zip`).
+            let one = fused.mul(&r).unwrap().sum_all().grad_wrt(&[&b]).unwrap();
+            assert_eq!(bits(&one[0]), bits(&gp[1]));
         }
+        let (a, b) = (Tensor::uniform(&[6, 9], -1.0, 1.0, 4).variable(), Tensor::uniform(&[6, 9], -1.0, 1.0, 5));
+        let r = Tensor::uniform(&[9, 6], -1.0, 1.0, 6);
+        let loss = |y: Tensor| y.t().unwrap().mul(&r).unwrap().sum_all().grad_wrt(&[&a]).unwrap().remove(0);
+        assert_eq!(bits(&loss(a.add_relu(&b).unwrap())), bits(&loss(a.add(&b).unwrap().relu())));
     }
 
     /// The per-run slice loops give the bits of the `Zip` over broadcast views, for every kind, both operand

@@ -290,6 +290,7 @@ impl Op {
             Op::Permute(_, perm) => Ok(vec![Some(shape::permute_backward(perm, g))]),
             Op::BroadcastTo(x) => Ok(vec![Some(shape::sum_to_shape(g, x.shape()))]),
             Op::Binary(elementwise::BinaryKind::Add, a, b) => Ok(elementwise::add_backward(a, b, g, need)),
+            Op::AddRelu(..) => Ok(elementwise::add_relu_backward(out, g, need)),
             _ => self.backward_borrowed(out, &g, need),
         }
     }
@@ -298,7 +299,7 @@ impl Op {
     fn backward_borrowed(&self, out: &Array, g: &ArrayD<f32>, need: &[bool]) -> Result<Vec<Option<ArrayD<f32>>>> {
         match self {
             Op::Binary(k, a, b) => Ok(elementwise::binary_backward(*k, a, b, g, need)),
-            Op::AddRelu(..) => Ok(elementwise::add_relu_backward(out, g, need)),
+            Op::AddRelu(..) => self.backward(out, g.clone(), need),
             Op::Unary(k, x) => Ok(vec![Some(unary::unary_backward(*k, x.value(), out, g))]),
             Op::MatMul(a, b) => matmul::matmul_backward(a, b, g, need),
             Op::MatMulBias(a, b, bias) => {
