@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::{Layer, Module, Param};
-use crate::ops::batch_norm::{batch_norm, Stats};
+use crate::ops::batch_norm::{batch_norm, batch_norm_running, Stats};
 use crate::ops::{Conv2dParams, Pool2dParams};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -276,10 +276,8 @@ impl Module for BatchNorm {
         }
         let (gamma, beta) = (self.weight.tensor(), self.bias.tensor());
         if !train {
-            let values = |p: &Param| p.value().iter().copied().collect::<Vec<f32>>();
-            let (mean, var) = (values(&self.running_mean), values(&self.running_var));
-            let stats = Stats::Given { mean: &mean, var: &var };
-            return Ok(batch_norm(x, stats, &gamma, &beta, self.eps)?.0);
+            let stats = (&self.running_mean.tensor(), &self.running_var.tensor());
+            return batch_norm_running(x, (&gamma, &beta), stats, self.eps, false);
         }
         let count: usize = x.shape().iter().enumerate().filter(|&(a, _)| a != 1).map(|(_, &d)| d).product();
         if count < 2 {

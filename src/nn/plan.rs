@@ -427,9 +427,8 @@ impl Fused {
                 Fused::BatchNormRelu,
                 [Layer::BatchNorm { weight, bias, running_mean, running_var, eps }, Layer::Relu],
             ) => {
-                let (mean, var) = (running_mean.to_vec(), running_var.to_vec());
-                let stats = crate::ops::batch_norm::Stats::Given { mean: &mean, var: &var };
-                Ok(crate::ops::batch_norm::batch_norm_act(x, stats, weight, bias, *eps, true)?.0)
+                let stats = (running_mean, running_var);
+                crate::ops::batch_norm::batch_norm_running(x, (weight, bias), stats, *eps, true)
             }
             (Fused::AddRelu, [Layer::Add { other }, Layer::Relu]) => x.add_relu(other),
             (Fused::MatMulBias, [Layer::MatMul { weight }, Layer::Add { other }]) => {

@@ -100,9 +100,9 @@ impl Op for Planned {
 }
 
 /// Plans `steps` and replaces every planned run of several nodes by one step running them as a [`Planned`] op;
-/// `unfused` keeps the steps it replaced (their outputs stay taps). A MatMul whose left operand does not come from
-/// the graph's input (`input_slot`) is not a layer (a product of parameters, which the load-time checks size on
-/// its own) and is not planned as one.
+/// `unfused` keeps the steps it replaced (their outputs stay taps). A step whose first input — the data a fused step
+/// would carry — does not come from the graph's input (`input_slot`) is not a layer (a product of parameters,
+/// which the load-time checks size on its own) and is not planned as one.
 pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize, input_slot: usize) {
     let mut from_input = std::collections::HashSet::from([input_slot]);
     for s in steps.iter() {
@@ -129,11 +129,9 @@ pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize, input_slot: usize)
     let links: Vec<Option<usize>> = (0..steps.len()).map(link).collect();
     let kinds: Vec<Kind> = steps
         .iter()
-        .map(|s| match s.op.kind() {
-            Kind::MatMul if !s.inputs.first().copied().flatten().is_some_and(|i| from_input.contains(&i)) => {
-                Kind::Opaque
-            }
-            kind => kind,
+        .map(|s| match s.inputs.first().copied().flatten() {
+            Some(data) if from_input.contains(&data) => s.op.kind(),
+            _ => Kind::Opaque,
         })
         .collect();
     let outputs: Vec<Output> = links.iter().map(|l| if l.is_some() { Output::Open } else { Output::Kept }).collect();

@@ -213,6 +213,19 @@ pub(crate) fn batch_norm(
     batch_norm_act(x, stats, scale, bias, eps, false)
 }
 
+/// Evaluation mode: [`batch_norm_act`] with the running statistics `mean` and `var` (`C` values each, no gradient
+/// through them) — a layer's, a fused step's, an imported node's.
+pub(crate) fn batch_norm_running(
+    x: &Tensor,
+    (scale, bias): (&Tensor, &Tensor),
+    (mean, var): (&Tensor, &Tensor),
+    eps: f32,
+    relu: bool,
+) -> Result<Tensor> {
+    let (mean, var) = (mean.to_vec(), var.to_vec());
+    Ok(batch_norm_act(x, Stats::Given { mean: &mean, var: &var }, scale, bias, eps, relu)?.0)
+}
+
 /// [`batch_norm`] with given statistics and the ReLU after it in the same pass (`relu`), each way: a
 /// pre-activation network's BatchNorm + ReLU before every convolution (DenseNet-121, PreAct-ResNet-18), which
 /// the convolution's fold cannot take, ran as three passes over the activations forward and three back. The same

@@ -7,7 +7,7 @@ use crate::nn::plan::{Kind, Layer};
 use crate::onnx::attrs::{Attrs, NodeInfo};
 use crate::onnx::meta::{Arg, Cost, Meta};
 use crate::onnx::value::Value;
-use crate::ops::batch_norm::{self as core_bn, Stats};
+use crate::ops::batch_norm::batch_norm_running;
 use crate::ops::elementwise::broadcast_shape;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -55,9 +55,7 @@ impl Op for BatchNorm {
         }
         // The core's one-pass op with the running statistics given, (x − mean)·a + B with a = scale/√(var + ε),
         // as the layer runs in evaluation mode; the scale and B get gradients, the statistics none.
-        let (mean, var) = (mean.to_vec(), var.to_vec());
-        let stats = Stats::Given { mean: &mean, var: &var };
-        Ok(vec![Value::F(core_bn::batch_norm(x, stats, scale, bias, self.eps)?.0)])
+        Ok(vec![Value::F(batch_norm_running(x, (scale, bias), (mean, var), self.eps, false)?)])
     }
 
     fn kind(&self) -> Kind {

@@ -82,21 +82,26 @@ pub(crate) fn gemm_packed(
         // symmetric): see [`flip`].
         let (a, b) = (a.reborrow(), b.reborrow());
         let flip = flip(m, k, n, b.strides(), c.strides());
-        let (a, b, mut c) = if flip { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
-        if c.ncols() == 1 || c.strides()[1] == 1 {
-            x86::gemm(level, a, b, c, accumulate, parallel);
-        } else {
-            let mut tmp =
-                if accumulate { c.as_standard_layout().into_owned() } else { ndarray::Array2::zeros(c.dim()) };
-            x86::gemm(level, a, b, tmp.view_mut(), accumulate, parallel);
-            c.assign(&tmp);
-        }
+        let (a, b, c) = if flip { (b.reversed_axes(), a.reversed_axes(), c.reversed_axes()) } else { (a, b, c) };
+        with_contiguous_rows(c, accumulate, |c| x86::gemm(level, a, b, c, accumulate, parallel));
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = parallel;
         unreachable!("off x86-64 the level is always `Portable`")
+    }
+}
+
+/// `f` on `c` when its rows are contiguous, else on a row-major copy (of `c` when accumulating) copied back after.
+#[cfg(target_arch = "x86_64")]
+fn with_contiguous_rows(mut c: ArrayViewMut2<f32>, accumulate: bool, f: impl FnOnce(ArrayViewMut2<f32>)) {
+    if c.ncols() == 1 || c.strides()[1] == 1 {
+        f(c);
+    } else {
+        let mut tmp = if accumulate { c.as_standard_layout().into_owned() } else { ndarray::Array2::zeros(c.dim()) };
+        f(tmp.view_mut());
+        c.assign(&tmp);
     }
 }
 
@@ -121,6 +126,8 @@ pub(crate) fn pack(b: ArrayView2<f32>) -> Option<PackedB> {
         let (k, n) = b.dim();
         let w = x86::tile_cols(level);
         let mut data = vec![0.0; n.div_ceil(w) * k * w];
+        // Split across threads from about as many floats as a product packs in parallel for (`PAR_WORK`
+        // multiply-adds over a sliver's 64 columns).
         x86::pack_b(w, b, &mut data, k * n >= super::PAR_WORK / 64);
         Some(PackedB { k, n, data })
     }
@@ -154,14 +161,7 @@ pub(crate) fn gemm_prepacked(
     #[cfg(target_arch = "x86_64")]
     {
         let level = level();
-        if c.ncols() == 1 || c.strides()[1] == 1 {
-            x86::run(level, a, &b.data, c, accumulate, bias, parallel);
-        } else {
-            let mut tmp =
-                if accumulate { c.as_standard_layout().into_owned() } else { ndarray::Array2::zeros(c.dim()) };
-            x86::run(level, a, &b.data, tmp.view_mut(), accumulate, bias, parallel);
-            c.assign(&tmp);
-        }
+        with_contiguous_rows(c, accumulate, |c| x86::run(level, a, &b.data, c, accumulate, bias, parallel));
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
