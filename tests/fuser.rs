@@ -421,3 +421,16 @@ fn imported_conv_then_clip_is_one_clamped_conv() {
     let clips = zoo.plan().into_iter().filter(|f| matches!(f.fused, Fused::ConvClip { .. })).count();
     assert!(clips >= 10, "MobileNetV2's ReLU6 convolutions are planned as one op each: {clips}");
 }
+
+/// PyTorch exports a linear layer on more than two axes as `MatMul` then `Add(bias, product)` — the bias first.
+/// Each runs as one product starting at its bias (the importer had come to plan an Add whose first operand is a
+/// parameter as no layer at all, and these ran as two ops again): every MatMul of the (reduced) ConvNeXt-T export,
+/// and the (reduced) ViT-B/16 export's MLP layers and attention input projections.
+#[test]
+fn imported_linear_layers_with_the_bias_first_are_one_product() {
+    for (file, want) in [("zoo/convnext_t_ts17.onnx", 10), ("zoo/vit_b_16_ts17.onnx", 6)] {
+        let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture(file)).expect("loads");
+        let fused = zoo.plan().into_iter().filter(|f| f.fused == Fused::MatMulBias).count();
+        assert_eq!(fused, want, "{file}: linear layers planned as one product with their bias");
+    }
+}

@@ -100,9 +100,9 @@ impl Op for Planned {
 }
 
 /// Plans `steps` and replaces every planned run of several nodes by one step running them as a [`Planned`] op;
-/// `unfused` keeps the steps it replaced (their outputs stay taps). A step whose first input — the data a fused step
-/// would carry — does not come from the graph's input (`input_slot`) is not a layer (a product of parameters,
-/// which the load-time checks size on its own) and is not planned as one.
+/// `unfused` keeps the steps it replaced (their outputs stay taps). A step whose data — its first input, or either
+/// operand of a sum or product — does not come from the graph's input (`input_slot`) is not a layer (a product of
+/// parameters, which the load-time checks size on its own) and is not planned as one.
 pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize, input_slot: usize) {
     let mut from_input = std::collections::HashSet::from([input_slot]);
     for s in steps.iter() {
@@ -127,13 +127,16 @@ pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize, input_slot: usize)
         (at == 0 || matches!(next.op.kind(), Kind::Add | Kind::Mul)).then_some(at)
     };
     let links: Vec<Option<usize>> = (0..steps.len()).map(link).collect();
-    let kinds: Vec<Kind> = steps
-        .iter()
-        .map(|s| match s.inputs.first().copied().flatten() {
-            Some(data) if from_input.contains(&data) => s.op.kind(),
-            _ => Kind::Opaque,
-        })
-        .collect();
+    // The data a step carries is its first input, or either operand of a sum or a product (`Add(bias, x·W)`, as
+    // PyTorch exports a linear layer on more than two axes).
+    let carries = |s: &Step| {
+        let from = |slot: &Option<usize>| slot.is_some_and(|slot| from_input.contains(&slot));
+        match s.op.kind() {
+            Kind::Add | Kind::Mul => s.inputs.iter().any(from),
+            _ => s.inputs.first().is_some_and(from),
+        }
+    };
+    let kinds: Vec<Kind> = steps.iter().map(|s| if carries(s) { s.op.kind() } else { Kind::Opaque }).collect();
     let outputs: Vec<Output> = links.iter().map(|l| if l.is_some() { Output::Open } else { Output::Kept }).collect();
     let mut rest = std::mem::take(steps).into_iter();
     for p in plan::plan(&kinds, &outputs, false) {
