@@ -109,6 +109,23 @@ impl ImageLayout {
                 buf[at + pw..at + pw + g.w].copy_from_slice(src);
                 continue;
             }
+            if sw == 2 && g.w >= 2 {
+                // Two phases: the even and odd columns de-interleaved pair by pair (vectorised as shuffles).
+                // Column `x` goes to phase `(x + pw) % 2`, column `at + (x + pw) / 2` of it.
+                let (phase0, phase1) = buf.split_at_mut(self.ps);
+                let (even, odd) = if pw % 2 == 0 { (phase0, phase1) } else { (phase1, phase0) };
+                let n = g.w.div_ceil(2);
+                let even = &mut even[at + pw / 2..][..n];
+                let odd = &mut odd[at + (pw + 1) / 2..][..g.w / 2];
+                for ((pair, e), o) in src.chunks_exact(2).zip(even.iter_mut()).zip(odd.iter_mut()) {
+                    *e = pair[0];
+                    *o = pair[1];
+                }
+                if g.w % 2 == 1 {
+                    even[n - 1] = src[g.w - 1];
+                }
+                continue;
+            }
             // Padded column `x + pw` goes to phase `(x + pw) % sw`, column `(x + pw) / sw`: the columns from `x0`
             // on, every `sw`-th, fill one phase's row from `(x0 + pw) / sw`.
             for x0 in 0..sw.min(g.w) {
