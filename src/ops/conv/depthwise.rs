@@ -116,7 +116,7 @@ impl ImageLayout {
                 let (even, odd) = if pw % 2 == 0 { (phase0, phase1) } else { (phase1, phase0) };
                 let n = g.w.div_ceil(2);
                 let even = &mut even[at + pw / 2..][..n];
-                let odd = &mut odd[at + (pw + 1) / 2..][..g.w / 2];
+                let odd = &mut odd[at + pw.div_ceil(2)..][..g.w / 2];
                 for ((pair, e), o) in src.chunks_exact(2).zip(even.iter_mut()).zip(odd.iter_mut()) {
                     *e = pair[0];
                     *o = pair[1];
