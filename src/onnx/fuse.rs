@@ -124,17 +124,15 @@ pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize, input_slot: usize)
             return None;
         }
         let at = next.inputs.iter().position(|&slot| slot == Some(out))?;
-        (at == 0 || matches!(next.op.kind(), Kind::Add | Kind::Mul)).then_some(at)
+        carries_at(next.op.kind(), at).then_some(at)
     };
     let links: Vec<Option<usize>> = (0..steps.len()).map(link).collect();
-    // The data a step carries is its first input, or either operand of a sum or a product (`Add(bias, x·W)`, as
-    // PyTorch exports a linear layer on more than two axes).
     let carries = |s: &Step| {
-        let from = |slot: &Option<usize>| slot.is_some_and(|slot| from_input.contains(&slot));
-        match s.op.kind() {
-            Kind::Add | Kind::Mul => s.inputs.iter().any(from),
-            _ => s.inputs.first().is_some_and(from),
-        }
+        let kind = s.op.kind();
+        s.inputs
+            .iter()
+            .enumerate()
+            .any(|(at, slot)| carries_at(kind, at) && slot.is_some_and(|x| from_input.contains(&x)))
     };
     let kinds: Vec<Kind> = steps.iter().map(|s| if carries(s) { s.op.kind() } else { Kind::Opaque }).collect();
     let outputs: Vec<Output> = links.iter().map(|l| if l.is_some() { Output::Open } else { Output::Kept }).collect();
@@ -163,6 +161,12 @@ pub(super) fn fuse(steps: &mut Vec<Step>, output_slot: usize, input_slot: usize)
             unfused: nodes,
         });
     }
+}
+
+/// Whether input `at` of a step of `kind` is data a fused step may carry: the first input, or either operand of a
+/// sum or a product (`Add(bias, x·W)`, as PyTorch exports a linear layer on more than two axes).
+fn carries_at(kind: Kind, at: usize) -> bool {
+    at == 0 || matches!(kind, Kind::Add | Kind::Mul)
 }
 
 fn planned(step: &Step) -> Option<&Planned> {

@@ -334,7 +334,7 @@ pub(crate) fn batch_norm_backward(
         None => standard(g),
     };
     // The mask left to ∂x's loop: a fused ReLU whose gradient was not masked above.
-    let mask = ys.as_deref().filter(|_| masked.is_none());
+    let mask = if need_sums { None } else { ys.as_deref() };
     let gamma: Vec<f32> = s.scale.value().iter().copied().collect();
     let sums: Vec<(f64, f64)> = if need_sums {
         per_channel(c, xs.len(), |ch| vectorised(|| channel_grad_sums(&gs, &xs, (n, c, sp), ch, s.mean[ch])))

@@ -393,14 +393,9 @@ impl Tensor {
         // The right operand as a tensor, made after the packing is looked up (a clone of `w` would count as a
         // second holder: `Tensor::is_kept_leaf`).
         let wt = || if transposed { w.t() } else { Ok(w.clone()) };
-        let (k, n) = match w.shape() {
-            &[r, c] => {
-                if transposed {
-                    (c, r)
-                } else {
-                    (r, c)
-                }
-            }
+        let (k, n) = match (w.shape(), transposed) {
+            (&[r, c], false) => (r, c),
+            (&[r, c], true) => (c, r),
             _ => (0, 0),
         };
         let fits = w.rank() == 2
