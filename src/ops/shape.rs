@@ -267,6 +267,24 @@ fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {
     Ok(())
 }
 
+/// `v` as `shape` when the two differ only in axes of size 1 (a squeeze or an unsqueeze): a view of the same data,
+/// whatever its strides — a permuted value otherwise copies (ViT-B/16's attention squeezes its transposed
+/// query-key-value projection, 1.8 M floats a block).
+fn unit_axes_moved(v: &crate::tensor::Array, shape: &[usize]) -> Option<crate::tensor::Array> {
+    let kept = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+    if kept(v.shape()) != kept(shape) {
+        return None;
+    }
+    let mut out = v.clone();
+    while let Some(ax) = out.shape().iter().rposition(|&d| d == 1) {
+        out = out.remove_axis(Axis(ax));
+    }
+    for (ax, _) in shape.iter().enumerate().filter(|(_, &d)| d == 1) {
+        out.insert_axis_inplace(Axis(ax));
+    }
+    Some(out)
+}
+
 /// Shape manipulation.
 impl Tensor {
     /// The same values in a new shape (row-major); a view when the value is contiguous.
@@ -279,6 +297,8 @@ impl Tensor {
         let bad = |e: ndarray::ShapeError| Error::invalid("reshape", format!("to {shape:?}: {e}"));
         let value = if v.is_standard_layout() {
             v.clone().into_shape_with_order(IxDyn(shape)).map_err(bad)?
+        } else if let Some(view) = unit_axes_moved(v, shape) {
+            view
         } else {
             // A permuted or sliced view: copied in row-major order by tiles, not element by element.
             ArrayD::from_shape_vec(IxDyn(shape), contiguous_vec(&v.view())).map_err(bad)?.into_shared()
@@ -486,6 +506,29 @@ mod tests {
         let b = row.broadcast(IxDyn(&[3, 20])).unwrap().permuted_axes(IxDyn(&[1, 0]));
         assert_eq!(contiguous_vec(&b), want(&b));
         assert!(contiguous_vec(&ArrayD::<f32>::zeros(IxDyn(&[2, 0, 3])).view()).is_empty());
+    }
+
+    /// A squeeze or unsqueeze of a permuted value is a view of the same data (no copy), with the values and the
+    /// gradient of the copying reshape; other reshapes of it still copy.
+    #[test]
+    fn unit_axes_of_a_permuted_value_move_without_a_copy() {
+        let x = Tensor::uniform(&[3, 5, 1, 4], -1.0, 1.0, 7).variable();
+        let p = x.permute(&[2, 1, 0, 3]).unwrap(); // [1, 5, 3, 4], not contiguous
+        let want = |shape: &[usize]| {
+            let v = contiguous_vec(&p.value().view());
+            ArrayD::from_shape_vec(IxDyn(shape), v).unwrap()
+        };
+        for shape in [&[5, 3, 4][..], &[5, 1, 3, 4, 1], &[1, 1, 5, 3, 1, 4]] {
+            let r = p.reshape(shape).unwrap();
+            assert_eq!(r.shape(), shape);
+            assert_eq!(r.value().as_ptr(), p.value().as_ptr(), "{shape:?}: a view");
+            assert_eq!(r.to_array(), want(shape), "{shape:?}");
+            let g = r.mul_scalar(2.0).sum_all().grad_wrt(&[&x]).unwrap();
+            assert_eq!(g[0].to_vec(), vec![2.0; 60], "{shape:?}: gradient");
+        }
+        let split = p.reshape(&[5, 12]).unwrap();
+        assert_eq!(split.to_array(), want(&[5, 12]));
+        assert!(split.value().is_standard_layout());
     }
 
     /// The block copies give `ndarray::concatenate`'s values along every axis, and the backward hands each input

@@ -56,6 +56,8 @@ impl Op for Gather {
             })
             .collect::<Result<_>>()?;
         let picked = match v {
+            // One index: a view of that slice (the query, key or value of a packed attention projection), no copy.
+            Value::F(t) if flat.len() == 1 => Value::F(t.narrow(ax, flat[0], 1)?),
             Value::F(t) => Value::F(t.index_select(ax, &flat)?),
             Value::I(i) => Value::I(int_ops::select(i, ax, &flat)?),
         };
