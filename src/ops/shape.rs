@@ -50,8 +50,9 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
         return contiguous_rows(a);
     }
     // Trailing axes that are one run in the source too (positive strides, each the next one's span; no negative
-    // stride before them) merge into one: ConvNeXt-T's `[4, 14, 14, 384]` read as NCHW copies as 4 transposes of `196 × 384` instead of 56 of
-    // `14 × 384`, whose 14-float output rows each write a partial cache line. Row-major order is unchanged.
+    // stride before them) merge into one: ConvNeXt-T's `[4, 14, 14, 384]` read as NCHW copies as 4 transposes of
+    // `196 × 384` instead of 56 of `14 × 384`, whose 14-float output rows each write a partial cache line.
+    // Row-major order is unchanged.
     let mut m = l;
     while m > 0 && strides[m] > 0 && strides[m - 1] == strides[m] * shape[m] as isize {
         m -= 1;
@@ -81,6 +82,7 @@ pub(crate) fn contiguous_vec(a: &ndarray::ArrayViewD<f32>) -> Vec<f32> {
     // With the vector kernels, a unit stride along `u` and a positive one along `l`, the block is a strided 2-D
     // transpose in 8×8 register blocks: the scalar tiles ran at 3 ns an element on ConvNeXt-T's first stage
     // (`[4, 56, 56, 96]` read as NCHW: its layer scale and LayerNorm copies, 8× a contiguous pass).
+    #[cfg(target_arch = "x86_64")]
     let vector = super::simd::accelerated() && su == 1 && sl > 0;
     let block = |t: usize, out: &super::Slots| {
         let (mut rem, mut so, mut oo) = (t, 0isize, 0usize);
