@@ -26,7 +26,7 @@ use crate::Result;
 /// column stride of 1, or of 2 read from the image's stride phases (a ResNet's stem and its downsampling convs).
 pub(super) fn direct_plan(g: &Geom) -> Option<DirectConv> {
     match g.p.stride.1 {
-        _ if g.is_pointwise() => None,
+        _ if g.is_pointwise() || g.is_strided_pointwise() => None,
         1 => DirectConv::plan(&direct_unfold(g)),
         2 => DirectConv::plan_phased(&direct_unfold(g)),
         _ => None,

@@ -90,17 +90,20 @@ fn direct_forward_equals_unfolded_product() {
         (1, 2, 20, 12, 6, 5, 5, Conv2dParams { stride: (2, 1), ..Default::default() }),
         (2, 3, 9, 8, 7, 5, 5, Conv2dParams::default()),
         // A column stride of 2, read from the image's stride phases: a stem-like 7×7 (odd padded width), a 3×3
-        // with partial vectors, an even padded width, a 1×1, grouped with a dilated row.
+        // with partial vectors, an even padded width, grouped with a dilated row.
         (1, 3, 37, 63, 5, 7, 7, Conv2dParams { stride: (2, 2), padding: (3, 3), ..Default::default() }),
         (2, 4, 21, 57, 6, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
         (1, 2, 9, 60, 3, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
-        (1, 8, 10, 64, 5, 1, 1, Conv2dParams { stride: (2, 2), ..Default::default() }),
         (1, 4, 15, 62, 4, 3, 3, Conv2dParams { stride: (2, 2), padding: (0, 1), dilation: (2, 1), groups: 2 }),
+        // A 1×1 of stride 2: subsampled and one product, not the stride phases.
+        (2, 8, 18, 64, 5, 1, 1, Conv2dParams { stride: (2, 2), ..Default::default() }),
     ];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         if p.stride.1 == 2 && crate::ops::simd::accelerated() {
             let g = geometry(&[n, c, h, w], &[o, c / p.groups, kh, kw], None, p).unwrap();
-            assert!(super::forward::direct_plan(&g).is_some(), "case {seed}: the phased direct path");
+            let direct = super::forward::direct_plan(&g).is_some();
+            assert_eq!(direct, kh > 1, "case {seed}: the phased direct path");
+            assert_eq!(g.is_strided_pointwise(), kh == 1, "case {seed}: a strided 1×1 as a product");
         }
         let seed = seed as u64;
         let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
@@ -199,8 +202,9 @@ fn backward_matches_direct_adjoint() {
         (1, 3, 37, 63, 5, 7, 7, Conv2dParams { stride: (2, 2), padding: (3, 3), ..Default::default() }),
         (2, 14, 21, 57, 6, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
         (1, 2, 9, 60, 3, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
-        (1, 8, 10, 64, 5, 1, 1, Conv2dParams { stride: (2, 2), ..Default::default() }),
         (1, 4, 15, 62, 4, 3, 3, Conv2dParams { stride: (2, 2), padding: (0, 1), dilation: (2, 1), groups: 2 }),
+        // A 1×1 of stride 2: the product scattered back (col2im), not the stride phases.
+        (2, 8, 18, 64, 5, 1, 1, Conv2dParams { stride: (2, 2), ..Default::default() }),
     ];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         let seed = seed as u64;
@@ -210,7 +214,7 @@ fn backward_matches_direct_adjoint() {
         assert_eq!(super::backward::transposed_fits(&g), seed == 1, "case {seed}: the input gradient's path");
         if seed >= 5 && crate::ops::simd::accelerated() {
             let phased = super::backward::input_grad_plan(&g, &wt.to_vec()).is_some_and(|plan| plan.phased());
-            assert!(phased, "case {seed}: the phased direct input gradient");
+            assert_eq!(phased, kh > 1, "case {seed}: the phased direct input gradient");
         }
         let gout = Tensor::uniform(&[n, o, g.ho, g.wo], -1.0, 1.0, 20 + seed).to_array();
         let grads = conv2d_backward(&x, &wt, true, &p, &gout, None, &[true, true, true]).unwrap();
