@@ -38,14 +38,18 @@ const FLUSH_BELOW: f32 = -87.33;
 /// normal down to n = −126.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    let flushed = x < FLUSH_BELOW;
     let (p, n) = exp_parts(x.clamp(FLUSH_BELOW, 89.0));
     let half = n >> 1;
-    let e = p * two_to(half) * two_to(n - half);
-    if flushed {
+    flushed(x, p * two_to(half) * two_to(n - half))
+}
+
+/// `v`, or 0 where `x` lies below [`FLUSH_BELOW`] (a select, so loops stay branch-free).
+#[inline(always)]
+fn flushed(x: f32, v: f32) -> f32 {
+    if x < FLUSH_BELOW {
         0.0
     } else {
-        e
+        v
     }
 }
 
@@ -80,12 +84,14 @@ fn exp_within(x: f32) -> f32 {
 /// normal density, three instructions fewer than [`exp`].
 #[inline(always)]
 fn exp_nonpositive(x: f32) -> f32 {
-    let e = exp_within(x.max(FLUSH_BELOW));
-    if x < FLUSH_BELOW {
-        0.0
-    } else {
-        e
-    }
+    flushed(x, exp_within(x.max(FLUSH_BELOW)))
+}
+
+/// e⁻ˣ with the argument clamped to ±87.33 (one normal power of two, [`exp_within`]): σ's and SiLU's exponential,
+/// finite on both sides, the caller flushing below −87.33.
+#[inline(always)]
+fn exp_neg(x: f32) -> f32 {
+    exp_within((-x).clamp(FLUSH_BELOW, -FLUSH_BELOW))
 }
 
 /// The logistic sigmoid 1/(1 + e⁻ˣ), within 2.4e-7 relative of the true value wherever it is a normal `f32`
@@ -94,12 +100,7 @@ fn exp_nonpositive(x: f32) -> f32 {
 /// so no select on the sign is needed.
 #[inline(always)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    let s = 1.0 / (1.0 + exp_within((-x).clamp(FLUSH_BELOW, -FLUSH_BELOW)));
-    if x < FLUSH_BELOW {
-        0.0
-    } else {
-        s
-    }
+    flushed(x, 1.0 / (1.0 + exp_neg(x)))
 }
 
 /// SiLU (swish) x·σ(x) (Elfwing et al., 2018; Ramachandran et al., 2017), within 3e-7 relative of the true value;
@@ -107,27 +108,16 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 /// relative accuracy for either sign, and so does the sum with 1), about half the instructions of x·σ(x).
 #[inline(always)]
 pub(crate) fn silu(x: f32) -> f32 {
-    let e = exp_within((-x).clamp(FLUSH_BELOW, -FLUSH_BELOW));
-    let y = x / (1.0 + e);
-    if x < FLUSH_BELOW {
-        0.0
-    } else {
-        y
-    }
+    flushed(x, x / (1.0 + exp_neg(x)))
 }
 
 /// d SiLU/dx = σ(x)·(1 + x·(1 − σ(x))), with e = e⁻ˣ, σ = 1/(1 + e) and 1 − σ = e·σ (no `1 − σ`, which cancels
 /// where σ is close to 1); 0 below −87.33.
 #[inline(always)]
 pub(crate) fn silu_derivative(x: f32) -> f32 {
-    let e = exp_within((-x).clamp(FLUSH_BELOW, -FLUSH_BELOW));
+    let e = exp_neg(x);
     let s = 1.0 / (1.0 + e);
-    let d = s * x.mul_add(e * s, 1.0);
-    if x < FLUSH_BELOW {
-        0.0
-    } else {
-        d
-    }
+    flushed(x, s * x.mul_add(e * s, 1.0))
 }
 
 /// Below this |x|, erf is its Maclaurin series; from it on, 1 − erfc with erfc from Numerical Recipes' fit.

@@ -383,7 +383,7 @@ impl<'a> Dense<'a> {
 /// direct), or `None` where it takes col2im.
 pub(super) fn input_grad_plan(g: &Geom, ws: &[f32]) -> Option<InputGrad> {
     match g.p.stride.1 {
-        _ if g.is_pointwise() || g.is_strided_pointwise() => None,
+        _ if g.is_one_tap() => None,
         1 => InputGrad::plan(&direct_unfold(g), g.og(), ws),
         2 => InputGrad::plan_phased(&direct_unfold(g), g.og(), ws),
         _ => None,

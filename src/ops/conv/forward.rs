@@ -23,10 +23,11 @@ use crate::tensor::{grad_enabled, Tensor};
 use crate::Result;
 
 /// The plan of the forward straight from the image ([`DirectConv`]), or `None` where it unfolds the image: a
-/// column stride of 1, or of 2 read from the image's stride phases (a ResNet's stem and its downsampling convs).
+/// column stride of 1, or of 2 read from the image's stride phases (a ResNet's stem and its stride-2 3×3s); never a
+/// 1×1 without padding ([`Geom::is_one_tap`]), whatever its stride.
 pub(super) fn direct_plan(g: &Geom) -> Option<DirectConv> {
     match g.p.stride.1 {
-        _ if g.is_pointwise() || g.is_strided_pointwise() => None,
+        _ if g.is_one_tap() => None,
         1 => DirectConv::plan(&direct_unfold(g)),
         2 => DirectConv::plan_phased(&direct_unfold(g)),
         _ => None,

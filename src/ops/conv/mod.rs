@@ -138,16 +138,16 @@ impl Geom {
         }
     }
     fn is_pointwise(&self) -> bool {
-        self.kh == 1 && self.kw == 1 && self.p.stride == (1, 1) && self.p.padding == (0, 0)
+        self.is_one_tap() && self.p.stride == (1, 1)
     }
 
-    /// A 1×1 kernel with no padding and a stride: every tap reads one input pixel, so unfolding is a subsampling
-    /// copy (a quarter of the input at stride 2) and one product is the whole convolution, and the input gradient
-    /// is the product scattered back. The direct kernels' stride phases, built for taps, ran ResNet-50's
-    /// downsampling projections onto 28² and 14² at 36–51% of the peak forward and 34–38% for the input gradient;
-    /// the product runs them at 65–78%.
-    fn is_strided_pointwise(&self) -> bool {
-        self.kh == 1 && self.kw == 1 && self.p.padding == (0, 0) && self.p.stride != (1, 1)
+    /// A 1×1 kernel with no padding, at any stride: every output reads one input pixel, so unfolding is a copy at
+    /// most (a subsampling one with a stride: a quarter of the input at stride 2) and one product is the whole
+    /// convolution, its input gradient the product scattered back. Neither direct plan takes it: their stride
+    /// phases, built for taps, ran ResNet-50's downsampling projections onto 28² and 14² at 36–51% of the peak
+    /// forward and 34–38% for the input gradient; the product runs them at 65–78%.
+    fn is_one_tap(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.p.padding == (0, 0)
     }
 }
 
