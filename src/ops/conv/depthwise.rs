@@ -44,9 +44,9 @@ pub(super) fn applies(g: &Geom) -> bool {
 
 /// Whether the forward (`grad` false) or the input gradient runs with the channels in the vector lanes
 /// ([`super::depthwise_lanes`], the same bits): where the plane kernels' rows are short (under two 16-lane
-/// vectors: one latency-bound chain per row), the kernel is 7 wide, or (forward) the columns are strided. On long
-/// rows of a 3×3 or 5×5 the plane kernels are as fast or faster (the layout's copies cost more than they save;
-/// measured in docs/performance.md).
+/// vectors: one latency-bound chain per row), the kernel is 7 wide, (forward) the columns are strided, or (input
+/// gradient) the lanes' row kernel takes it (stride 1, 3 or 5 wide: 32@112 0.98–1.34 → 0.66–0.70 ms). On long
+/// rows of a 3×3 or 5×5 the plane kernels' forward is as fast (measured in docs/performance.md).
 #[cfg(target_arch = "x86_64")]
 fn lanes_layout(g: &Geom, grad: bool) -> bool {
     if !super::depthwise_lanes::applies(g) {
@@ -57,7 +57,8 @@ fn lanes_layout(g: &Geom, grad: bool) -> bool {
         return lanes;
     }
     let short = if grad { g.w } else { g.wo } < SHORT_ROW;
-    short || g.kw >= 7 || !grad && g.p.stride.1 > 1
+    let by_rows = grad && g.p.stride == (1, 1) && crate::ops::simd::depthwise_lanes::rows_apply(g.kw, 1, true);
+    short || g.kw >= 7 || !grad && g.p.stride.1 > 1 || by_rows
 }
 
 /// Rows shorter than this run with the channels in the lanes (see [`lanes_layout`]).

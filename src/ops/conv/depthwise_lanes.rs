@@ -145,6 +145,29 @@ pub(super) fn forward(
             }
             // The kernel writes every result: the buffer keeps its length and is not zero-filled per job.
             let res = results(res, nr * g.wo * l);
+            if kernels::rows_apply(g.kw, sw, false) {
+                let t = kernels::Rows {
+                    src: band.as_ptr(),
+                    rs: (sh * wp * l) as isize,
+                    is: (wp * l) as isize,
+                    kh: g.kh,
+                    kw: g.kw,
+                    sw,
+                    flip: false,
+                    w: wl[b * kk * l..].as_ptr(),
+                    start: bl[b * l..].as_ptr(),
+                    clamp: Clamp::bounds(act),
+                    rows: nr,
+                    wo: g.wo,
+                    out: res.as_mut_ptr(),
+                };
+                // SAFETY: as for the taps below (the same reads and writes, row by row).
+                unsafe {
+                    kernels::rows(level, &t);
+                    dst.scatter(res, l, cn, (img * g.c + c0) * hw + oy0 * g.wo, hw);
+                }
+                return;
+            }
             let t = kernels::Taps {
                 src: band.as_ptr(),
                 taps: taps.as_ptr(),
@@ -236,6 +259,30 @@ pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option
                 }
             }
             let res = results(res, nr * g.w * l);
+            if (sh, sw) == (1, 1) && kernels::rows_apply(g.kw, 1, true) {
+                let t = kernels::Rows {
+                    // Image pixel `(r, x)`'s base: output-gradient row `y0 + r + ph − oyb`, column `ml + x + pw`.
+                    src: band[(((y0 + ph) as isize - oyb) as usize * gw + ml + pw) * l..].as_ptr(),
+                    rs: (gw * l) as isize,
+                    is: -((gw * l) as isize),
+                    kh: g.kh,
+                    kw: g.kw,
+                    sw: 1,
+                    flip: true,
+                    w: wl[b * kk * l..].as_ptr(),
+                    start: std::ptr::null(),
+                    clamp: None,
+                    rows: nr,
+                    wo: g.w,
+                    out: res.as_mut_ptr(),
+                };
+                // SAFETY: as for the one class's taps below (the same reads and writes, row by row).
+                unsafe {
+                    kernels::rows(level, &t);
+                    dst.scatter(res, l, cn, (img * g.c + c0) * in_plane + y0 * g.w, in_plane);
+                }
+                return;
+            }
             for (class, taps) in class_taps.iter().enumerate() {
                 let (py, px) = (class / sw, class % sw);
                 pixels.clear();
