@@ -18,7 +18,7 @@
 //! the same multiply-adds in the same order. ConvNeXt-T's 7×7 over 96@56: 1.13 → 0.80 ms forward, 1.36 → 0.84
 //! input gradient; EfficientNet-B0's 5×5 over 672@14: 0.43 → 0.27 forward.
 
-use super::isa::{clamp, Avx2, Avx512, Isa};
+use super::isa::{clamp, entry_points, Avx2, Avx512, Isa};
 use super::Level;
 
 /// Channels per block on `level` (not `Portable`).
@@ -45,27 +45,21 @@ pub(crate) struct Taps {
     pub(crate) out: *mut f32,
 }
 
-/// [`Taps`] on `level` (not `Portable`).
-///
-/// # Safety
-/// Every read `src[base + offₖ..]` and `w[wₖ·L..]`, every write `out[at..]` (a whole vector) and `start` (unless
-/// null) lie in their buffers; `taps` and `pixels` hold `ntaps` and `count` entries; the level's instructions are
-/// available.
-pub(crate) unsafe fn taps(level: Level, t: &Taps) {
-    #[target_feature(enable = "avx512f")]
-    unsafe fn wide(t: &Taps) {
-        taps_body::<Avx512>(t)
-    }
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn narrow(t: &Taps) {
-        taps_body::<Avx2>(t)
-    }
-    let _flush = super::isa::FlushSubnormals::on();
-    match level {
-        Level::Avx512 => wide(t),
-        Level::Avx2 => narrow(t),
-        Level::Portable => unreachable!("callers check the level first"),
-    }
+entry_points! {
+    /// [`Taps`] on `level` (not `Portable`).
+    ///
+    /// # Safety
+    /// Every read `src[base + offₖ..]` and `w[wₖ·L..]`, every write `out[at..]` (a whole vector) and `start` (unless
+    /// null) lie in their buffers; `taps` and `pixels` hold `ntaps` and `count` entries; the level's instructions
+    /// are available.
+    fn taps(t: &Taps) = taps_body;
+    /// [`Rows`] on `level` (not `Portable`), for a geometry [`rows_apply`] takes.
+    ///
+    /// # Safety
+    /// Every read and write the formula names lies in its buffer (with `js = −L`, reads reach `(KW − 1)·L` before
+    /// a pixel's base); `w` holds `kh·kw` vectors; `start` (unless null) one; the level's instructions are
+    /// available.
+    fn rows(t: &Rows) = rows_dispatch;
 }
 
 /// Independent chains per block of pixels: eight hide the multiply-add latency on two pipes.
@@ -132,28 +126,6 @@ pub(crate) struct Rows {
 /// Whether [`rows`] takes a kernel `kw` wide with column stride `sw` (`flip`: the input gradient).
 pub(crate) fn rows_apply(kw: usize, sw: usize, flip: bool) -> bool {
     matches!(kw, 3 | 5 | 7) && (sw == 1 || sw == 2 && !flip)
-}
-
-/// [`Rows`] on `level` (not `Portable`), for a geometry [`rows_apply`] takes.
-///
-/// # Safety
-/// Every read and write the formula names lies in its buffer (with `js = −L`, reads reach `(KW − 1)·L` before a
-/// pixel's base); `w` holds `kh·kw` vectors; `start` (unless null) one; the level's instructions are available.
-pub(crate) unsafe fn rows(level: Level, t: &Rows) {
-    #[target_feature(enable = "avx512f")]
-    unsafe fn wide(t: &Rows) {
-        rows_dispatch::<Avx512>(t)
-    }
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn narrow(t: &Rows) {
-        rows_dispatch::<Avx2>(t)
-    }
-    let _flush = super::isa::FlushSubnormals::on();
-    match level {
-        Level::Avx512 => wide(t),
-        Level::Avx2 => narrow(t),
-        Level::Portable => unreachable!("callers check the level first"),
-    }
 }
 
 #[inline(always)]

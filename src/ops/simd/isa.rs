@@ -486,12 +486,13 @@ impl Drop for FlushSubnormals {
     }
 }
 
-/// Entry points: each kernel compiled once per instruction set, with that set's features enabled. The invoking
-/// module imports `Level`, `Avx2` and `Avx512`.
+/// Entry points: each kernel compiled once per instruction set, with that set's features enabled, under the
+/// attributes (docs) written before it. The invoking module imports `Level`, `Avx2` and `Avx512`.
 macro_rules! entry_points {
-    ($(fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $body:ident;)*) => {
+    ($($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $body:ident;)*) => {
         $(
-            pub(super) unsafe fn $name(level: Level, $($arg: $ty),*) $(-> $ret)? {
+            $(#[$meta])*
+            pub(crate) unsafe fn $name(level: Level, $($arg: $ty),*) $(-> $ret)? {
                 #[target_feature(enable = "avx512f")]
                 unsafe fn wide($($arg: $ty),*) $(-> $ret)? { $body::<Avx512>($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
