@@ -7,7 +7,8 @@
 //! vectors (AVX-512) or × two 8-lane vectors (AVX2), here with constant strides: per step, unmasked vector loads
 //! from the sliver, broadcasts from the panel, nothing else. With fewer than [`PACK_A_COLS`] columns (a `Linear`
 //! layer's outputs, or its few rows when computed transposed) `a` is read in place instead, by broadcasts that
-//! take any strides: packing it would cost about as much as using it. Packing buffers are per thread and reused, so a product does not page in fresh memory.
+//! take any strides: packing it would cost about as much as using it. Packing buffers are per thread and reused,
+//! so a product does not page in fresh memory.
 //!
 //! The work is shared out in blocks of whole row tiles (and whole slivers when there are few rows), as many as
 //! evenly fill the pool's threads.
@@ -178,7 +179,7 @@ mod x86 {
 
     use super::super::gemm::x86::{reduce, start_at_cols, tile, Tile};
     use super::super::isa::{load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
-    use super::super::{run_jobs, Level, BLOCK_M};
+    use super::super::{run_jobs, tile_rows, Level, BLOCK_M};
     use super::{MC, PACK_A_COLS};
 
     /// Columns of one register tile (and of a packed sliver of `b`).
@@ -429,13 +430,13 @@ mod x86 {
     }
 
     impl Product {
-        /// Rows `i..i + mc` × columns `p0..p0 + kc` of `a` packed into `dst` as panels of [`BLOCK_M`] rows:
-        /// panel `t` holds rows `i + 6t..` as `kc` groups of 6 contiguous values (zero past the last row), so a
-        /// tile's broadcasts walk contiguous memory.
+        /// Rows `i..i + mc` × columns `p0..p0 + kc` of `a` packed into `dst` as panels of at most [`BLOCK_M`]
+        /// rows, one per register tile of [`tile_rows`] (49 rows: four of 6 and five of 5, not eight of 6 and a
+        /// one-row tile that cannot hide the multiply-add latency): panel `t` holds its tile's rows as `kc` groups of 6
+        /// values (zero past the tile's rows), so a tile's broadcasts walk contiguous memory.
         unsafe fn pack_a(&self, i: usize, mc: usize, p0: usize, kc: usize, dst: &mut [f32]) {
-            for (t, panel) in dst.chunks_exact_mut(BLOCK_M * kc).take(mc.div_ceil(BLOCK_M)).enumerate() {
-                let rows = (mc - t * BLOCK_M).min(BLOCK_M);
-                let src = self.a.offset((i + t * BLOCK_M) as isize * self.rsa + p0 as isize * self.csa);
+            for (panel, (r0, rows)) in dst.chunks_exact_mut(BLOCK_M * kc).zip(tile_rows(mc)) {
+                let src = self.a.offset((i + r0) as isize * self.rsa + p0 as isize * self.csa);
                 let mut rows_at = [src; BLOCK_M];
                 for (r, at) in rows_at.iter_mut().enumerate().take(rows) {
                     *at = src.offset(r as isize * self.rsa);
@@ -487,11 +488,10 @@ mod x86 {
             // The first piece of the reduction starts the chains at the bias, the next ones continue them from `c`.
             let cols = if load || self.bias.is_null() { std::ptr::null() } else { self.bias.add(jj) };
             let sliver = self.packed_b.add((jj / w) * self.k * w + p0 * w);
-            for r0 in (0..mc).step_by(BLOCK_M) {
-                let mr = (mc - r0).min(BLOCK_M);
+            for (t, (r0, mr)) in tile_rows(mc).enumerate() {
                 let c = self.c.offset((i + r0) as isize * self.rsc).add(jj);
                 if self.pack_a {
-                    let a = panels.as_ptr().add(r0 * kc);
+                    let a = panels.as_ptr().add(t * BLOCK_M * kc);
                     let t = Packed { k: kc, a, b: sliver, c, rsc: self.rsc, tail, accumulate: load, cols };
                     packed_tile(self.level, &t, mr, nv);
                 } else {
