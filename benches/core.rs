@@ -77,6 +77,7 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
     type Shape = (&'static str, [usize; 4], usize, usize, usize, usize);
     let shapes: &[Shape] = &[
         ("stem 7x7/2", [4, 3, 224, 224], 64, 7, 2, 3),
+        ("stem 3x3/2 3>32", [4, 3, 224, 224], 32, 3, 2, 1),
         ("vgg 3x3 3>64@224", [4, 3, 224, 224], 64, 3, 1, 1),
         ("3x3 64@56", [4, 64, 56, 56], 64, 3, 1, 1),
         ("3x3 128@28", [4, 128, 28, 28], 128, 3, 1, 1),

@@ -3,8 +3,9 @@
 //! image — read in place by the direct kernels, else written by im2col. Batch-parallel over images; one image
 //! splits its work across threads instead.
 //!
-//! Dispatch: a depthwise convolution runs its own kernel ([`depthwise`]); otherwise [`DirectConv`] plans the direct path (`None`: unfold), which also pools in registers; otherwise each
-//! image's output goes to a buffer, in cache, and is pooled from there.
+//! Dispatch: a pointwise convolution over a small map runs transposed ([`super::pointwise`]); a depthwise one runs
+//! its own kernel ([`depthwise`]); otherwise [`DirectConv`] plans the direct path (`None`: unfold), which also
+//! pools in registers; otherwise each image's output goes to a buffer, in cache, and is pooled from there.
 
 use std::mem::MaybeUninit;
 
@@ -147,8 +148,13 @@ pub(super) fn conv2d(
     let n = x.shape()[0];
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
-    let wino = winograd::kept(w, winograd::KEY, ws, &g);
-    let out = values(xs, ws, bias, &g, n, act, wino.as_deref().map(Vec::as_slice));
+    let out = match super::pointwise::kept(w, super::pointwise::KEY, ws, &g) {
+        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, act),
+        None => {
+            let wino = winograd::kept(w, winograd::KEY, ws, &g);
+            values(xs, ws, bias, &g, n, act, wino.as_deref().map(Vec::as_slice))
+        }
+    };
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None }))
 }

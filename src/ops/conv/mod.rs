@@ -33,6 +33,7 @@ mod plan;
 #[cfg(not(target_arch = "x86_64"))]
 #[path = "no_plan.rs"]
 mod plan;
+mod pointwise;
 mod sparse;
 mod unfold;
 mod winograd;
