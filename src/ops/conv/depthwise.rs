@@ -45,7 +45,8 @@ pub(super) fn applies(g: &Geom) -> bool {
 /// Whether the forward (`grad` false) or the input gradient runs with the channels in the vector lanes
 /// ([`super::depthwise_lanes`], the same bits): where the plane kernels' rows are short (under two 16-lane
 /// vectors: one latency-bound chain per row), the kernel is 7 wide, (forward) the columns are strided, or (input
-/// gradient) the lanes' row kernel takes it (stride 1, 3 or 5 wide: 32@112 0.98–1.34 → 0.66–0.70 ms). On long
+/// gradient) the lanes' row kernel takes each class of pixels (a class's taps up to 5 wide: stride 1, 32@112
+/// 0.98–1.34 → 0.66–0.70 ms; stride 2, 3×3 96@112 1.47–1.72 → 0.92, 5×5 144@56 0.75–0.78 → 0.41–0.44). On long
 /// rows of a 3×3 or 5×5 the plane kernels' forward is as fast (measured in docs/performance.md).
 #[cfg(target_arch = "x86_64")]
 fn lanes_layout(g: &Geom, grad: bool) -> bool {
@@ -57,7 +58,7 @@ fn lanes_layout(g: &Geom, grad: bool) -> bool {
         return lanes;
     }
     let short = if grad { g.w } else { g.wo } < SHORT_ROW;
-    let by_rows = grad && g.p.stride == (1, 1) && crate::ops::simd::depthwise_lanes::rows_apply(g.kw, 1, true);
+    let by_rows = grad && crate::ops::simd::depthwise_lanes::rows_apply(g.kw.div_ceil(g.p.stride.1), 1, true);
     short || g.kw >= 7 || !grad && g.p.stride.1 > 1 || by_rows
 }
 

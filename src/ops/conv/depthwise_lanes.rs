@@ -155,11 +155,15 @@ pub(super) fn forward(
                     sw,
                     flip: false,
                     w: wl[b * kk * l..].as_ptr(),
+                    wr: g.kw,
+                    wc: 1,
                     start: bl[b * l..].as_ptr(),
                     clamp: Clamp::bounds(act),
                     rows: nr,
                     wo: g.wo,
                     out: res.as_mut_ptr(),
+                    ors: g.wo * l,
+                    ocs: l,
                 };
                 // SAFETY: as for the taps below (the same reads and writes, row by row).
                 unsafe {
@@ -259,32 +263,38 @@ pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option
                 }
             }
             let res = results(res, nr * g.w * l);
-            if (sh, sw) == (1, 1) && kernels::rows_apply(g.kw, 1, true) {
-                let t = kernels::Rows {
-                    // Image pixel `(r, x)`'s base: output-gradient row `y0 + r + ph − oyb`, column `ml + x + pw`.
-                    src: band[(((y0 + ph) as isize - oyb) as usize * gw + ml + pw) * l..].as_ptr(),
-                    rs: (gw * l) as isize,
-                    is: -((gw * l) as isize),
-                    kh: g.kh,
-                    kw: g.kw,
-                    sw: 1,
-                    flip: true,
-                    w: wl[b * kk * l..].as_ptr(),
-                    start: std::ptr::null(),
-                    clamp: None,
-                    rows: nr,
-                    wo: g.w,
-                    out: res.as_mut_ptr(),
-                };
-                // SAFETY: as for the one class's taps below (the same reads and writes, row by row).
-                unsafe {
-                    kernels::rows(level, &t);
-                    dst.scatter(res, l, cn, (img * g.c + c0) * in_plane + y0 * g.w, in_plane);
-                }
-                return;
-            }
             for (class, taps) in class_taps.iter().enumerate() {
                 let (py, px) = (class / sw, class % sw);
+                // The class's first row and column of the band, their counts, and its taps' rows and columns.
+                let (r0, x0) = ((py + sh - (y0 + ph) % sh) % sh, (px + sw - pw % sw) % sw);
+                let (rows_n, cols_n) = (nr.saturating_sub(r0).div_ceil(sh), g.w.saturating_sub(x0).div_ceil(sw));
+                let (ka, kb) = (g.kh.saturating_sub(py).div_ceil(sh), g.kw.saturating_sub(px).div_ceil(sw));
+                if ka > 0 && rows_n > 0 && cols_n > 0 && kernels::rows_apply(kb, 1, true) {
+                    let row = ((y0 + r0 + ph - py) / sh) as isize - oyb;
+                    let col = ml + (x0 + pw - px) / sw;
+                    let t = kernels::Rows {
+                        src: band[(row as usize * gw + col) * l..].as_ptr(),
+                        rs: (gw * l) as isize,
+                        is: -((gw * l) as isize),
+                        kh: ka,
+                        kw: kb,
+                        sw: 1,
+                        flip: true,
+                        w: wl[(b * kk + py * g.kw + px) * l..].as_ptr(),
+                        wr: sh * g.kw,
+                        wc: sw,
+                        start: std::ptr::null(),
+                        clamp: None,
+                        rows: rows_n,
+                        wo: cols_n,
+                        out: res[(r0 * g.w + x0) * l..].as_mut_ptr(),
+                        ors: sh * g.w * l,
+                        ocs: sw * l,
+                    };
+                    // SAFETY: the class's pixels and taps below, as rows: the same reads and writes.
+                    unsafe { kernels::rows(level, &t) };
+                    continue;
+                }
                 pixels.clear();
                 for r in (0..nr).filter(|r| (y0 + r + ph) % sh == py) {
                     let row = ((y0 + r + ph - py) / sh) as isize - oyb;

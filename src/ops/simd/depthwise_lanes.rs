@@ -104,9 +104,12 @@ unsafe fn pixels<S: Isa, const R: usize>(t: &Taps, p: usize, start: S::V, bounds
 
 /// Whole output rows of one channel block, `R` pixels of a row at a time, each input pixel vector of a kernel row
 /// loaded once into a register and used by every tap and output that reads it (the [`taps`] kernel loads one per
-/// multiply-add: load-bound). Output pixel `(r, x)` is `out[(r·wo + x)·L..] = clamp(start + Σ_{i,j} w[(i·KW + j)·L..]
-/// · src[r·rs + x·SW·L + i·is + j·js])`, the taps row-major (the plane kernels' order, so the same bits), where the
-/// forward has `js = L` and the input gradient of a column stride of 1 (`FLIP`) `js = −L`.
+/// multiply-add: load-bound). Output pixel `(r, x)` for `r < rows`, `x < wo` is `out[r·ors + x·ocs..] = clamp(start
+/// + Σ_{i<kh, j<KW} w[(i·wr + j·wc)·L..] · src[r·rs + x·SW·L + i·is + j·js])`, the taps row-major (the plane
+/// kernels' order, so the same bits), where the forward has `js = L` and the input gradient (`FLIP`, column stride
+/// 1 over the output gradient) `js = −L`. The input gradient of a strided convolution runs one class of pixels at a
+/// time: the pixels whose taps have one parity, two apart in the output (`ocs = 2·L`), each reading every other
+/// tap of the weight (`wc = 2`).
 pub(crate) struct Rows {
     pub(crate) src: *const f32,
     pub(crate) rs: isize,
@@ -116,16 +119,24 @@ pub(crate) struct Rows {
     pub(crate) sw: usize,
     pub(crate) flip: bool,
     pub(crate) w: *const f32,
+    pub(crate) wr: usize,
+    pub(crate) wc: usize,
     pub(crate) start: *const f32,
     pub(crate) clamp: Option<[f32; 2]>,
     pub(crate) rows: usize,
     pub(crate) wo: usize,
     pub(crate) out: *mut f32,
+    pub(crate) ors: usize,
+    pub(crate) ocs: usize,
 }
 
 /// Whether [`rows`] takes a kernel `kw` wide with column stride `sw` (`flip`: the input gradient).
 pub(crate) fn rows_apply(kw: usize, sw: usize, flip: bool) -> bool {
-    matches!(kw, 3 | 5 | 7) && (sw == 1 || sw == 2 && !flip)
+    if flip {
+        sw == 1 && matches!(kw, 1..=5 | 7)
+    } else {
+        matches!(kw, 3 | 5 | 7) && sw <= 2
+    }
 }
 
 #[inline(always)]
@@ -137,7 +148,10 @@ unsafe fn rows_dispatch<S: Isa>(t: &Rows) {
         (3, 2, false) => rows_body::<S, 3, 2, false>(t),
         (5, 2, false) => rows_body::<S, 5, 2, false>(t),
         (7, 2, false) => rows_body::<S, 7, 2, false>(t),
+        (1, 1, true) => rows_body::<S, 1, 1, true>(t),
+        (2, 1, true) => rows_body::<S, 2, 1, true>(t),
         (3, 1, true) => rows_body::<S, 3, 1, true>(t),
+        (4, 1, true) => rows_body::<S, 4, 1, true>(t),
         (5, 1, true) => rows_body::<S, 5, 1, true>(t),
         (7, 1, true) => rows_body::<S, 7, 1, true>(t),
         _ => unreachable!("callers check `rows_apply`"),
@@ -156,7 +170,7 @@ unsafe fn rows_body<S: Isa, const KW: usize, const SW: usize, const FLIP: bool>(
     for r in 0..t.rows {
         let mut x = 0;
         while x < t.wo {
-            let (src, out) = (t.src.offset(r as isize * t.rs), t.out.add((r * t.wo + x) * S::LANES));
+            let (src, out) = (t.src.offset(r as isize * t.rs), t.out.add(r * t.ors + x * t.ocs));
             x += match t.wo - x {
                 left if left >= 8 && wide => row_block::<S, KW, SW, FLIP, 8>(t, src, x, out, start, bounds),
                 left if left >= 4 => row_block::<S, KW, SW, FLIP, 4>(t, src, x, out, start, bounds),
@@ -189,7 +203,7 @@ unsafe fn row_block<S: Isa, const KW: usize, const SW: usize, const FLIP: bool, 
             *v = S::loadu(row.offset(k as isize * l));
         }
         for j in 0..KW {
-            let wv = S::loadu(t.w.add((i * KW + j) * S::LANES));
+            let wv = S::loadu(t.w.add((i * t.wr + j * t.wc) * S::LANES));
             for (o, a) in acc.iter_mut().enumerate() {
                 let k = if FLIP { o + KW - 1 - j } else { o * SW + j };
                 *a = S::fmadd(wv, xs[k], *a);
@@ -197,7 +211,7 @@ unsafe fn row_block<S: Isa, const KW: usize, const SW: usize, const FLIP: bool, 
         }
     }
     for (o, &a) in acc.iter().enumerate() {
-        S::storeu(out.add(o * S::LANES), clamp::<S>(a, bounds));
+        S::storeu(out.add(o * t.ocs), clamp::<S>(a, bounds));
     }
     R
 }
