@@ -113,7 +113,10 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
     }
     let n = x.shape()[0];
     let flipped = (need_x && transposed_fits(&g)).then(|| input_grad_flipped(w, &g, n, src));
-    let dense = Dense::new(g, xs, ws, n, src, (need_x && flipped.is_none(), need_w, need_b));
+    let mut dense = Dense::new(g, xs, ws, n, src, (need_x && flipped.is_none(), need_w, need_b));
+    if dense.need_x {
+        dense.one_tap = super::pointwise::kept_strided(w, ws, &g);
+    }
     let chunks = dense.need_x || need_b || need_w && !dense.transposed;
     let (dx, dws, dbs) = if chunks { dense.run() } else { Default::default() };
     let dw = need_w.then(|| ArrayD::from_shape_vec(w.shape(), dense.weight_grad(&dws)).expect("weight-sized"));
@@ -248,6 +251,8 @@ struct Dense<'a> {
     dw_plan: Option<WeightGrad>,
     /// Images per weight-gradient product on the transposed path ([`wgrad`]).
     per: usize,
+    /// A strided 1×1's weight packed for its input gradient computed transposed ([`super::pointwise`]).
+    one_tap: Option<std::sync::Arc<simd::PackedB>>,
 }
 
 /// A chunk's scratch: the unfolded matrix, the masked output gradient and the padded image.
@@ -278,6 +283,7 @@ impl<'a> Dense<'a> {
             dx_plan: if need_x { input_grad_plan(&g, ws) } else { None },
             dw_plan: if need_w { weight_grad_plan(&g, per) } else { None },
             per,
+            one_tap: None,
         }
     }
 
@@ -337,6 +343,10 @@ impl<'a> Dense<'a> {
         let gimg = relu_masked(graw, yimg, &mut s.gm);
         if let Some(plan) = &self.dx_plan {
             input_grad_image_direct(gimg, plan, g, &mut s.pad, dimg, self.par_inside);
+            return;
+        }
+        if let Some(wp) = &self.one_tap {
+            super::pointwise::strided_input_grad(gimg, wp, g, &mut s.pad, &mut s.col, dimg, self.par_inside);
             return;
         }
         for grp in 0..g.p.groups {
