@@ -465,6 +465,10 @@ struct TileRows {
     roff: [isize; BLOCK_M],
 }
 
+/// Floats of output gradient one block of [`InputGrad`]'s position vectors reads (256 KB: in L2 while every
+/// register tile of `Wᵀ` passes over it).
+const SCATTER_BLOCK_FLOATS: usize = 1 << 16;
+
 /// Input channels per independent piece of [`InputGrad`]: a fixed number, so the order of additions into the
 /// image gradient does not depend on how pieces are shared among threads.
 const INPUT_GRAD_CHANNELS: usize = 12;
@@ -581,33 +585,41 @@ impl InputGrad {
         let wt_t = &self.wt_t[grp * og * k..(grp + 1) * og * k];
         assert!(gout.len() >= og * hw && dx.len() >= u.cg * plane, "InputGrad::run: sizes");
         let full = self.pos.len() / self.max_vecs * self.max_vecs;
+        // Position vectors per block: every tile passes over a block's output gradient (`og` values a lane) while
+        // it stays in L2, instead of over the whole image's (the stem's 64 × 112² took each tile's pass from
+        // memory). Small maps are one block: the order of their additions is as it was.
+        let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
+        let per_block = (SCATTER_BLOCK_FLOATS / (og * lanes)).max(1).next_multiple_of(self.max_vecs);
         let run = |(cn, tiles): &(usize, Vec<TileRows>), dst: &mut [f32]| {
             debug_assert!(dst.len() == cn * plane);
-            for tr in tiles {
-                let mut t = Scatter {
-                    k: og,
-                    a: [wt_t.as_ptr(); BLOCK_M],
-                    roff: tr.roff,
-                    gout: gout.as_ptr(),
-                    rsb: hw,
-                    dx: dst.as_mut_ptr(),
-                    pos: self.pos.as_ptr(),
-                    groups: full / self.max_vecs,
-                };
-                for (a, &row) in t.a.iter_mut().zip(&tr.rows[..tr.mr]) {
-                    *a = wt_t[row * og..].as_ptr();
-                }
-                // SAFETY: the level's instructions are present; loads stay inside `gout` and `wt_t`, and every tap
-                // of every position vector lands inside the piece's planes (`direct_fits`); masked lanes never
-                // touch memory.
-                unsafe {
-                    if t.groups > 0 {
-                        kernels::scatter(self.level, &t, tr.mr, self.max_vecs, self.masked);
+            for b0 in (0..self.pos.len()).step_by(per_block) {
+                let b1 = (b0 + per_block).min(full);
+                for tr in tiles {
+                    let mut t = Scatter {
+                        k: og,
+                        a: [wt_t.as_ptr(); BLOCK_M],
+                        roff: tr.roff,
+                        gout: gout.as_ptr(),
+                        rsb: hw,
+                        dx: dst.as_mut_ptr(),
+                        pos: self.pos[b0..].as_ptr(),
+                        groups: b1.saturating_sub(b0) / self.max_vecs,
+                    };
+                    for (a, &row) in t.a.iter_mut().zip(&tr.rows[..tr.mr]) {
+                        *a = wt_t[row * og..].as_ptr();
                     }
-                    if full < self.pos.len() {
-                        t.pos = self.pos[full..].as_ptr();
-                        t.groups = 1;
-                        kernels::scatter(self.level, &t, tr.mr, self.pos.len() - full, self.masked);
+                    // SAFETY: the level's instructions are present; loads stay inside `gout` and `wt_t`, and every
+                    // tap of every position vector lands inside the piece's planes (`direct_fits`); masked lanes
+                    // never touch memory.
+                    unsafe {
+                        if t.groups > 0 {
+                            kernels::scatter(self.level, &t, tr.mr, self.max_vecs, self.masked);
+                        }
+                        if full < self.pos.len() && b0 + per_block >= self.pos.len() {
+                            t.pos = self.pos[full..].as_ptr();
+                            t.groups = 1;
+                            kernels::scatter(self.level, &t, tr.mr, self.pos.len() - full, self.masked);
+                        }
                     }
                 }
             }

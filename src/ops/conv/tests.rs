@@ -97,6 +97,9 @@ fn direct_forward_equals_unfolded_product() {
         (1, 4, 15, 62, 4, 3, 3, Conv2dParams { stride: (2, 2), padding: (0, 1), dilation: (2, 1), groups: 2 }),
         // A 1×1 of stride 2: subsampled and one product, not the stride phases.
         (2, 8, 18, 64, 5, 1, 1, Conv2dParams { stride: (2, 2), ..Default::default() }),
+        // The stem's 7×7/2 with 64 outputs on a map whose position vectors (30 rows of 44 outputs: three, the last
+        // partial) are more than one block of the phased input gradient's (64 on AVX-512, 128 on AVX2).
+        (1, 3, 60, 87, 64, 7, 7, Conv2dParams { stride: (2, 2), padding: (3, 3), ..Default::default() }),
     ];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         if p.stride.1 == 2 && crate::ops::simd::accelerated() {
@@ -204,6 +207,9 @@ fn backward_matches_direct_adjoint() {
         (1, 4, 15, 62, 4, 3, 3, Conv2dParams { stride: (2, 2), padding: (0, 1), dilation: (2, 1), groups: 2 }),
         // A 1×1 of stride 2: the product scattered back (col2im), not the stride phases.
         (2, 8, 18, 64, 5, 1, 1, Conv2dParams { stride: (2, 2), ..Default::default() }),
+        // The stem's 7×7/2 with 64 outputs on a map whose position vectors (30 rows of 44 outputs: three, the last
+        // partial) are more than one block of the phased input gradient's (64 on AVX-512, 128 on AVX2).
+        (1, 3, 60, 87, 64, 7, 7, Conv2dParams { stride: (2, 2), padding: (3, 3), ..Default::default() }),
     ];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         let seed = seed as u64;
