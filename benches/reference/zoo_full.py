@@ -3,7 +3,7 @@
     python benches/reference/zoo_full.py export DIR [MODEL ...] [--exporter ts17|ts13|dynamo18]
     python benches/reference/zoo_full.py time DIR [MODEL ...] [--threads 2] [--rounds 7]
     python benches/reference/zoo_full.py compare DIR [MODEL ...] --armoury BIN [--threads 2] [--rounds 5]
-    python benches/reference/zoo_full.py autoattack DIR MODEL [--n 32] [--threads 2] [--labels FILE]
+    python benches/reference/zoo_full.py autoattack DIR MODEL [--n 32] [--threads 2] [--labels JSON]
 
 The architectures and their seeded random weights are those of tests/fixtures/scripts/zoo_models.py at
 torchvision's default configurations (`full_model` there): ImageNet models at 224×224, batch 4; the CIFAR models
