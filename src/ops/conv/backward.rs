@@ -113,10 +113,7 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
     }
     let n = x.shape()[0];
     let flipped = (need_x && transposed_fits(&g)).then(|| input_grad_flipped(w, &g, n, src));
-    let mut dense = Dense::new(g, xs, ws, n, src, (need_x && flipped.is_none(), need_w, need_b));
-    if dense.need_x {
-        dense.one_tap = super::pointwise::kept_strided(w, ws, &g);
-    }
+    let dense = Dense::new(g, w, xs, ws, n, src, (need_x && flipped.is_none(), need_w, need_b));
     let chunks = dense.need_x || need_b || need_w && !dense.transposed;
     let (dx, dws, dbs) = if chunks { dense.run() } else { Default::default() };
     let dw = need_w.then(|| ArrayD::from_shape_vec(w.shape(), dense.weight_grad(&dws)).expect("weight-sized"));
@@ -263,7 +260,16 @@ struct Scratch {
 }
 
 impl<'a> Dense<'a> {
-    fn new(g: Geom, xs: &'a [f32], ws: &'a [f32], n: usize, src: &'a OutGrad<'a>, need: (bool, bool, bool)) -> Self {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        g: Geom,
+        w: &Tensor,
+        xs: &'a [f32],
+        ws: &'a [f32],
+        n: usize,
+        src: &'a OutGrad<'a>,
+        need: (bool, bool, bool),
+    ) -> Self {
         let (need_x, need_w, need_b) = need;
         let chunk = if need_w || need_b { WGRAD_CHUNK } else { 1 };
         let transposed = simd::accelerated();
@@ -283,7 +289,7 @@ impl<'a> Dense<'a> {
             dx_plan: if need_x { input_grad_plan(&g, ws) } else { None },
             dw_plan: if need_w { weight_grad_plan(&g, per) } else { None },
             per,
-            one_tap: None,
+            one_tap: if need_x { super::pointwise::kept_strided(w, ws, &g) } else { None },
         }
     }
 

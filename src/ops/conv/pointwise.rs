@@ -96,19 +96,36 @@ pub(super) fn strided_input_grad(
     dimg: &mut [f32],
     par: bool,
 ) {
-    let (c, o, hw) = (g.c, g.o, g.hw_out());
-    yt.resize(hw * c, 0.0);
-    let gt = ArrayView2::from_shape((o, hw), &gimg[..o * hw]).expect("image-sized").reversed_axes();
-    let ytv = ArrayViewMut2::from_shape((hw, c), &mut yt[..]).expect("sized above");
-    simd::gemm_prepacked(gt, wp, ytv, false, None, par);
+    let (c, hw) = (g.c, g.hw_out());
+    product_transposed(&gimg[..g.o * hw], hw, wp, None, yt, &mut col[..c * hw], par);
+    super::unfold::col2im(&col[..c * hw], g, 0, dimg);
+}
+
+/// `dst[N, hw] = (srcᵀ · B)ᵀ` (plus the bias per row of `dst`) for `src[K, hw]` and `B[K, N]` packed: the product
+/// `yt[hw, N]` on the packed kernel (the lanes hold `B`'s columns), then copied across in registers. `yt` is
+/// scratch; the vector kernels are present (checked by the callers' `applies`).
+fn product_transposed(
+    src: &[f32],
+    hw: usize,
+    b: &PackedB,
+    bias: Option<&[f32]>,
+    yt: &mut Vec<f32>,
+    dst: &mut [f32],
+    par: bool,
+) {
+    let (k, n) = (src.len() / hw, dst.len() / hw);
+    yt.resize(hw * n, 0.0);
+    let st = ArrayView2::from_shape((k, hw), src).expect("src is [K, hw]").reversed_axes();
+    let ytv = ArrayViewMut2::from_shape((hw, n), &mut yt[..]).expect("sized above");
+    simd::gemm_prepacked(st, b, ytv, false, bias, par);
+    // In registers with masked edges (`unfold::transpose` takes whole 8×8 blocks only: 49 rows went scalar).
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `yt` holds `hw` rows of `c`, `col` `c` rows of `hw`; `strided_applies` checked the vector kernels.
+    // SAFETY: `yt` holds `hw` rows of `n`, `dst` `n` rows of `hw`; the callers checked the vector kernels.
     unsafe {
-        simd::transpose_strided(yt.as_ptr(), c, col.as_mut_ptr(), hw, hw, c)
+        simd::transpose_strided(yt.as_ptr(), n, dst.as_mut_ptr(), hw, hw, n)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    super::unfold::transpose(yt, None, hw, c, col);
-    super::unfold::col2im(&col[..c * hw], g, 0, dimg);
+    super::unfold::transpose(yt, None, hw, n, dst);
 }
 
 /// The forward `[N, O, H, W]` from the contiguous input `xs` (`n` images) with `Wᵀ` packed ([`kept`]), the bias
@@ -124,24 +141,13 @@ pub(super) fn forward(
     let (c, o, hw) = (g.c, g.o, g.hw_out());
     let mut out = vec![0.0f32; n * o * hw];
     let image = |yt: &mut Vec<f32>, dst: &mut [f32], img: &[f32], par: bool| {
-        yt.resize(hw * o, 0.0);
-        let xt = ArrayView2::from_shape((c, hw), img).expect("image-sized").reversed_axes();
-        let ytv = ArrayViewMut2::from_shape((hw, o), &mut yt[..]).expect("sized above");
-        simd::gemm_prepacked(xt, wt, ytv, false, bias, par);
-        // In registers with masked edges (`unfold::transpose` takes whole 8×8 blocks only: 49 rows went scalar).
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `yt` holds `hw` rows of `o`, `dst` `o` rows of `hw`; `applies` checked the vector kernels.
-        unsafe {
-            simd::transpose_strided(yt.as_ptr(), o, dst.as_mut_ptr(), hw, hw, o)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        super::unfold::transpose(yt, None, hw, o, dst);
+        product_transposed(img, hw, wt, bias, yt, dst, par);
         if let Some(act) = act {
             dst.iter_mut().for_each(|v| *v = act.apply(*v));
         }
     };
     if n == 1 {
-        image(&mut Vec::new(), &mut out, xs, true);
+        image(&mut Vec::new(), &mut out, &xs[..c * hw], true);
     } else {
         out.par_chunks_mut(o * hw)
             .zip(xs.par_chunks(c * hw))
