@@ -105,6 +105,11 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
         ("1x1/2 256>512@56", [4, 256, 56, 56], 512, 1, 2, 0),
         ("1x1/2 512>1024@28", [4, 512, 28, 28], 1024, 1, 2, 0),
         ("1x1/2 1024>2048@14", [4, 1024, 14, 14], 2048, 1, 2, 0),
+        // DenseNet-121's growth convolutions: 32 outputs from the bottleneck's 128 channels.
+        ("densenet 3x3 128>32@56", [4, 128, 56, 56], 32, 3, 1, 1),
+        ("densenet 3x3 128>32@28", [4, 128, 28, 28], 32, 3, 1, 1),
+        ("densenet 3x3 128>32@14", [4, 128, 14, 14], 32, 3, 1, 1),
+        ("densenet 3x3 128>32@7", [4, 128, 7, 7], 32, 3, 1, 1),
         // Depthwise (groups = channels): EfficientNet-B0's and MobileNetV2's, ConvNeXt-T's 7×7.
         ("dw 3x3 32@112", [4, 32, 112, 112], 32, 3, 1, 1),
         ("dw 3x3/2 96@112", [4, 96, 112, 112], 96, 3, 2, 1),

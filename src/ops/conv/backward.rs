@@ -195,7 +195,7 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
     }
     // Winograd's transform of the flipped weight, kept with the weight beside the flipped one.
     let wino = super::winograd::kept(w, super::winograd::KEY_FLIPPED, &flipped, &gt);
-    super::forward::values(&masked, &flipped, None, &gt, n, None, wino.as_deref().map(Vec::as_slice))
+    super::forward::values(&masked, &flipped, None, &gt, n, None, wino.as_deref())
 }
 
 /// Whether the input gradient runs by Winograd: as the flipped convolution, on a geometry Winograd takes.

@@ -152,7 +152,7 @@ pub(super) fn conv2d(
         Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, act),
         None => {
             let wino = winograd::kept(w, winograd::KEY, ws, &g);
-            values(xs, ws, bias, &g, n, act, wino.as_deref().map(Vec::as_slice))
+            values(xs, ws, bias, &g, n, act, wino.as_deref())
         }
     };
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
@@ -170,7 +170,7 @@ pub(super) fn values(
     g: &Geom,
     n: usize,
     act: Option<Clamp>,
-    wino: Option<&[f32]>,
+    wino: Option<&winograd::Transform>,
 ) -> Vec<f32> {
     let g = *g;
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());

@@ -598,12 +598,14 @@ fn weight_gradient_chains_each_chunk_and_sums_the_chunks_in_order() {
 #[test]
 fn winograd_matches_the_direct_convolution() {
     let pad = |p: usize| Conv2dParams { padding: (p, p), ..Default::default() };
-    // The last case has blocks enough for each thread to take whole blocks; the others go step by step.
+    // The last case has blocks enough for each thread to take whole blocks; the others go step by step. The
+    // fifth's weight transform is packed for the product (`winograd::Transform`).
     let cases = [
         (2, 32, 8, 8, 32, 1),
         (3, 48, 13, 11, 64, 1),
         (2, 32, 9, 10, 48, 0),
         (2, 64, 6, 7, 32, 2),
+        (2, 128, 7, 7, 144, 1),
         (3, 32, 64, 64, 32, 1),
     ];
     for (seed, &(n, c, h, w, o, p)) in cases.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! A 3×3 convolution of stride 1 by Winograd's minimal filtering F(4×4, 3×3) (Lavin and Gray, 2016): each 4×4
 //! block of outputs costs 36 multiplies per channel pair where the direct convolution spends 144, so the products
 //! — `M_ξ[tiles, O] = V_ξ[tiles, C] · U_ξ[C, O]` for the 36 points ξ — are a quarter of the direct convolution's
-//! multiply-adds, on the same product kernel (`simd::gemm_nn`). Around them (`simd::winograd`):
+//! multiply-adds, on the product kernels (a large `U_ξ` packed once: [`Transform`]). Around them (`simd::winograd`):
 //! 1. the images are copied channels-last and zero-padded to whole tiles (`Hp = 4·⌈Ho/4⌉ + 2` rows);
 //! 2. the tiles of all images are taken in blocks (sized so that a block's transformed inputs and products stay
 //!    near the core's cache): each block's inputs transformed, its 36 products, its outputs transformed with the
@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use super::unfold::transpose;
 use super::{Clamp, Geom};
 use crate::ops::simd::winograd::{self as kernels, POINTS, TILE};
-use crate::ops::simd::{gemm_nn, level, Level};
+use crate::ops::simd::{self, level, Level, PackedB};
 use crate::ops::Slots;
 use crate::Tensor;
 
@@ -68,11 +68,44 @@ pub(super) fn applies(g: &Geom) -> bool {
         && g.wo >= TILE
 }
 
-/// The transform `U[ξ][c][o]` of the `[O, C, 3, 3]` weight `ws` where the geometry runs here ([`applies`]),
-/// kept with the tensor `w` under `key` ([`KEY`] for `w`'s own values, [`KEY_FLIPPED`] for its flipped layout):
-/// an attack's passes make it once. `None` where Winograd does not run.
-pub(super) fn kept(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<Vec<f32>>> {
-    applies(g).then(|| w.derived(key, |_| kernels::weights(ws, g.o, g.c)))
+/// A weight's transform `U`: one `C × O` matrix per point ξ, row-major, or — when the 36 of them outgrow the core's
+/// L2 ([`PACK_FLOATS`]) — each packed for the product ([`simd::pack`]: slivers of the register tile's width,
+/// contiguous over the channels). Packed, a point's matrix is one sequential stream: on a small map the products are
+/// few (ResNet-18's 7×7 stage: 16 tiles at batch 4) and each point's `U_ξ` (1 MB at 512 channels) comes from
+/// memory; read in place, its rows 2 KB apart and a quarter-line run from each, it outran the prefetchers. A small
+/// transform stays in cache and its products are small, where the packed product's set-up cost more than it saved
+/// (DenseNet-121's `128 → 32`). Either way each element is the same chain of multiply-adds (over the channels in
+/// order, from zero), so the bits are the same.
+pub(super) struct Transform {
+    /// The row-major matrices (empty when packed).
+    u: Vec<f32>,
+    /// The packed matrices (empty when row-major).
+    points: Vec<PackedB>,
+}
+
+/// The size (floats) from which a transform is packed: 2 MB, the core's L2.
+const PACK_FLOATS: usize = 1 << 19;
+
+/// The transform of the `[O, C, 3, 3]` weight `ws` where the geometry runs here ([`applies`]), kept with the
+/// tensor `w` under `key` ([`KEY`] for `w`'s own values, [`KEY_FLIPPED`] for its flipped layout): an attack's
+/// passes make it once. `None` where Winograd does not run.
+pub(super) fn kept(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<Transform>> {
+    if !applies(g) {
+        return None;
+    }
+    let (c, o) = (g.c, g.o);
+    w.memo(key, |_| Transform::new(kernels::weights(ws, o, c), c, o, POINTS * c * o >= PACK_FLOATS)).ok()
+}
+
+impl Transform {
+    /// The matrices `u` (`[ξ][c][o]`), packed when `packed` (`Err` when the vector kernels are missing).
+    fn new(u: Vec<f32>, c: usize, o: usize, packed: bool) -> Result<Transform, ()> {
+        if !packed {
+            return Ok(Transform { u, points: Vec::new() });
+        }
+        let points = (0..POINTS).map(|xi| simd::pack(super::mat(&u[xi * c * o..][..c * o], c, o)).ok_or(()));
+        points.collect::<Result<Vec<_>, ()>>().map(|points| Transform { u: Vec::new(), points })
+    }
 }
 
 /// Tiles per block: a block's transformed inputs and products (`36 · tiles · (C + O)` floats) about 1 MB, at
@@ -90,7 +123,7 @@ const BLOCKS_PER_THREAD: usize = 4;
 /// the channel counts and the rows' strides of the images and the output.
 struct Tiling<'a> {
     xt: &'a [f32],
-    u: &'a [f32],
+    u: &'a Transform,
     bias: Option<&'a [f32]>,
     act: Option<[f32; 2]>,
     c: usize,
@@ -153,8 +186,14 @@ impl Tiling<'_> {
     fn product(&self, xi: usize, v: &[f32], m: &mut [f32]) {
         let (c, o) = (self.c, self.o);
         let nt = v.len() / c;
-        let (a, b) = (super::mat(v, nt, c), super::mat(&self.u[xi * c * o..][..c * o], c, o));
-        assert!(gemm_nn(a, b, super::mat_mut(m, nt, o), false, false), "winograd: the product kernel");
+        let (a, m) = (super::mat(v, nt, c), super::mat_mut(m, nt, o));
+        match self.u.points.get(xi) {
+            Some(packed) => simd::gemm_prepacked(a, packed, m, false, None, false),
+            None => {
+                let b = super::mat(&self.u.u[xi * c * o..][..c * o], c, o);
+                assert!(simd::gemm_nn(a, b, m, false, false), "winograd: the product kernel");
+            }
+        }
     }
 
     /// All tiles step by step, each step across the threads: every input transformed (tiles shared out), the 36
@@ -196,14 +235,21 @@ impl Tiling<'_> {
 }
 
 /// The convolution's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), the weight's transform
-/// `u` ([`weights`]) and the bias, clamped as `act` says.
-pub(super) fn forward(xs: &[f32], u: &[f32], bias: Option<&[f32]>, g: &Geom, n: usize, act: Option<Clamp>) -> Vec<f32> {
+/// `u` ([`kept`]) and the bias, clamped as `act` says.
+pub(super) fn forward(
+    xs: &[f32],
+    u: &Transform,
+    bias: Option<&[f32]>,
+    g: &Geom,
+    n: usize,
+    act: Option<Clamp>,
+) -> Vec<f32> {
     let (c, o) = (g.c, g.o);
     let (th, tw) = (g.ho.div_ceil(TILE), g.wo.div_ceil(TILE));
     let (hp, wp) = (TILE * th + 2, TILE * tw + 2);
     let (ph, pw) = g.p.padding;
     debug_assert!(applies(g), "winograd::forward: a geometry `applies` takes");
-    assert_eq!(u.len(), POINTS * c * o, "winograd::forward: the weight's transform");
+    assert!(u.points.len() == POINTS || u.u.len() == POINTS * c * o, "winograd::forward: the weight's transform");
 
     // 1. Channels-last, zero-padded to whole tiles.
     let (in_len, padded_len) = (c * g.h * g.w, hp * wp * c);
@@ -281,5 +327,43 @@ pub(super) fn forward(xs: &[f32], u: &[f32], bias: Option<&[f32]>, g: &Geom, n: 
                 }
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::geometry;
+    use super::*;
+    use crate::Conv2dParams;
+
+    /// A transform packed for the product gives the row-major one's bits (each product's chains over the channels
+    /// in order, across the packed kernel's pieces of the reduction too), on a partial sliver (80 outputs), partial
+    /// tiles, the bias and the clamp, step by step and in blocks; and a weight takes the packed form from
+    /// [`PACK_FLOATS`] on.
+    #[test]
+    fn a_packed_transform_gives_the_same_bits() {
+        if !simd::accelerated() || !enabled() {
+            return;
+        }
+        let p = Conv2dParams { padding: (1, 1), ..Default::default() };
+        for (n, c, h, w, o) in [(2, 272, 7, 9, 80), (4, 32, 96, 95, 48)] {
+            let g = geometry(&[n, c, h, w], &[o, c, 3, 3], None, p).unwrap();
+            assert!(applies(&g));
+            let xs = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, 1).to_vec();
+            let ws = Tensor::uniform(&[o, c, 3, 3], -0.1, 0.1, 2).to_vec();
+            let bias = Tensor::uniform(&[o], -1.0, 1.0, 3).to_vec();
+            let u = kernels::weights(&ws, o, c);
+            let (plain, packed) = (Transform::new(u.clone(), c, o, false), Transform::new(u, c, o, true));
+            let (plain, packed) = (plain.unwrap(), packed.unwrap());
+            assert!(plain.points.is_empty() && packed.u.is_empty() && packed.points.len() == POINTS);
+            for act in [None, Some(Clamp::RELU)] {
+                let want = forward(&xs, &plain, Some(&bias), &g, n, act);
+                let got = forward(&xs, &packed, Some(&bias), &g, n, act);
+                assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{n}×{c}×{h}×{w} → {o}");
+            }
+            let wt = Tensor::new(ndarray::Array::from_shape_vec(vec![o, c, 3, 3], ws).unwrap());
+            let kept = kept(&wt, KEY, &wt.to_vec(), &g).unwrap();
+            assert_eq!(kept.points.is_empty(), POINTS * c * o < PACK_FLOATS, "{c} → {o}");
+        }
     }
 }
