@@ -224,7 +224,7 @@ pub(crate) fn concat_backward(xs: &[Tensor], axis: usize, g: &ArrayD<f32>, need:
                 rest = tail;
             }
         }
-        copy_blocks(blocks, outer * row);
+        copy_blocks(blocks);
         return xs
             .iter()
             .zip(pieces)
@@ -276,7 +276,7 @@ fn concat_blocks(xs: &[Tensor], axis: usize) -> Option<ArrayD<f32>> {
                     rest = tail;
                 }
             }
-            copy_blocks(blocks, total);
+            copy_blocks(blocks);
         })
     };
     Some(ArrayD::from_shape_vec(IxDyn(&shape), out).expect("output-sized"))
@@ -285,9 +285,10 @@ fn concat_blocks(xs: &[Tensor], axis: usize) -> Option<ArrayD<f32>> {
 /// Floats a parallel job of [`copy_blocks`] takes at least: below this a copy is not worth a thread's wake-up.
 const COPY_JOB: usize = 1 << 15;
 
-/// Each `(dst, src)` pair copied, across the threads when the `total` floats are many (a DenseNet-121 block's
+/// Each `(dst, src)` pair copied, across the threads when the floats are many (a DenseNet-121 block's
 /// concatenations copy its growing features on every layer: 18.8 ms of its 160 on one thread).
-fn copy_blocks(blocks: Vec<(&mut [std::mem::MaybeUninit<f32>], &[f32])>, total: usize) {
+fn copy_blocks(blocks: Vec<(&mut [std::mem::MaybeUninit<f32>], &[f32])>) {
+    let total: usize = blocks.iter().map(|(_, src)| src.len()).sum();
     use rayon::prelude::*;
     let copy = |(dst, src): (&mut [std::mem::MaybeUninit<f32>], &[f32])| {
         assert_eq!(dst.len(), src.len(), "copy_blocks: blocks of one length");
