@@ -76,11 +76,11 @@ pub(super) fn applies(g: &Geom) -> bool {
 /// transform stays in cache and its products are small, where the packed product's set-up cost more than it saved
 /// (DenseNet-121's `128 → 32`). Either way each element is the same chain of multiply-adds (over the channels in
 /// order, from zero), so the bits are the same.
-pub(super) struct Transform {
-    /// The row-major matrices (empty when packed).
-    u: Vec<f32>,
-    /// The packed matrices (empty when row-major).
-    points: Vec<PackedB>,
+pub(super) enum Transform {
+    /// The row-major matrices, `[ξ][c][o]`.
+    Rows(Vec<f32>),
+    /// One packed matrix per point.
+    Packed(Vec<PackedB>),
 }
 
 /// The size (floats) from which a transform is packed: 2 MB, the core's L2.
@@ -101,10 +101,10 @@ impl Transform {
     /// The matrices `u` (`[ξ][c][o]`), packed when `packed` (`Err` when the vector kernels are missing).
     fn new(u: Vec<f32>, c: usize, o: usize, packed: bool) -> Result<Transform, ()> {
         if !packed {
-            return Ok(Transform { u, points: Vec::new() });
+            return Ok(Transform::Rows(u));
         }
         let points = (0..POINTS).map(|xi| simd::pack(super::mat(&u[xi * c * o..][..c * o], c, o)).ok_or(()));
-        points.collect::<Result<Vec<_>, ()>>().map(|points| Transform { u: Vec::new(), points })
+        points.collect::<Result<Vec<_>, ()>>().map(Transform::Packed)
     }
 }
 
@@ -187,10 +187,10 @@ impl Tiling<'_> {
         let (c, o) = (self.c, self.o);
         let nt = v.len() / c;
         let (a, m) = (super::mat(v, nt, c), super::mat_mut(m, nt, o));
-        match self.u.points.get(xi) {
-            Some(packed) => simd::gemm_prepacked(a, packed, m, false, None, false),
-            None => {
-                let b = super::mat(&self.u.u[xi * c * o..][..c * o], c, o);
+        match self.u {
+            Transform::Packed(points) => simd::gemm_prepacked(a, &points[xi], m, false, None, false),
+            Transform::Rows(u) => {
+                let b = super::mat(&u[xi * c * o..][..c * o], c, o);
                 assert!(simd::gemm_nn(a, b, m, false, false), "winograd: the product kernel");
             }
         }
@@ -249,7 +249,11 @@ pub(super) fn forward(
     let (hp, wp) = (TILE * th + 2, TILE * tw + 2);
     let (ph, pw) = g.p.padding;
     debug_assert!(applies(g), "winograd::forward: a geometry `applies` takes");
-    assert!(u.points.len() == POINTS || u.u.len() == POINTS * c * o, "winograd::forward: the weight's transform");
+    let whole = match u {
+        Transform::Rows(u) => u.len() == POINTS * c * o,
+        Transform::Packed(points) => points.len() == POINTS,
+    };
+    assert!(whole, "winograd::forward: the weight's transform");
 
     // 1. Channels-last, zero-padded to whole tiles.
     let (in_len, padded_len) = (c * g.h * g.w, hp * wp * c);
@@ -355,7 +359,8 @@ mod tests {
             let u = kernels::weights(&ws, o, c);
             let (plain, packed) = (Transform::new(u.clone(), c, o, false), Transform::new(u, c, o, true));
             let (plain, packed) = (plain.unwrap(), packed.unwrap());
-            assert!(plain.points.is_empty() && packed.u.is_empty() && packed.points.len() == POINTS);
+            assert!(matches!(plain, Transform::Rows(_)));
+            assert!(matches!(&packed, Transform::Packed(points) if points.len() == POINTS));
             for act in [None, Some(Clamp::RELU)] {
                 let want = forward(&xs, &plain, Some(&bias), &g, n, act);
                 let got = forward(&xs, &packed, Some(&bias), &g, n, act);
@@ -363,7 +368,7 @@ mod tests {
             }
             let wt = Tensor::new(ndarray::Array::from_shape_vec(vec![o, c, 3, 3], ws).unwrap());
             let kept = kept(&wt, KEY, &wt.to_vec(), &g).unwrap();
-            assert_eq!(kept.points.is_empty(), POINTS * c * o < PACK_FLOATS, "{c} → {o}");
+            assert_eq!(matches!(*kept, Transform::Rows(_)), POINTS * c * o < PACK_FLOATS, "{c} → {o}");
         }
     }
 }
