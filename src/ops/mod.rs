@@ -18,7 +18,9 @@
 //! - `simd/`: the hand-written AVX2/AVX-512 kernels by family — `gemm.rs`, `conv.rs` (the direct tiles the
 //!   planners drive), `layout.rs`, `pool.rs`, `rows.rs` — each written once over `isa.rs`'s `Isa` trait and
 //!   dispatched at run time on `simd::level()` (the CPU, capped by `ARMOURY_SIMD`). Without the vector
-//!   instruction sets, or off x86-64, every entry returns `false` or no plan, and the callers' portable paths run.
+//!   instruction sets, or off x86-64, every entry returns `false` or no plan, and the callers' portable paths run;
+//! - `warm`: keeps rayon's workers spinning between the ops of a pass ([`record`] and each op's backward poke it),
+//!   so that a parallel op does not wait for a sleeping worker to wake.
 
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
@@ -34,6 +36,7 @@ pub(crate) mod shape;
 pub(crate) mod simd;
 pub(crate) mod unary;
 pub(crate) mod vmath;
+pub(crate) mod warm;
 
 use ndarray::ArrayD;
 
@@ -338,6 +341,7 @@ impl Op {
 
 /// Wraps a computed value: records `op` when gradients are enabled and some input is tracked, else a constant.
 pub(crate) fn record(value: impl Into<Array>, op: Op) -> Tensor {
+    warm::poke();
     let value = value.into();
     if recorded(&op) {
         Tensor::from_node(value, Role::Computed, Some(op))
