@@ -19,7 +19,7 @@
 //!   planners drive), `layout.rs`, `pool.rs`, `rows.rs` — each written once over `isa.rs`'s `Isa` trait and
 //!   dispatched at run time on `simd::level()` (the CPU, capped by `ARMOURY_SIMD`). Without the vector
 //!   instruction sets, or off x86-64, every entry returns `false` or no plan, and the callers' portable paths run;
-//! - `warm`: keeps rayon's workers spinning between the ops of a pass ([`record`] and each op's backward poke it),
+//! - `warm`: keeps rayon's workers spinning between the ops of a pass (`record` and each op's backward poke it),
 //!   so that a parallel op does not wait for a sleeping worker to wake.
 
 pub(crate) mod batch_norm;
