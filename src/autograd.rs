@@ -126,7 +126,7 @@ fn run(root: &Tensor, is_target: impl Fn(&Tensor) -> bool) -> Result<Gradients> 
                 });
             }
             match grads.get_mut(&input.id()) {
-                Some(acc) => *acc += &ig,
+                Some(acc) => crate::ops::elementwise::add_into(acc, &ig),
                 None => {
                     grads.insert(input.id(), ig);
                 }

@@ -52,6 +52,20 @@ fn flat1(a: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
     }
 }
 
+/// `acc += x` (equal shapes), split across threads when long and both are contiguous: the backward's sum of an
+/// input's gradients (a residual block's two branches), a pass over memory that ran on one thread.
+pub(crate) fn add_into(acc: &mut ArrayD<f32>, x: &ArrayD<f32>) {
+    debug_assert_eq!(acc.shape(), x.shape());
+    match (acc.as_slice_mut(), x.as_slice()) {
+        (Some(a), Some(b)) if a.len() >= PAR_THRESHOLD && a.len() == b.len() => {
+            a.par_chunks_mut(FLAT_CHUNK).zip(b.par_chunks(FLAT_CHUNK)).for_each(|(a, b)| {
+                a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
+            });
+        }
+        _ => *acc += x,
+    }
+}
+
 /// `f` applied to every element, split across threads when the array is large (elementwise, so deterministic).
 pub(crate) fn map(x: &Array, f: impl Fn(f32) -> f32 + Sync + Send) -> ArrayD<f32> {
     if let Some(s) = x.as_slice() {
@@ -543,5 +557,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The parallel sum of gradients gives the serial sum's values element by element: long and short, and a
+    /// transposed operand (which takes the serial path); each element checked against its own sum.
+    #[test]
+    fn add_into_sums_every_element() {
+        for (len, seed) in [(3 * super::PAR_THRESHOLD + 5, 20), (100, 22)] {
+            let a = Tensor::uniform(&[len], -2.0, 2.0, seed).to_array();
+            let b = Tensor::uniform(&[len], -2.0, 2.0, seed + 1).to_array();
+            let mut acc = a.clone();
+            super::add_into(&mut acc, &b);
+            assert!(acc.iter().zip(&a).zip(&b).all(|((s, x), y)| s.to_bits() == (x + y).to_bits()), "{len}");
+        }
+        let a = Tensor::uniform(&[300, 200], -2.0, 2.0, 24).to_array();
+        let t = Tensor::uniform(&[200, 300], -2.0, 2.0, 25).to_array().reversed_axes();
+        let mut acc = a.clone();
+        super::add_into(&mut acc, &t);
+        assert!(acc.iter().zip(&a).zip(&t).all(|((s, x), y)| s.to_bits() == (x + y).to_bits()));
     }
 }
