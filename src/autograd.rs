@@ -108,7 +108,9 @@ fn run(root: &Tensor, is_target: impl Fn(&Tensor) -> bool) -> Result<Gradients> 
             out.map.insert(t.id(), g.clone());
         }
         let Some(op) = &t.0.op else { continue };
-        crate::ops::warm::poke();
+        if g.len() >= crate::ops::PAR_THRESHOLD {
+            crate::ops::warm::poke();
+        }
         let inputs = op.inputs();
         let need: Vec<bool> = inputs.iter().map(|i| needed.contains(&i.id())).collect();
         let input_grads = crate::profile::time(

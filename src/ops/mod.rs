@@ -19,8 +19,8 @@
 //!   planners drive), `layout.rs`, `pool.rs`, `rows.rs` — each written once over `isa.rs`'s `Isa` trait and
 //!   dispatched at run time on `simd::level()` (the CPU, capped by `ARMOURY_SIMD`). Without the vector
 //!   instruction sets, or off x86-64, every entry returns `false` or no plan, and the callers' portable paths run;
-//! - `warm`: keeps rayon's workers spinning between the ops of a pass (`record` and each op's backward poke it),
-//!   so that a parallel op does not wait for a sleeping worker to wake.
+//! - `warm`: keeps rayon's workers spinning between the ops of a pass (`record` and each op's backward poke it on
+//!   large values), so that a parallel op does not wait for a sleeping worker to wake.
 
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
@@ -341,8 +341,10 @@ impl Op {
 
 /// Wraps a computed value: records `op` when gradients are enabled and some input is tracked, else a constant.
 pub(crate) fn record(value: impl Into<Array>, op: Op) -> Tensor {
-    warm::poke();
     let value = value.into();
+    if value.len() >= PAR_THRESHOLD {
+        warm::poke();
+    }
     if recorded(&op) {
         Tensor::from_node(value, Role::Computed, Some(op))
     } else {

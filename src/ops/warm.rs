@@ -8,12 +8,15 @@
 //! between ops and many ops paid the wake-up; rayon's own idling patched to last longer made DenseNet-121's
 //! forward and forward + input gradient 8–9% faster and EfficientNet-B0's and ResNet-18's 4–5%.
 //!
-//! [`poke`], called as each op is recorded and before each op's backward, starts a spinner on every worker of the
-//! pool unless they run already: a spinner runs the pool's work as it comes (`rayon::yield_now`) and gives its
-//! core to the operating system in between (`std::thread::yield_now`), until it has found no work for [`IDLE`];
-//! then the worker returns to rayon's own idling. onnxruntime's and OpenMP's thread pools spin the same way
-//! between parallel regions. Only which thread runs a job, and when, changes — never a result. The environment
-//! variable `ARMOURY_NO_SPIN` (any value) turns it off, for a machine shared with other work.
+//! [`poke`], called as each op with a large value (`PAR_THRESHOLD` elements or more) is recorded and before the
+//! backward of each large gradient, starts a spinner on every worker of the global pool unless they run already: a
+//! spinner runs the pool's work as it comes (`rayon::yield_now`) and gives its core to the operating system in
+//! between (`std::thread::yield_now`), until it has found no work for [`IDLE`]; then the worker returns to rayon's
+//! own idling. onnxruntime's and OpenMP's thread pools spin the same way between parallel regions. Only which
+//! thread runs a job, and when, changes — never a result. Small values do not poke: the first poke starts rayon's
+//! global pool, and a program that has done a little arithmetic may still mean to size the pool
+//! (`ThreadPoolBuilder::build_global`), where an op on many values has run on the pool already. The environment
+//! variable `ARMOURY_NO_SPIN` (any value) turns spinning off, for a machine shared with other work.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -143,5 +146,28 @@ mod tests {
         ONE.start(Some(&one));
         std::thread::sleep(4 * IDLE);
         assert!(ONE.alive.load(Ordering::Acquire) == 0 && !ONE.pending.load(Ordering::Acquire), "one thread: none");
+    }
+
+    /// A small op does not start rayon's global pool, so a program can still size it afterwards (in a process of
+    /// its own: this binary again, running this test alone).
+    #[test]
+    fn a_small_op_leaves_the_global_pool_to_be_sized() {
+        const NAME: &str = "ops::warm::tests::a_small_op_leaves_the_global_pool_to_be_sized";
+        if std::env::var_os("ARMOURY_WARM_CHILD").is_some() {
+            let x = crate::Tensor::uniform(&[4, 8], -1.0, 1.0, 1);
+            let y = x.relu().add(&x).unwrap();
+            assert_eq!(y.shape(), &[4, 8]);
+            rayon::ThreadPoolBuilder::new().num_threads(3).build_global().expect("the global pool not yet started");
+            assert_eq!(rayon::current_num_threads(), 3);
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args(["--exact", NAME, "--test-threads", "1"])
+            .env("ARMOURY_WARM_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
     }
 }
