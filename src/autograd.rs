@@ -108,9 +108,7 @@ fn run(root: &Tensor, is_target: impl Fn(&Tensor) -> bool) -> Result<Gradients> 
             out.map.insert(t.id(), g.clone());
         }
         let Some(op) = &t.0.op else { continue };
-        if g.len() >= crate::ops::PAR_THRESHOLD {
-            crate::ops::warm::poke();
-        }
+        crate::ops::warm::poke(g.len());
         let inputs = op.inputs();
         let need: Vec<bool> = inputs.iter().map(|i| needed.contains(&i.id())).collect();
         let input_grads = crate::profile::time(

@@ -342,9 +342,7 @@ impl Op {
 /// Wraps a computed value: records `op` when gradients are enabled and some input is tracked, else a constant.
 pub(crate) fn record(value: impl Into<Array>, op: Op) -> Tensor {
     let value = value.into();
-    if value.len() >= PAR_THRESHOLD {
-        warm::poke();
-    }
+    warm::poke(value.len());
     if recorded(&op) {
         Tensor::from_node(value, Role::Computed, Some(op))
     } else {

@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 /// How long a spinner looks for work before it stops: longer than the serial work between two ops of a pass,
 /// short enough that a program that has finished its passes stops spinning at once.
-pub(crate) const IDLE: Duration = Duration::from_millis(2);
+const IDLE: Duration = Duration::from_millis(2);
 
 /// The spinners of one pool: how many run, whether a broadcast of them has been asked for and not started, and
 /// how long each looks for work before it stops.
-pub(crate) struct Spinners {
+struct Spinners {
     alive: AtomicUsize,
     pending: AtomicBool,
     idle: Duration,
@@ -49,15 +49,16 @@ fn enabled() -> bool {
 }
 
 /// Starts a spinner on every worker of the global pool unless they run or have been asked for (see
-/// [`Spinners::start`]).
-pub(crate) fn poke() {
-    if enabled() {
+/// [`Spinners::start`]), for an op on (or a gradient of) `values` values: not below `PAR_THRESHOLD` of them,
+/// which may not have used the pool yet (see the module's notes).
+pub(crate) fn poke(values: usize) {
+    if values >= super::PAR_THRESHOLD && enabled() {
         GLOBAL.start(None);
     }
 }
 
 impl Spinners {
-    pub(crate) const fn new(idle: Duration) -> Spinners {
+    const fn new(idle: Duration) -> Spinners {
         Spinners { alive: AtomicUsize::new(0), pending: AtomicBool::new(false), idle }
     }
 
