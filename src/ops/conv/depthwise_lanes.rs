@@ -129,6 +129,8 @@ pub(super) fn forward(
     (0..n * blocks * bands).into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
         |(band, res), job| {
+            // One guard for the job's kernels (see `FlushSubnormals`).
+            let _flush = crate::ops::simd::FlushSubnormals::on();
             let (img, b, oy0) = (job / bands / blocks, job / bands % blocks, job % bands * rows);
             let (nr, c0) = (rows.min(g.ho - oy0), b * l);
             let cn = l.min(g.c - c0);
@@ -233,6 +235,8 @@ pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option
     (0..n * blocks * bands).into_par_iter().for_each_init(
         || (Vec::new(), Vec::new(), Vec::new()),
         |(band, res, pixels), job| {
+            // One guard for the job's kernels (see `FlushSubnormals`).
+            let _flush = crate::ops::simd::FlushSubnormals::on();
             let (img, b, y0) = (job / bands / blocks, job / bands % blocks, job % bands * rows);
             let (nr, c0) = (rows.min(g.h - y0), b * l);
             let cn = l.min(g.c - c0);

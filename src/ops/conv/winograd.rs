@@ -162,6 +162,8 @@ impl Tiling<'_> {
     ///
     /// `out` is the stage, and no other thread writes this block's tiles.
     unsafe fn block(&self, s: &mut Scratch, out: Slots) {
+        // One guard for the block's transforms and products (see `FlushSubnormals`).
+        let _flush = simd::FlushSubnormals::on();
         let (c, o, nt) = (self.c, self.o, s.cin.len());
         s.v.resize(POINTS * nt * c, 0.0);
         s.m.resize(POINTS * nt * o, 0.0);

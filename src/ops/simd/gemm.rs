@@ -231,6 +231,8 @@ pub(super) mod x86 {
             let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
             let nv = nb.div_ceil(lanes);
             let tail = nb - (nv - 1) * lanes;
+            // One guard for the column's tiles (see `FlushSubnormals`).
+            let _flush = super::super::isa::FlushSubnormals::on();
             for (i, mr) in tile_rows(self.m) {
                 let t = Tile {
                     k: self.k,
@@ -246,6 +248,7 @@ pub(super) mod x86 {
                     rows: if self.rows.is_null() { self.rows } else { self.rows.add(i) },
                     cols: std::ptr::null(),
                     clamp: self.clamp,
+                    prefetch: Prefetch::NONE,
                 };
                 tile(self.level, &t, mr, nv);
             }
@@ -271,6 +274,23 @@ pub(super) mod x86 {
         pub(in crate::ops::simd) cols: *const f32,
         /// The results clamped to `[lo, hi]` as they are stored, or not.
         pub(in crate::ops::simd) clamp: Option<[f32; 2]>,
+        /// Memory the next tiles will read, fetched into L1 while this one computes.
+        pub(in crate::ops::simd) prefetch: Prefetch,
+    }
+
+    /// Cache lines to fetch into L1 during a tile's reduction: `lines` consecutive 64-byte lines from `at`,
+    /// requested over the tile's first steps (one or a few a step). The packed product hands each tile of a row
+    /// block its share of the next sliver of `b`, so that the sliver is in L1 when the block turns to it instead
+    /// of arriving from L3 or memory at the first tile's pace: a single-thread `192 × 768 × 3072` product ran
+    /// 1.11–1.14× faster in a stand-alone model of the loop. A prefetch changes no value.
+    #[derive(Clone, Copy)]
+    pub(in crate::ops::simd) struct Prefetch {
+        pub(in crate::ops::simd) at: *const f32,
+        pub(in crate::ops::simd) lines: usize,
+    }
+
+    impl Prefetch {
+        pub(in crate::ops::simd) const NONE: Prefetch = Prefetch { at: std::ptr::null(), lines: 0 };
     }
 
     /// Runs the product tile kernel specialised for `r` rows and `v` vectors (with a partial last vector or not).
@@ -293,7 +313,7 @@ pub(super) mod x86 {
         if !t.accumulate && !t.cols.is_null() {
             start_at_cols::<S, R, V, TAIL>(&mut acc, last, t.cols);
         }
-        reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, t.rsa, t.csa), (t.b, t.rsb));
+        reduce_prefetching::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, t.rsa, t.csa), (t.b, t.rsb), t.prefetch);
         let bounds = t.clamp.map(|b| b.map(|v| S::splat(v)));
         store_tile_clamped::<S, R, V, TAIL>(last, t.c, t.rsc, &acc, bounds);
     }
@@ -338,6 +358,38 @@ pub(super) mod x86 {
             ap = ap.offset(csa);
             bp = bp.offset(rsb);
         }
+    }
+
+    /// [`reduce`] with the lines of `pf` requested into L1 over its first steps (the same multiply-adds in the
+    /// same order).
+    #[inline(always)]
+    pub(in crate::ops::simd) unsafe fn reduce_prefetching<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
+        acc: &mut [[S::V; V]; R],
+        last: S::M,
+        k: usize,
+        (mut ap, rsa, csa): (*const f32, isize, isize),
+        (mut bp, rsb): (*const f32, isize),
+        pf: Prefetch,
+    ) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        if pf.lines == 0 || k == 0 {
+            return reduce::<S, R, V, TAIL>(acc, last, k, (ap, rsa, csa), (bp, rsb));
+        }
+        let per_step = pf.lines.div_ceil(k);
+        let steps = pf.lines.div_ceil(per_step);
+        let mut line = pf.at.cast::<i8>();
+        let mut left = pf.lines;
+        for _ in 0..steps {
+            for _ in 0..per_step.min(left) {
+                _mm_prefetch::<_MM_HINT_T0>(line);
+                line = line.wrapping_add(64);
+            }
+            left = left.saturating_sub(per_step);
+            reduce::<S, R, V, TAIL>(acc, last, 1, (ap, rsa, csa), (bp, rsb));
+            ap = ap.offset(csa);
+            bp = bp.offset(rsb);
+        }
+        reduce::<S, R, V, TAIL>(acc, last, k - steps, (ap, rsa, csa), (bp, rsb));
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) mod winograd;
 
 pub(crate) use gemm::{fma_peak, gemm_nn, gemm_nn_clamped, Start};
 #[cfg(target_arch = "x86_64")]
+pub(crate) use isa::FlushSubnormals;
+#[cfg(target_arch = "x86_64")]
 pub(crate) use layout::transpose_strided;
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
 pub(crate) use packed::{gemm_packed, gemm_prepacked, pack, PackedB};
@@ -123,11 +125,17 @@ pub(crate) fn tile_bias(bias: Option<&[f32]>, i: usize, mr: usize) -> [f32; BLOC
 }
 
 /// `f` on every job: across threads when `parallel` allows it, there are `work` multiply-adds or more and this
-/// is not already a rayon task; else in order on this thread.
+/// is not already a rayon task; else in order on this thread. A job is a kernel's loop over its tiles, run on its
+/// thread to the end (no rayon inside): each runs under one [`isa::FlushSubnormals`] guard, so its tiles' own
+/// guards touch no register.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn run_jobs<J: Send>(jobs: Vec<J>, parallel: bool, work: usize, f: impl Fn(J) + Sync + Send) {
     use rayon::prelude::*;
     let nested = rayon::current_thread_index().is_some();
+    let f = |job: J| {
+        let _flush = isa::FlushSubnormals::on();
+        f(job)
+    };
     if parallel && !nested && jobs.len() > 1 && work >= PAR_WORK {
         jobs.into_par_iter().for_each(f);
     } else {

@@ -177,7 +177,7 @@ mod x86 {
 
     use ndarray::{ArrayView2, ArrayViewMut2};
 
-    use super::super::gemm::x86::{reduce, start_at_cols, tile, Tile};
+    use super::super::gemm::x86::{reduce_prefetching, start_at_cols, tile, Prefetch, Tile};
     use super::super::isa::{load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
     use super::super::{run_jobs, tile_rows, Level, BLOCK_M};
     use super::{MC, PACK_A_COLS};
@@ -406,6 +406,8 @@ mod x86 {
         pub(super) accumulate: bool,
         /// Unless null (or `accumulate`), column `j`'s chains start at `cols[j]`.
         pub(super) cols: *const f32,
+        /// What to fetch into L1 meanwhile (this tile's share of the next sliver).
+        pub(super) prefetch: Prefetch,
     }
 
     /// Runs [`packed_body`] specialised for `r` rows and `v` vectors.
@@ -425,7 +427,7 @@ mod x86 {
         if !t.accumulate && !t.cols.is_null() {
             start_at_cols::<S, R, V, TAIL>(&mut acc, last, t.cols);
         }
-        reduce::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, 1, BLOCK_M as isize), (t.b, w));
+        reduce_prefetching::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, 1, BLOCK_M as isize), (t.b, w), t.prefetch);
         store_tile::<S, R, V, TAIL>(last, t.c, t.rsc, &acc);
     }
 
@@ -460,11 +462,16 @@ mod x86 {
 
         /// Rows `i..i + mc` × columns `j..j + nc` of `c` (`j` a multiple of the tile width): per piece of the
         /// reduction, the rows' block of `a` packed once (it stays in L2), then each sliver of `b` (in L1) times
-        /// every row tile.
+        /// every row tile, the row tiles fetching the next sliver (or the next piece's first) into L1 meanwhile.
         unsafe fn block(&self, i: usize, mc: usize, j: usize, nc: usize) {
             let w = tile_cols(self.level);
             let kc_max = kc(self.level, self.pack_a).min(self.k);
             let len = if self.pack_a { mc.div_ceil(BLOCK_M) * BLOCK_M * kc_max } else { 0 };
+            // The piece `p0..` of the sliver holding column `jj`, as cache lines.
+            let piece = |jj: usize, p0: usize| Prefetch {
+                at: self.packed_b.add((jj / w) * self.k * w + p0 * w),
+                lines: (self.k - p0).min(kc_max) * w / 16,
+            };
             with_scratch(&PANELS, len, |panels| {
                 for p0 in (0..self.k).step_by(kc_max) {
                     let kc = (self.k - p0).min(kc_max);
@@ -472,15 +479,33 @@ mod x86 {
                         self.pack_a(i, mc, p0, kc, panels);
                     }
                     for jj in (j..j + nc).step_by(w) {
-                        self.sliver(i, mc, jj, (j + nc - jj).min(w), p0, kc, panels);
+                        let next = if jj + w < j + nc {
+                            piece(jj + w, p0)
+                        } else if p0 + kc < self.k {
+                            piece(j, p0 + kc)
+                        } else {
+                            Prefetch::NONE
+                        };
+                        self.sliver(i, mc, jj, (j + nc - jj).min(w), p0, kc, panels, next);
                     }
                 }
             });
         }
 
-        /// Rows `i..i + mc` × the `cols` columns from `jj` of `c`, over the piece `p0..p0 + kc` of the reduction.
+        /// Rows `i..i + mc` × the `cols` columns from `jj` of `c`, over the piece `p0..p0 + kc` of the reduction;
+        /// the row tiles fetch an even share each of `next`.
         #[allow(clippy::too_many_arguments)]
-        unsafe fn sliver(&self, i: usize, mc: usize, jj: usize, cols: usize, p0: usize, kc: usize, panels: &[f32]) {
+        unsafe fn sliver(
+            &self,
+            i: usize,
+            mc: usize,
+            jj: usize,
+            cols: usize,
+            p0: usize,
+            kc: usize,
+            panels: &[f32],
+            next: Prefetch,
+        ) {
             let (w, lanes) = (tile_cols(self.level), if self.level == Level::Avx512 { 16 } else { 8 });
             let nv = cols.div_ceil(lanes);
             let tail = cols - (nv - 1) * lanes;
@@ -488,11 +513,14 @@ mod x86 {
             // The first piece of the reduction starts the chains at the bias, the next ones continue them from `c`.
             let cols = if load || self.bias.is_null() { std::ptr::null() } else { self.bias.add(jj) };
             let sliver = self.packed_b.add((jj / w) * self.k * w + p0 * w);
+            let tiles = tile_rows(mc).count();
             for (t, (r0, mr)) in tile_rows(mc).enumerate() {
                 let c = self.c.offset((i + r0) as isize * self.rsc).add(jj);
+                let (l0, l1) = (t * next.lines / tiles, (t + 1) * next.lines / tiles);
+                let prefetch = Prefetch { at: next.at.wrapping_add(l0 * 16), lines: l1 - l0 };
                 if self.pack_a {
                     let a = panels.as_ptr().add(t * BLOCK_M * kc);
-                    let t = Packed { k: kc, a, b: sliver, c, rsc: self.rsc, tail, accumulate: load, cols };
+                    let t = Packed { k: kc, a, b: sliver, c, rsc: self.rsc, tail, accumulate: load, cols, prefetch };
                     packed_tile(self.level, &t, mr, nv);
                 } else {
                     // Few columns: `a` read in place by the unpacked kernel's tile (broadcasts take any strides).
@@ -510,6 +538,7 @@ mod x86 {
                         rows: std::ptr::null(),
                         cols,
                         clamp: None,
+                        prefetch,
                     };
                     tile(self.level, &t, mr, nv);
                 }
