@@ -191,11 +191,14 @@ mod x86 {
         }
     }
 
-    /// Length of one piece of the reduction. With `a` packed, a sliver of `b` over it (`kc ×` tile width) stays
-    /// in L1 (32 KB of the 48) while every row tile of the block reads it; with `a` read in place, its rows'
-    /// broadcasts take L1 too and a longer piece (fewer passes over `c`) measured faster.
-    fn kc(level: Level, pack_a: bool) -> usize {
-        if level == Level::Avx512 && pack_a {
+    /// Length of one piece of the reduction: a sliver of `b` over it (`kc ×` tile width) stays in L1 (32 KB of
+    /// the 48 on AVX-512) while every row tile of the block reads it. With `a` read in place a piece twice as long
+    /// (64 KB) measured faster while every tile drained the pipeline on entry (`FlushSubnormals`); without the
+    /// drain the L1-sized piece is the faster one (single thread, GFLOP/s, 256 → 128: `196 × 1024 × 256` 75–130 →
+    /// 132–141, `784 × 512 × 128` 120–140 → 143–155, `1000 × 784 × 256` 127–140 → 131–147; ResNet-50's forward +
+    /// ∂x 1–3% faster).
+    fn kc(level: Level) -> usize {
+        if level == Level::Avx512 {
             128
         } else {
             256
@@ -465,7 +468,7 @@ mod x86 {
         /// every row tile, the row tiles fetching the next sliver (or the next piece's first) into L1 meanwhile.
         unsafe fn block(&self, i: usize, mc: usize, j: usize, nc: usize) {
             let w = tile_cols(self.level);
-            let kc_max = kc(self.level, self.pack_a).min(self.k);
+            let kc_max = kc(self.level).min(self.k);
             let len = if self.pack_a { mc.div_ceil(BLOCK_M) * BLOCK_M * kc_max } else { 0 };
             // The piece `p0..` of the sliver holding column `jj`, as cache lines.
             let piece = |jj: usize, p0: usize| Prefetch {
