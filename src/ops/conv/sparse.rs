@@ -237,6 +237,8 @@ pub(super) fn backward(
     }
     let chunk = if need_w || need_b { WGRAD_CHUNK } else { 1 };
     let run = |s: &mut Scratch, ci: usize, dx: Option<&mut [f32]>| -> (Vec<f32>, Vec<f32>) {
+        // One guard for the chunk's row sums, a kernel call per output position (see `FlushSubnormals`).
+        let _flush = simd::FlushSubnormals::on();
         let images = ci * chunk..((ci + 1) * chunk).min(n);
         if let Some(dx) = dx {
             for (i, dimg) in images.clone().zip(dx.chunks_exact_mut(in_len)) {

@@ -38,6 +38,18 @@ pub(crate) mod winograd;
 pub(crate) use gemm::{fma_peak, gemm_nn, gemm_nn_clamped, Start};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use isa::FlushSubnormals;
+
+/// Off x86-64 there is no flush mode to set (the kernels are portable loops with IEEE subnormals): a guard that
+/// does nothing, so that the loops taking one around their kernels read the same everywhere.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) struct FlushSubnormals;
+
+#[cfg(not(target_arch = "x86_64"))]
+impl FlushSubnormals {
+    pub(crate) fn on() -> FlushSubnormals {
+        FlushSubnormals
+    }
+}
 #[cfg(target_arch = "x86_64")]
 pub(crate) use layout::transpose_strided;
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
