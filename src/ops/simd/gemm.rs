@@ -335,9 +335,10 @@ pub(super) mod x86 {
 
     /// A register tile's reduction: `k` steps of `acc[r][v] += a[r]·b[v]`, row `r` of `a` at `r·rsa` from `a`
     /// and steps `csa` apart, `b`'s vectors contiguous and steps `rsb` apart (the last vector masked to `last`
-    /// with `TAIL`). Inlined into each tile body, so a caller's constant strides become immediate offsets.
+    /// with `TAIL`). Inlined into each tile body (through [`reduce_prefetching`], its only caller), so a caller's
+    /// constant strides become immediate offsets.
     #[inline(always)]
-    pub(in crate::ops::simd) unsafe fn reduce<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
+    unsafe fn reduce<S: Isa, const R: usize, const V: usize, const TAIL: bool>(
         acc: &mut [[S::V; V]; R],
         last: S::M,
         k: usize,
