@@ -64,6 +64,17 @@ pub(crate) unsafe fn written(len: usize, write: impl FnOnce(&mut [std::mem::Mayb
     v
 }
 
+/// `f`'s value, run after a block of NaNs of each length in `lens` is allocated and freed, so that the allocator
+/// hands those blocks back to `f`'s allocations of those lengths: an output [`written`] gives with an element left
+/// unwritten then shows a NaN (blocks under the allocator's threshold for fresh mappings, 128 KB, come back
+/// dirty; larger ones come back as zeroed pages).
+#[cfg(test)]
+pub(crate) fn poisoned<T>(lens: &[usize], f: impl FnOnce() -> T) -> T {
+    let blocks: Vec<Vec<f32>> = lens.iter().map(|&n| vec![f32::NAN; n]).collect();
+    drop(std::hint::black_box(blocks));
+    f()
+}
+
 /// A buffer shared by parallel jobs that touch disjoint positions of it: an output [`written`] gives (written
 /// only), or scratch the jobs read and write.
 #[derive(Clone, Copy)]

@@ -21,6 +21,7 @@
 
 use std::sync::Arc;
 
+use ndarray::ArrayViewMut2;
 use rayon::prelude::*;
 
 use super::unfold::transpose;
@@ -171,7 +172,7 @@ impl Tiling<'_> {
         let done = unsafe { kernels::input_tiles(self.xt, &s.cin, self.row_in, c, s.v.as_mut_ptr(), nt * c) };
         assert!(done, "winograd: the kernels `applies` checked");
         for xi in 0..POINTS {
-            self.product(xi, &s.v[xi * nt * c..][..nt * c], &mut s.m[xi * nt * o..][..nt * o]);
+            self.product(xi, &s.v[xi * nt * c..][..nt * c], super::mat_mut(&mut s.m[xi * nt * o..][..nt * o], nt, o));
         }
         // SAFETY: as the caller vouches.
         let done = unsafe { kernels::output_tiles(&self.outputs(&s.m, nt * o, &s.cout, out)) };
@@ -184,11 +185,12 @@ impl Tiling<'_> {
         kernels::Outputs { m, plane, o, bias, clamp, corners, row, out: out.ptr() }
     }
 
-    /// `m = v · U_ξ` for one point's plane of some tiles.
-    fn product(&self, xi: usize, v: &[f32], m: &mut [f32]) {
+    /// `m = v · U_ξ` for one point's plane of some tiles (`m`: their `nt × O` products), every element of `m`
+    /// written and none read.
+    fn product(&self, xi: usize, v: &[f32], m: ArrayViewMut2<f32>) {
         let (c, o) = (self.c, self.o);
         let nt = v.len() / c;
-        let (a, m) = (super::mat(v, nt, c), super::mat_mut(m, nt, o));
+        let a = super::mat(v, nt, c);
         match self.u {
             Transform::Packed(points) => simd::gemm_prepacked(a, &points[xi], m, false, None, false),
             Transform::Rows(u) => {
@@ -213,19 +215,32 @@ impl Tiling<'_> {
     ) {
         let (c, o) = (self.c, self.o);
         let chunk = tiles.div_ceil(2 * rayon::current_num_threads()).max(1);
-        let mut v = vec![0.0f32; POINTS * tiles * c];
-        let vs = Slots::raw(v.as_mut_ptr(), v.len());
-        (0..tiles.div_ceil(chunk)).into_par_iter().for_each(|k| {
-            let cin: Vec<usize> = (k * chunk..tiles.min((k + 1) * chunk)).map(&corner_in).collect();
-            // SAFETY: this chunk's tiles' columns of every plane, apart from every other chunk's.
-            let done =
-                unsafe { kernels::input_tiles(self.xt, &cin, self.row_in, c, vs.ptr().add(k * chunk * c), tiles * c) };
-            assert!(done, "winograd: the kernels `applies` checked");
-        });
-        let mut m = vec![0.0f32; POINTS * tiles * o];
-        m.par_chunks_mut(tiles * o)
-            .enumerate()
-            .for_each(|(xi, m)| self.product(xi, &v[xi * tiles * c..][..tiles * c], m));
+        // Neither buffer is zero-filled first (a pass over each per call): every element is written before it
+        // is read.
+        // SAFETY: the chunks' tiles cover `0..tiles`, and each tile's transform writes its column of every plane.
+        let v = unsafe {
+            crate::ops::written(POINTS * tiles * c, |slots| {
+                let vs = Slots::new(slots);
+                (0..tiles.div_ceil(chunk)).into_par_iter().for_each(|k| {
+                    let cin: Vec<usize> = (k * chunk..tiles.min((k + 1) * chunk)).map(&corner_in).collect();
+                    // SAFETY (of the enclosing block): this chunk's tiles' columns of every plane, apart from every
+                    // other chunk's.
+                    let done =
+                        kernels::input_tiles(self.xt, &cin, self.row_in, c, vs.ptr().add(k * chunk * c), tiles * c);
+                    assert!(done, "winograd: the kernels `applies` checked");
+                });
+            })
+        };
+        // SAFETY: each point's product, not accumulating, writes every element of its plane before reading any.
+        let m = unsafe {
+            crate::ops::written(POINTS * tiles * o, |slots| {
+                slots.par_chunks_mut(tiles * o).enumerate().for_each(|(xi, m)| {
+                    // A view of raw memory (no reference to a float is made): the point's `tiles × O` plane.
+                    let m = ArrayViewMut2::from_shape_ptr((tiles, o), m.as_mut_ptr().cast::<f32>());
+                    self.product(xi, &v[xi * tiles * c..][..tiles * c], m)
+                })
+            })
+        };
         (0..tiles.div_ceil(chunk)).into_par_iter().for_each(|k| {
             let first = k * chunk;
             let cout: Vec<usize> = (first..tiles.min((k + 1) * chunk)).map(&corner_out).collect();
@@ -346,6 +361,29 @@ mod tests {
     /// in order, across the packed kernel's pieces of the reduction too), on a partial sliver (80 outputs), partial
     /// tiles, the bias and the clamp, step by step and in blocks; and a weight takes the packed form from
     /// [`PACK_FLOATS`] on.
+    /// The step-by-step path (few tiles) writes every element of its transformed inputs and products before
+    /// reading them (neither buffer is zero-filled): on a heap dirtied with NaN blocks of their sizes
+    /// ([`crate::ops::poisoned`]) it gives the same bits, all finite.
+    #[test]
+    fn the_stepwise_buffers_are_written_before_they_are_read() {
+        if !simd::accelerated() || !enabled() {
+            return;
+        }
+        let p = Conv2dParams { padding: (1, 1), ..Default::default() };
+        let (n, c, h, o) = (1, 32, 8, 48);
+        let g = geometry(&[n, c, h, h], &[o, c, 3, 3], None, p).unwrap();
+        let tiles = n * h.div_ceil(TILE) * h.div_ceil(TILE);
+        assert!(applies(&g) && tiles.div_ceil(block_tiles(&g)) < BLOCKS_PER_THREAD, "goes step by step");
+        let xs = Tensor::uniform(&[n, c, h, h], -1.0, 1.0, 1).to_vec();
+        let ws = Tensor::uniform(&[o, c, 3, 3], -0.1, 0.1, 2).to_vec();
+        let u = Transform::new(kernels::weights(&ws, o, c), c, o, false).unwrap();
+        let want = forward(&xs, &u, None, &g, n, None);
+        let got =
+            crate::ops::poisoned(&[POINTS * tiles * c, POINTS * tiles * o], || forward(&xs, &u, None, &g, n, None));
+        assert!(got.iter().all(|v| v.is_finite()), "no element left unwritten");
+        assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
     #[test]
     fn a_packed_transform_gives_the_same_bits() {
         if !simd::accelerated() || !enabled() {
