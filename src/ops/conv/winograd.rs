@@ -357,10 +357,6 @@ mod tests {
     use super::*;
     use crate::Conv2dParams;
 
-    /// A transform packed for the product gives the row-major one's bits (each product's chains over the channels
-    /// in order, across the packed kernel's pieces of the reduction too), on a partial sliver (80 outputs), partial
-    /// tiles, the bias and the clamp, step by step and in blocks; and a weight takes the packed form from
-    /// [`PACK_FLOATS`] on.
     /// The step-by-step path (few tiles) writes every element of its transformed inputs and products before
     /// reading them (neither buffer is zero-filled): on a heap dirtied with NaN blocks of their sizes
     /// ([`crate::ops::poisoned`]) it gives the same bits, all finite.
@@ -384,6 +380,10 @@ mod tests {
         assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
+    /// A transform packed for the product gives the row-major one's bits (each product's chains over the channels
+    /// in order, across the packed kernel's pieces of the reduction too), on a partial sliver (80 outputs), partial
+    /// tiles, the bias and the clamp, step by step and in blocks; and a weight takes the packed form from
+    /// [`PACK_FLOATS`] on.
     #[test]
     fn a_packed_transform_gives_the_same_bits() {
         if !simd::accelerated() || !enabled() {
