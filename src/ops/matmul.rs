@@ -1,7 +1,7 @@
 //! Matrix products, 2-D and batched, with their backward: `Linear`'s forward on the packed vector kernel
 //! (`simd::gemm_packed`), the rest on the unpacked one or the `gemm` crate.
 
-use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis, Ix2, Ix3};
+use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Ix2, Ix3};
 
 use super::{record, Op};
 use crate::tensor::Tensor;
@@ -10,24 +10,28 @@ use crate::{Error, Result};
 /// Products with at least this many multiply-adds let the GEMM use every thread.
 const PAR_GEMM_WORK: usize = 1 << 20;
 
-/// A fresh `m × n` matrix that `product` writes whole, with nothing zero-filled first ([`crate::ops::written`]).
-/// With the activations of a recorded pass held for its backward, each output is memory last touched a pass
-/// before, out of every cache, and the zeroing cost about what the product's own stores did: ConvNeXt-T's
-/// `784 × 384 → 1536` MatMuls took 4.0–4.1 ms each in the model, 3.3–3.4 without it.
+/// A fresh array of `shape` that `product` writes whole, with nothing zero-filled first ([`crate::ops::written`]):
+/// a matrix, or a batch of them. With the activations of a recorded pass held for its backward, each output is
+/// memory last touched a pass before, out of every cache, and the zeroing cost about what the product's own stores
+/// did: ConvNeXt-T's `784 × 384 → 1536` MatMuls took 4.0–4.1 ms each in the model, 3.3–3.4 without it.
 ///
 /// # Safety
 ///
-/// `product` writes every element of the view it is given before reading it (a product on the vector kernels,
-/// not accumulating: each chain starts at zero or at a bias, never at `c`).
-unsafe fn product_matrix(m: usize, n: usize, product: impl FnOnce(ArrayViewMut2<f32>)) -> Array2<f32> {
-    // SAFETY: `written` hands over `m · n` slots; the view is of raw memory (no reference to a float is made),
-    // and `product` writes each element before reading it (the caller's promise).
+/// `product` writes every element of the view it is given before reading it (products on the vector kernels, not
+/// accumulating: each chain starts at zero or at a bias, never at `c`).
+unsafe fn product_array<D: ndarray::Dimension>(
+    shape: D,
+    product: impl FnOnce(ndarray::ArrayViewMut<f32, D>),
+) -> ndarray::Array<f32, D> {
+    let len = shape.size();
+    // SAFETY: `written` hands over `len` slots, the view's size; the view is of raw memory (no reference to a
+    // float is made), and `product` writes each element before reading it (the caller's promise).
     let v = unsafe {
-        crate::ops::written(m * n, |slots| {
-            product(ArrayViewMut2::from_shape_ptr((m, n), slots.as_mut_ptr().cast::<f32>()))
+        crate::ops::written(len, |slots| {
+            product(ndarray::ArrayViewMut::from_shape_ptr(shape.clone(), slots.as_mut_ptr().cast::<f32>()))
         })
     };
-    Array2::from_shape_vec((m, n), v).expect("m · n values")
+    ndarray::Array::from_shape_vec(shape, v).expect("the shape's size")
 }
 
 /// `c = a·b` (or `c += a·b` when `accumulate`), any strides.
@@ -128,7 +132,7 @@ fn matmul2_kept(a: ArrayView2<f32>, w: &Tensor, b: ArrayView2<f32>, key: u64) ->
     match kept_packed(w, b, key) {
         // SAFETY: the product, not accumulating, writes every element of `c` before reading any.
         Some(packed) => unsafe {
-            product_matrix(a.nrows(), b.ncols(), |c| super::simd::gemm_prepacked(a, &packed, c, false, None, true))
+            product_array(Ix2(a.nrows(), b.ncols()), |c| super::simd::gemm_prepacked(a, &packed, c, false, None, true))
         },
         None => matmul2(a, b),
     }
@@ -163,7 +167,7 @@ pub(crate) fn matmul2(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
         // SAFETY: on the vector kernels the product runs, and, not accumulating, writes every element of `c`
         // before reading any.
         return unsafe {
-            product_matrix(m, n, |c| assert!(super::simd::gemm_packed(a, b, c, false, true), "the kernels are on"))
+            product_array(Ix2(m, n), |c| assert!(super::simd::gemm_packed(a, b, c, false, true), "the kernels are on"))
         };
     }
     let rows = invariant_rows(m, k, n);
@@ -220,15 +224,9 @@ fn batched(a: ArrayView3<f32>, b: ArrayView3<f32>) -> Array3<f32> {
         for_items(c.view_mut(), work, each);
         return c;
     }
-    // SAFETY: `written` hands over `bn · m · n` slots, viewed as raw memory; on the vector kernels each item's
-    // product runs and, not accumulating, writes every element of its matrix before reading any (as
-    // `product_matrix`'s).
-    let v = unsafe {
-        crate::ops::written(bn * m * n, |slots| {
-            for_items(ArrayViewMut3::from_shape_ptr((bn, m, n), slots.as_mut_ptr().cast::<f32>()), work, each)
-        })
-    };
-    Array3::from_shape_vec((bn, m, n), v).expect("bn · m · n values")
+    // SAFETY: on the vector kernels each item's product runs and, not accumulating, writes every element of its
+    // matrix before reading any.
+    unsafe { product_array(Ix3(bn, m, n), |c| for_items(c, work, each)) }
 }
 
 /// `x` as a `rows × cols` matrix: a view when it is in standard layout, else a copy.
@@ -453,7 +451,7 @@ impl Tensor {
         let start = bias.as_slice().expect("standard layout");
         // SAFETY: the product, not accumulating, writes every element of `c` before reading any.
         let c = unsafe {
-            product_matrix(m, n, |c| super::simd::gemm_prepacked(a2.view(), &packed, c, false, Some(start), true))
+            product_array(Ix2(m, n), |c| super::simd::gemm_prepacked(a2.view(), &packed, c, false, Some(start), true))
         };
         let mut shape = self.shape().to_vec();
         *shape.last_mut().expect("rank 2 or more") = n;
@@ -669,7 +667,7 @@ mod tests {
         assert_eq!(bits(y.value()), bits(x.matmul(&w).unwrap().add(&one).unwrap().value()));
     }
 
-    /// The products whose outputs are not zero-filled first ([`product_matrix`], [`batched`]) write every element:
+    /// The products whose outputs are not zero-filled first ([`product_array`]: [`matmul2`], a kept packing, `matmul_bias`, [`batched`]) write every element:
     /// run on a heap dirtied with NaN blocks of the outputs' sizes ([`crate::ops::poisoned`]), they give the bits
     /// of the same products into zeroed matrices — the packed product (a right operand that keeps no packing),
     /// a kept packing, `x·w + b` on it, and a batch of products.
