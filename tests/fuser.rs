@@ -259,8 +259,9 @@ fn imported_taps_inside_fused_steps_are_the_layer_by_layer_values() {
     }
 }
 
-/// A residual add and its ReLU run as one step, a Conv → BatchNorm before it folds, and the legacy exporter's
-/// fixture (`zoo_opset13.onnx`: BatchNormalization nodes) folds its BatchNorms.
+/// A Conv → BatchNorm, the residual add after it and the ReLU run as one step (the BatchNorm folded, the sum in the
+/// convolution's store), as the layers would — also where the add's first operand is the residual; and the legacy
+/// exporter's fixture (`zoo_opset13.onnx`: BatchNormalization nodes) folds its BatchNorms.
 #[test]
 fn imported_residual_add_relu_and_the_legacy_fixture_fold() {
     use crate::onnx::build::{attr_ints, node, Graph};
@@ -280,10 +281,7 @@ fn imported_residual_add_relu_and_the_legacy_fixture_fold() {
     let model = g.model();
     let plan: Vec<(Fused, Vec<String>)> = model.plan().into_iter().map(|f| (f.fused, f.layers)).collect();
     let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-    assert_eq!(
-        plan,
-        vec![(conv(true, false, false), names(&["conv", "bn"])), (Fused::AddRelu, names(&["add", "relu"]))]
-    );
+    assert_eq!(plan, vec![(Fused::ConvAdd { bn: true, relu: true }, names(&["conv", "bn", "add", "relu"]))]);
     let x = Tensor::uniform(&[2, 3, 6, 6], -1.0, 1.0, 16);
     let (layered, _) = model.forward_taps(&x, false, &["c", "n", "a"]).expect("layer by layer");
     close("residual", &model.forward_t(&x, false).expect("forward"), &layered, 1e-5);

@@ -224,10 +224,19 @@ fn convolution() {
         check(&format!("conv2d no bias {i}"), &inputs[..2], &move |t| t[0].conv2d(&t[1], None, p));
         // The fused ReLU (a pre-activation within h of its kink is unlikely for these random inputs).
         check(&format!("conv2d_relu case {i}"), &inputs, &move |t| t[0].conv2d_relu(&t[1], Some(&t[2]), p));
+        // A residual added in the convolution's store (a fourth input, the output's shape), then the ReLU: the
+        // residual is chosen so that each sum is at least 0.1 from the ReLU's kink, farther than a probe moves it.
+        let t = |a: &ArrayD<f32>| Tensor::new(a.clone());
+        let z = t(&inputs[0]).conv2d(&t(&inputs[1]), Some(&t(&inputs[2])), p).unwrap().to_array();
+        let mut with_res = inputs.to_vec();
+        with_res.push(away_from_zero(z.shape(), 0.1, 1.0, s + 3) - &z);
+        check(&format!("conv2d_add case {i}"), &with_res, &move |t| t[0].conv2d_add(&t[1], Some(&t[2]), p, &t[3]));
+        check(&format!("conv2d_add_relu case {i}"), &with_res, &move |t| {
+            t[0].conv2d_add_relu(&t[1], Some(&t[2]), p, &t[3])
+        });
         // The fused clamp (ReLU6's form), its bounds in the widest gaps between the convolution's values in the
         // lower and the upper half: a probe moves a value by at most h (inputs and weights within ±1), and a
         // difference across a bound would not be the derivative.
-        let t = |a: &ArrayD<f32>| Tensor::new(a.clone());
         let mut y = t(&inputs[0]).conv2d(&t(&inputs[1]), Some(&t(&inputs[2])), p).unwrap().to_vec();
         y.sort_by(f32::total_cmp);
         let widest = |from: usize, to: usize| {

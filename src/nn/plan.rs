@@ -192,6 +192,16 @@ pub enum Fused {
         /// A BatchNorm folded in.
         bn: bool,
     },
+    /// A convolution, with the BatchNorm after it folded in as for [`Fused::Conv`] (`bn`), then a sum with another
+    /// value (a residual connection), then a ReLU (`relu`): one [`Tensor::conv2d_add`] or
+    /// [`Tensor::conv2d_add_relu`] — the sum made as the convolution stores its output, not in a pass of its own
+    /// (onnxruntime's Conv with its `Sum` input). The same values and gradients as the layers.
+    ConvAdd {
+        /// A BatchNorm folded in.
+        bn: bool,
+        /// A ReLU after the sum.
+        relu: bool,
+    },
     /// An evaluation-mode BatchNorm that no convolution takes (a pre-activation network's, after a concatenation
     /// or a residual add) and the ReLU after it: one pass over the activations each way, the same values and
     /// gradients as the two layers.
@@ -277,17 +287,23 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
                 let mut j = i + 1;
                 let bn = !train && open(i) && at(j) == Kind::BatchNorm && out(j) != Output::Tapped;
                 j += usize::from(bn);
-                let relu = open(j - 1) && at(j) == Kind::Relu;
-                j += usize::from(relu);
-                let pool = relu && open(j - 1) && is_max_pool2(at(j));
-                j += usize::from(pool);
-                let clip = !relu && open(j - 1) && at(j) == Kind::Clip;
-                j += usize::from(clip);
-                match (bn, relu, pool) {
-                    _ if clip => (j - i, Fused::ConvClip { bn }),
-                    // A convolution alone: its own forward is the same op.
-                    (false, false, false) => (1, Fused::Single),
-                    _ => (j - i, Fused::Conv { bn, relu, pool }),
+                if open(j - 1) && at(j) == Kind::Add {
+                    // A residual connection's sum (and its ReLU) in the convolution's store.
+                    let relu = open(j) && at(j + 1) == Kind::Relu;
+                    (j + 1 + usize::from(relu) - i, Fused::ConvAdd { bn, relu })
+                } else {
+                    let relu = open(j - 1) && at(j) == Kind::Relu;
+                    j += usize::from(relu);
+                    let pool = relu && open(j - 1) && is_max_pool2(at(j));
+                    j += usize::from(pool);
+                    let clip = !relu && open(j - 1) && at(j) == Kind::Clip;
+                    j += usize::from(clip);
+                    match (bn, relu, pool) {
+                        _ if clip => (j - i, Fused::ConvClip { bn }),
+                        // A convolution alone: its own forward is the same op.
+                        (false, false, false) => (1, Fused::Single),
+                        _ => (j - i, Fused::Conv { bn, relu, pool }),
+                    }
                 }
             }
             Kind::BatchNorm if !train && open(i) && at(i + 1) == Kind::Relu => (2, Fused::BatchNormRelu),
@@ -423,6 +439,14 @@ impl Fused {
                     Ok(x.conv2d(&w, b.as_ref(), *params)?.clamp(*lo, *hi))
                 }
             }
+            (Fused::ConvAdd { bn, relu }, [Layer::Conv { weight, bias, params }, rest @ ..]) => {
+                let (w, b) = folded(weight, bias, rest.first().filter(|_| bn))?;
+                match (rest.get(usize::from(bn)..).unwrap_or_default(), relu) {
+                    ([Layer::Add { other }], false) => x.conv2d_add(&w, b.as_ref(), *params, other),
+                    ([Layer::Add { other }, Layer::Relu], true) => x.conv2d_add_relu(&w, b.as_ref(), *params, other),
+                    _ => Err(mismatch(self)),
+                }
+            }
             (
                 Fused::BatchNormRelu,
                 [Layer::BatchNorm { weight, bias, running_mean, running_var, eps }, Layer::Relu],
@@ -542,6 +566,33 @@ mod tests {
         let k = [Kind::Add, Kind::Relu, Kind::Linear, Kind::Relu];
         assert_eq!(steps(&k, &[], &[], false), vec![(0, 2, Fused::AddRelu), (2, 1, ALONE), (3, 1, ALONE)]);
         assert_eq!(steps(&k, &[0], &[], false)[0], (0, 1, ALONE), "the sum read elsewhere");
+    }
+
+    /// A convolution (its BatchNorm folded), the residual sum after it and the ReLU after that: one step, with or
+    /// without the ReLU; not where the convolution's output or the BatchNorm's is read elsewhere or tapped, nor in
+    /// training (the BatchNorm is not folded); a sum read elsewhere keeps its ReLU apart. Run, the step gives the
+    /// layers' bits.
+    #[test]
+    fn a_residual_sum_goes_into_the_convolution() {
+        let k = [Kind::Conv, Kind::BatchNorm, Kind::Add, Kind::Relu, Kind::Conv];
+        let add = |bn, relu| Fused::ConvAdd { bn, relu };
+        assert_eq!(steps(&k, &[], &[], false), vec![(0, 4, add(true, true)), (4, 1, ALONE)]);
+        assert_eq!(steps(&k, &[2], &[], false)[..2], [(0, 3, add(true, false)), (3, 1, ALONE)]);
+        assert_eq!(steps(&k, &[1], &[], false)[..2], [(0, 2, conv(true, false, false)), (2, 2, Fused::AddRelu)]);
+        assert_eq!(steps(&k, &[0], &[], false)[..2], [(0, 1, ALONE), (1, 1, ALONE)]);
+        assert_eq!(steps(&k, &[], &[1], false)[..3], [(0, 1, ALONE), (1, 1, ALONE), (2, 2, Fused::AddRelu)]);
+        assert_eq!(steps(&k, &[], &[], true)[..3], [(0, 1, ALONE), (1, 1, ALONE), (2, 2, Fused::AddRelu)]);
+        assert_eq!(steps(&[Kind::Conv, Kind::Add], &[], &[], true), vec![(0, 2, add(false, false))]);
+        let x = Tensor::uniform(&[2, 3, 5, 5], -1.0, 1.0, 1);
+        let (weight, bias) = (Tensor::uniform(&[4, 3, 3, 3], -0.5, 0.5, 2), Some(Tensor::uniform(&[4], -0.2, 0.2, 3)));
+        let params = Conv2dParams::default();
+        let other = Tensor::uniform(&[2, 4, 3, 3], -1.0, 1.0, 4);
+        let conv = Layer::Conv { weight: weight.clone(), bias: bias.clone(), params };
+        let layers = [conv, Layer::Add { other: other.clone() }, Layer::Relu];
+        let got = add(false, true).run(&x, &layers).unwrap();
+        let want = x.conv2d(&weight, bias.as_ref(), params).unwrap().add(&other).unwrap().relu();
+        assert_eq!(got.to_vec(), want.to_vec());
+        assert!(add(false, true).run(&x, &layers[..2]).is_err(), "layers that do not fit the step");
     }
 
     #[test]

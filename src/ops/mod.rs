@@ -209,7 +209,8 @@ pub(crate) enum Op {
     },
     /// `act`: the output is the convolution clamped (fused: the ReLU `[0, ∞)`, ReLU6 `[0, 6]`; the backward masks
     /// where the output is not strictly inside first). `pool`: the output is the ReLU's, max-pooled over 2×2
-    /// windows of stride 2 (fused), with each window's flat arg-max in its plane.
+    /// windows of stride 2 (fused), with each window's flat arg-max in its plane. `res`: a residual added to the
+    /// convolution before the clamp (fused; the output's shape, never with `pool`).
     Conv2d {
         x: Tensor,
         w: Tensor,
@@ -217,6 +218,7 @@ pub(crate) enum Op {
         p: Conv2dParams,
         act: Option<conv::Clamp>,
         pool: Option<Vec<u32>>,
+        res: Option<Tensor>,
     },
     /// The backward finds each window's arg-max again from the input and the output.
     MaxPool2d {
@@ -253,6 +255,8 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::Where { .. } => "where",
             Op::Conv2d { pool: Some(_), .. } => "conv2d_relu_max_pool2",
+            Op::Conv2d { res: Some(_), act: None, .. } => "conv2d_add",
+            Op::Conv2d { res: Some(_), .. } => "conv2d_add_relu",
             Op::Conv2d { act: None, .. } => "conv2d",
             Op::Conv2d { act: Some(conv::Clamp::RELU), .. } => "conv2d_relu",
             Op::Conv2d { act: Some(_), .. } => "conv2d_clamp",
@@ -284,13 +288,7 @@ impl Op {
             | Op::AvgPool2d { x, .. }
             | Op::Softmax(x) => vec![x],
             Op::Concat { xs, .. } => xs.iter().collect(),
-            Op::Conv2d { x, w, b, .. } => {
-                let mut v = vec![x, w];
-                if let Some(b) = b {
-                    v.push(b);
-                }
-                v
-            }
+            Op::Conv2d { x, w, b, res, .. } => [x, w].into_iter().chain(b).chain(res).collect(),
             Op::LayerNorm(s) => std::iter::once(&s.x).chain(&s.scale).chain(&s.bias).collect(),
             Op::BatchNorm(s) => vec![&s.x, &s.scale, &s.bias],
         }
@@ -305,6 +303,9 @@ impl Op {
             Op::BroadcastTo(x) => Ok(vec![Some(shape::sum_to_shape(g, x.shape()))]),
             Op::Binary(elementwise::BinaryKind::Add, a, b) => Ok(elementwise::add_backward(a, b, g, need)),
             Op::AddRelu(..) => Ok(elementwise::add_relu_backward(out, g, need)),
+            Op::Conv2d { x, w, b, p, act, pool: None, res: Some(_) } => {
+                conv::conv2d_add_backward(x, w, b.is_some(), p, g, act.map(|c| (c, out)), need)
+            }
             _ => self.backward_borrowed(out, &g, need),
         }
     }
@@ -313,7 +314,7 @@ impl Op {
     fn backward_borrowed(&self, out: &Array, g: &ArrayD<f32>, need: &[bool]) -> Result<Vec<Option<ArrayD<f32>>>> {
         match self {
             Op::Binary(k, a, b) => Ok(elementwise::binary_backward(*k, a, b, g, need)),
-            Op::AddRelu(..) => self.backward(out, g.clone(), need),
+            Op::AddRelu(..) | Op::Conv2d { res: Some(_), .. } => self.backward(out, g.clone(), need),
             Op::Unary(k, x) => Ok(vec![Some(unary::unary_backward(*k, x.value(), out, g))]),
             Op::MatMul(a, b) => matmul::matmul_backward(a, b, g, need),
             Op::MatMulBias(a, b, bias) => {
@@ -335,7 +336,7 @@ impl Op {
             }
             Op::Gather { x, index } => Ok(vec![Some(index::gather_backward(x.shape(), index, g))]),
             Op::Where { mask, a, b } => Ok(index::where_backward(mask, a, b, g, need)),
-            Op::Conv2d { x, w, b, p, act, pool: None } => {
+            Op::Conv2d { x, w, b, p, act, pool: None, .. } => {
                 conv::conv2d_backward(x, w, b.is_some(), p, g, act.map(|c| (c, out)), need)
             }
             Op::Conv2d { x, w, b, p, pool: Some(argmax), .. } => {

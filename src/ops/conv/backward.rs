@@ -68,6 +68,39 @@ pub(crate) fn conv2d_backward(
     }
 }
 
+/// The backward of a convolution with a residual added (and clamped after the sum when `fused` gives the clamp with
+/// the op's output): the output's gradient, masked in place where the clamp passes it, is the residual's gradient
+/// (the last of `need`) and the convolution's output gradient — one mask pass and no copy, where the separate sum
+/// copied the gradient for its second operand.
+pub(crate) fn conv2d_add_backward(
+    x: &Tensor,
+    w: &Tensor,
+    has_bias: bool,
+    p: &Conv2dParams,
+    mut gout: ArrayD<f32>,
+    fused: Option<(Clamp, &crate::tensor::Array)>,
+    need: &[bool],
+) -> Result<Grads> {
+    if let Some((c, y)) = fused {
+        let ys = standard(y);
+        let mask =
+            |g: &mut [f32], y: &[f32]| g.iter_mut().zip(y).for_each(|(g, &y)| *g = if c.passes(y) { *g } else { 0.0 });
+        match gout.as_slice_mut() {
+            Some(gs) => gs.par_chunks_mut(MASK_CHUNK).zip(ys.par_chunks(MASK_CHUNK)).for_each(|(g, y)| mask(g, y)),
+            None => gout.iter_mut().zip(ys.iter()).for_each(|(g, &y)| *g = if c.passes(y) { *g } else { 0.0 }),
+        }
+    }
+    let convs = 2 + usize::from(has_bias);
+    let mut grads = if need[..convs].iter().any(|&n| n) {
+        let gs = standard(&gout);
+        backward(x, w, has_bias, p, &OutGrad::Dense { g: &gs, relu: None }, &need[..convs])?
+    } else {
+        vec![None; convs]
+    };
+    grads.push(need[convs].then_some(gout));
+    Ok(grads)
+}
+
 /// The backward of [`Tensor::conv2d_relu_max_pool2`], from the pooled output `out`, its gradient and the
 /// windows' arg-max.
 #[allow(clippy::too_many_arguments)]
@@ -191,7 +224,7 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
     let gt = adjoint(g, n);
     // A pointwise convolution's over a small map, transposed on the packed product (`W` packed, kept with it).
     if let Some(packed) = super::pointwise::kept(w, super::pointwise::KEY_FLIPPED, &flipped, &gt) {
-        return super::pointwise::forward(&masked, &packed, None, &gt, n, None);
+        return super::pointwise::forward(&masked, &packed, None, &gt, n, (None, None));
     }
     // Winograd's transform of the flipped weight, kept with the weight beside the flipped one.
     let wino = super::winograd::kept(w, super::winograd::KEY_FLIPPED, &flipped, &gt);

@@ -86,7 +86,8 @@ fn pooled_image_direct(
 }
 
 /// Forward for one image by unfolding: `out[O, Ho·Wo]` from `img[C, H, W]`, every element written (`out` need
-/// not be initialised), clamped as each product stores it when `act` is given.
+/// not be initialised), the image's residual `res` (`[O, Ho·Wo]`) added and the sum clamped as each product stores
+/// it when given.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward_image(
     img: &[f32],
@@ -95,7 +96,7 @@ pub(super) fn forward_image(
     g: &Geom,
     col: &mut Vec<f32>,
     out: &mut [MaybeUninit<f32>],
-    act: Option<Clamp>,
+    (act, res): (Option<Clamp>, Option<&[f32]>),
     par: bool,
 ) {
     let (og, k, hw) = (g.og(), g.k(), g.hw_out());
@@ -108,13 +109,14 @@ pub(super) fn forward_image(
         let dst = unsafe { ArrayViewMut2::from_shape_ptr((og, hw), out[grp * og * hw..].as_mut_ptr().cast::<f32>()) };
         // The chains start at the bias (`b + Σ w·x`): no pass over the output writes it first.
         let start = bias.map_or(Start::Zero, |b| Start::Rows(&b[grp * og..(grp + 1) * og]));
+        let res = res.map(|r| mat(&r[grp * og * hw..(grp + 1) * og * hw], og, hw));
         if g.is_pointwise() {
             let src = &img[grp * g.cg() * hw..(grp + 1) * g.cg() * hw];
-            clamped_product(wg, mat(src, k, hw), dst, start, par, act);
+            clamped_product(wg, mat(src, k, hw), dst, start, par, act, res);
         } else {
             col.resize(k * hw, 0.0);
             im2col(img, g, grp * g.cg(), col);
-            clamped_product(wg, mat(col, k, hw), dst, start, par, act);
+            clamped_product(wg, mat(col, k, hw), dst, start, par, act, res);
         }
     }
 }
@@ -137,26 +139,55 @@ impl<'a> Operands<'a> {
     }
 }
 
+/// The convolution of `x` with `w` and the bias, plus `res` when given (a residual connection: a tensor of the
+/// output's shape, else the broadcasting sum after the convolution), clamped to `act` when given — as one op.
 pub(super) fn conv2d(
     x: &Tensor,
     w: &Tensor,
     b: Option<&Tensor>,
     p: Conv2dParams,
     act: Option<Clamp>,
+    res: Option<&Tensor>,
 ) -> Result<Tensor> {
     let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
     let n = x.shape()[0];
+    if let Some(r) = res.filter(|r| r.shape() != [n, g.o, g.ho, g.wo]) {
+        // Not the output's shape: the convolution, then the sum with its broadcasting (and its error), then the clamp.
+        let sum = conv2d(x, w, b, p, None, None)?.add(r)?;
+        return Ok(match act {
+            Some(Clamp::RELU) => sum.relu(),
+            Some(c) => sum.clamp(c.lo, c.hi),
+            None => sum,
+        });
+    }
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
+    let rs = res.map(|r| standard(r.value()));
     let out = match super::pointwise::kept(w, super::pointwise::KEY, ws, &g) {
-        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, act),
+        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, (act, rs.as_deref())),
         None => {
             let wino = winograd::kept(w, winograd::KEY, ws, &g);
-            values(xs, ws, bias, &g, n, act, wino.as_deref())
+            values_adding(xs, ws, bias, &g, n, (act, rs.as_deref()), wino.as_deref())
         }
     };
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
-    Ok(record(value, Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None }))
+    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None, res: res.cloned() };
+    Ok(record(value, op))
+}
+
+/// `out = act(out + res)` element by element: a residual connection's sum (and the clamp after it) where the kernel
+/// did not add it in its store — the bits of the sum computed after the convolution.
+pub(super) fn add_residual(out: &mut [f32], res: &[f32], act: Option<Clamp>) {
+    match act {
+        Some(a) => out.iter_mut().zip(res).for_each(|(v, &r)| *v = a.apply(*v + r)),
+        None => out.iter_mut().zip(res).for_each(|(v, &r)| *v += r),
+    }
+}
+
+/// [`add_residual`] over a whole batch's output, across threads.
+fn add_residual_par(out: &mut [f32], res: &[f32], act: Option<Clamp>) {
+    const CHUNK: usize = 1 << 14;
+    out.par_chunks_mut(CHUNK).zip(res.par_chunks(CHUNK)).for_each(|(o, r)| add_residual(o, r, act));
 }
 
 /// The forward's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), weight and bias: the
@@ -172,46 +203,74 @@ pub(super) fn values(
     act: Option<Clamp>,
     wino: Option<&winograd::Transform>,
 ) -> Vec<f32> {
+    values_adding(xs, ws, bias, g, n, (act, None), wino)
+}
+
+/// [`values`] with the residual `res` (`[N, O, Ho, Wo]`, contiguous) added before the clamp, if given: in the
+/// unfolded product's store, else image by image after the direct kernels (in cache), else over the batch.
+pub(super) fn values_adding(
+    xs: &[f32],
+    ws: &[f32],
+    bias: Option<&[f32]>,
+    g: &Geom,
+    n: usize,
+    (act, res): (Option<Clamp>, Option<&[f32]>),
+    wino: Option<&winograd::Transform>,
+) -> Vec<f32> {
     let g = *g;
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
+    // The clamp the kernels apply: after the sum, so not in a kernel that does not add it.
+    let inner = if res.is_some() { None } else { act };
+    let finish = |mut out: Vec<f32>| {
+        if let Some(r) = res {
+            add_residual_par(&mut out, r, act);
+        }
+        out
+    };
     if let Some(u) = wino {
-        winograd::forward(xs, u, bias, &g, n, act)
+        finish(winograd::forward(xs, u, bias, &g, n, inner))
     } else if depthwise::applies(&g) {
-        depthwise::forward(xs, ws, bias, &g, n, act)
+        finish(depthwise::forward(xs, ws, bias, &g, n, inner))
     } else if let Some(plan) = direct_plan(&g) {
-        // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first.
+        // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first. A residual is
+        // added to each image's output right after it, while it is in cache.
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];
-        let run = |pad: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], par: bool| {
-            forward_image_direct(img, ws, bias, &g, &plan, pad, o, act, par)
+        let run = |pad: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], r: Option<&[f32]>, par: bool| {
+            forward_image_direct(img, ws, bias, &g, &plan, pad, o, inner, par);
+            if let Some(r) = r {
+                // SAFETY: `forward_image_direct` wrote every element of `o`.
+                let o = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
+                add_residual(o, r, act);
+            }
         };
         if n == 1 {
-            run(&mut Vec::new(), slots, xs, true);
+            run(&mut Vec::new(), slots, xs, res, true);
         } else {
-            slots
-                .par_chunks_mut(out_len)
-                .zip(xs.par_chunks(in_len))
-                .for_each_init(Vec::new, |pad, (o, img)| run(pad, o, img, false));
+            let images = slots.par_chunks_mut(out_len).zip(xs.par_chunks(in_len)).enumerate();
+            images.for_each_init(Vec::new, |pad, (i, (o, img))| {
+                run(pad, o, img, res.map(|r| &r[i * out_len..(i + 1) * out_len]), false)
+            });
         }
         // SAFETY: `forward_image_direct` wrote every element of every image's output.
         unsafe { out.set_len(n * out_len) };
         out
     } else if let Some(per) = images_per_product(&g, n) {
-        small_maps(xs, ws, bias, &g, n, act, per)
+        finish(small_maps(xs, ws, bias, &g, n, inner, per))
     } else {
-        // The fused clamp is applied in the product's store; nothing is zero-filled first.
+        // The residual and the fused clamp are applied in the product's store; nothing is zero-filled first.
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];
-        let run = |col: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], par: bool| {
-            forward_image(img, ws, bias, &g, col, o, act, par);
+        let run = |col: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], r: Option<&[f32]>, par: bool| {
+            forward_image(img, ws, bias, &g, col, o, (act, r), par);
         };
         if n == 1 {
-            run(&mut Vec::new(), slots, xs, true);
+            run(&mut Vec::new(), slots, xs, res, true);
         } else {
-            slots
-                .par_chunks_mut(out_len)
-                .zip(xs.par_chunks(in_len))
-                .for_each_init(Vec::new, |col, (o, img)| run(col, o, img, false));
+            let images = slots.par_chunks_mut(out_len).zip(xs.par_chunks(in_len)).enumerate();
+            images.for_each_init(Vec::new, |col, (i, (o, img))| {
+                run(col, o, img, res.map(|r| &r[i * out_len..(i + 1) * out_len]), false)
+            });
         }
         // SAFETY: `forward_image` wrote every element of every image's output.
         unsafe { out.set_len(n * out_len) };
@@ -259,7 +318,7 @@ fn small_maps(
             }
             prod.resize(o * cols, 0.0);
             let start = bias.map_or(Start::Zero, Start::Rows);
-            clamped_product(mat(ws, o, k), mat(wide, k, cols), mat_mut(prod, o, cols), start, false, act);
+            clamped_product(mat(ws, o, k), mat(wide, k, cols), mat_mut(prod, o, cols), start, false, act, None);
             for (b, image) in dst.chunks_exact_mut(out_len).enumerate() {
                 for (plane, row) in image.chunks_exact_mut(hw).zip(prod.chunks_exact(cols)) {
                     plane.copy_from_slice(&row[b * hw..(b + 1) * hw]);
@@ -279,7 +338,7 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
     let window = Pool2dParams::square(2);
     if g.ho < 2 || g.wo < 2 {
         // No whole window: the separate ops report the pooling's error.
-        return conv2d(x, w, b, p, Some(Clamp::RELU))?.max_pool2d(window);
+        return conv2d(x, w, b, p, Some(Clamp::RELU), None)?.max_pool2d(window);
     }
     let n = x.shape()[0];
     let ops = Operands::new(x, w, b);
@@ -315,7 +374,7 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
         // SAFETY: `f32` and `MaybeUninit<f32>` share their layout, and `forward_image` writes only initialised
         // values, so `conv` stays initialised.
         let slots = unsafe { &mut *(conv.as_mut_slice() as *mut [f32] as *mut [MaybeUninit<f32>]) };
-        forward_image(img, ws, bias, &g, scratch, slots, Some(Clamp::RELU), par);
+        forward_image(img, ws, bias, &g, scratch, slots, (Some(Clamp::RELU), None), par);
         pool_image(&g, conv, o, idx);
     };
     let mut out = vec![0.0f32; n * pooled_len];
@@ -356,7 +415,8 @@ fn pooled_op(
     argmax: Vec<u32>,
 ) -> Tensor {
     let value = Array4::from_shape_vec(shape, out).expect("sized by the caller").into_dyn();
-    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act: Some(Clamp::RELU), pool: Some(argmax) };
+    let act = Some(Clamp::RELU);
+    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: Some(argmax), res: None };
     record(value, op)
 }
 

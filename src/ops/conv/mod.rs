@@ -38,7 +38,7 @@ mod sparse;
 mod unfold;
 mod winograd;
 
-pub(crate) use backward::{conv2d_backward, conv2d_pool_backward};
+pub(crate) use backward::{conv2d_add_backward, conv2d_backward, conv2d_pool_backward};
 pub(crate) use winograd::enabled as winograd_enabled;
 
 /// Stride, zero padding, dilation and groups of a convolution (PyTorch's meaning).
@@ -220,12 +220,12 @@ impl Tensor {
     /// 2-D cross-correlation of `self` [N, C, H, W] with `weight` [O, C/groups, kh, kw] plus an optional
     /// `bias` [O]; output [N, O, Ho, Wo] with Ho = ⌊(H + 2p − d(kh−1) − 1)/s⌋ + 1.
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
-        forward::conv2d(self, weight, bias, params, None)
+        forward::conv2d(self, weight, bias, params, None, None)
     }
 
     /// `relu(conv2d(…))` as one op: the same values and gradients, one pass over the output fewer each way.
     pub fn conv2d_relu(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
-        forward::conv2d(self, weight, bias, params, Some(Clamp::RELU))
+        forward::conv2d(self, weight, bias, params, Some(Clamp::RELU), None)
     }
 
     /// `conv2d(…)` clamped to `[lo, hi]` as one op (ReLU6 is `[0, 6]`, an ONNX Conv → Clip): the values of
@@ -243,7 +243,33 @@ impl Tensor {
         if lo.is_nan() || hi.is_nan() || lo > hi {
             return Err(Error::invalid("conv2d_clamp", format!("the bounds [{lo}, {hi}] are not an interval")));
         }
-        forward::conv2d(self, weight, bias, params, Some(Clamp { lo, hi }))
+        forward::conv2d(self, weight, bias, params, Some(Clamp { lo, hi }), None)
+    }
+
+    /// `conv2d(…) + residual` as one op (a residual connection): the same values and gradients as the two ops,
+    /// with the sum made as the convolution stores its output (or right after, while the output is in cache)
+    /// instead of in a pass of its own. A `residual` not of the output's shape is added with broadcasting, as
+    /// [`Tensor::add`] does, after the convolution.
+    pub fn conv2d_add(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        params: Conv2dParams,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        forward::conv2d(self, weight, bias, params, None, Some(residual))
+    }
+
+    /// `relu(conv2d(…) + residual)` as one op (a residual block's end): the values and gradients of
+    /// `conv2d(…).add_relu(residual)`, see [`Tensor::conv2d_add`].
+    pub fn conv2d_add_relu(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        params: Conv2dParams,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        forward::conv2d(self, weight, bias, params, Some(Clamp::RELU), Some(residual))
     }
 
     /// `max_pool2d(relu(conv2d(…)), 2×2 windows, stride 2)` as one op: the same values and gradients, with the

@@ -128,30 +128,35 @@ fn product_transposed(
     super::unfold::transpose(yt, None, hw, n, dst);
 }
 
-/// The forward `[N, O, H, W]` from the contiguous input `xs` (`n` images) with `Wᵀ` packed ([`kept`]), the bias
-/// and the fused clamp.
+/// The forward `[N, O, H, W]` from the contiguous input `xs` (`n` images) with `Wᵀ` packed ([`kept`]), the bias,
+/// the residual (`[N, O, H, W]`, added to each image's output while it is in cache) and the fused clamp.
 pub(super) fn forward(
     xs: &[f32],
     wt: &PackedB,
     bias: Option<&[f32]>,
     g: &Geom,
     n: usize,
-    act: Option<Clamp>,
+    (act, res): (Option<Clamp>, Option<&[f32]>),
 ) -> Vec<f32> {
     let (c, o, hw) = (g.c, g.o, g.hw_out());
     let mut out = vec![0.0f32; n * o * hw];
-    let image = |yt: &mut Vec<f32>, dst: &mut [f32], img: &[f32], par: bool| {
+    let image = |yt: &mut Vec<f32>, dst: &mut [f32], img: &[f32], r: Option<&[f32]>, par: bool| {
         product_transposed(img, hw, wt, bias, yt, dst, par);
-        if let Some(act) = act {
-            dst.iter_mut().for_each(|v| *v = act.apply(*v));
+        match (r, act) {
+            (Some(r), _) => super::forward::add_residual(dst, r, act),
+            (None, Some(act)) => dst.iter_mut().for_each(|v| *v = act.apply(*v)),
+            (None, None) => {}
         }
     };
     if n == 1 {
-        image(&mut Vec::new(), &mut out, &xs[..c * hw], true);
+        image(&mut Vec::new(), &mut out, &xs[..c * hw], res, true);
     } else {
         out.par_chunks_mut(o * hw)
             .zip(xs.par_chunks(c * hw))
-            .for_each_init(Vec::new, |yt, (dst, img)| image(yt, dst, img, false));
+            .enumerate()
+            .for_each_init(Vec::new, |yt, (i, (dst, img))| {
+                image(yt, dst, img, res.map(|r| &r[i * o * hw..(i + 1) * o * hw]), false)
+            });
     }
     out
 }

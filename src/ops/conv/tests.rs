@@ -676,3 +676,68 @@ fn winograd_matches_the_direct_convolution() {
         assert!(worst <= 1e-5 * scale.max(1.0), "case {seed}: dx {worst} of {scale}");
     }
 }
+
+/// `conv2d_add` and `conv2d_add_relu` against the convolution and then `add` / `add_relu`, on every forward path
+/// (direct 3×3 with padding, the unfolded 1×1 whose store adds the residual, the transposed 1×1 on a 7×7 map,
+/// depthwise, a strided unfold, small maps side by side, Winograd), over one image (split inside it) and several:
+/// the same bits forward, recorded or not, and the same gradients of input, weight, bias and residual. A residual of
+/// another shape is added with broadcasting; one that does not broadcast is the sum's error.
+#[test]
+fn fused_residual_equals_conv_then_add() {
+    let pad = |k| Conv2dParams { padding: (k, k), ..Conv2dParams::default() };
+    let cases: [([usize; 4], [usize; 4], Conv2dParams); 9] = [
+        ([2, 5, 9, 8], [6, 5, 3, 3], pad(1)),
+        ([1, 5, 9, 8], [6, 5, 3, 3], pad(1)),
+        ([3, 12, 9, 9], [10, 12, 1, 1], Conv2dParams::default()),
+        ([1, 40, 12, 12], [70, 40, 1, 1], Conv2dParams::default()),
+        ([2, 256, 7, 7], [64, 256, 1, 1], Conv2dParams::default()),
+        ([2, 6, 9, 9], [6, 1, 3, 3], Conv2dParams { padding: (1, 1), groups: 6, ..Conv2dParams::default() }),
+        ([2, 4, 9, 9], [5, 4, 3, 3], Conv2dParams { stride: (2, 2), padding: (1, 1), ..Conv2dParams::default() }),
+        ([8, 16, 4, 4], [16, 16, 3, 3], pad(1)),
+        ([2, 32, 10, 10], [32, 32, 3, 3], pad(1)),
+    ];
+    if simd::accelerated() {
+        let g = |i: usize| geometry(&cases[i].0, &cases[i].1, None, cases[i].2).unwrap();
+        assert!(super::pointwise::applies(&g(4)) && !super::pointwise::applies(&g(3)), "both 1×1 paths");
+        assert!(super::winograd::applies(&g(8)) || !super::winograd::enabled(), "Winograd runs");
+    }
+    let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (i, (xs, ws, p)) in cases.into_iter().enumerate() {
+        let seed = 90 + 5 * i as u64;
+        let x = Tensor::uniform(&xs, -1.0, 1.0, seed).variable();
+        let w = Tensor::uniform(&ws, -0.5, 0.5, seed + 1).variable();
+        let b = Tensor::uniform(&[ws[0]], -0.2, 0.2, seed + 2).variable();
+        let plain = x.conv2d(&w, Some(&b), p).unwrap();
+        let r = Tensor::uniform(plain.shape(), -1.0, 1.0, seed + 3).variable();
+        let weights = Tensor::uniform(plain.shape(), -1.0, 1.0, seed + 4);
+        let grads = |y: &Tensor| y.mul(&weights).unwrap().sum_all().grad_wrt(&[&x, &w, &b, &r]).unwrap();
+        for relu in [false, true] {
+            let (fused, want) = if relu {
+                (x.conv2d_add_relu(&w, Some(&b), p, &r).unwrap(), plain.add_relu(&r).unwrap())
+            } else {
+                (x.conv2d_add(&w, Some(&b), p, &r).unwrap(), plain.add(&r).unwrap())
+            };
+            assert_eq!(bits(&fused), bits(&want), "case {i} relu {relu}: values");
+            let zeros = fused.to_vec().iter().filter(|&&v| v == 0.0).count();
+            assert!(!relu || zeros > 0 && zeros < fused.numel(), "case {i}: both sides of the ReLU");
+            for (name, (a, e)) in ["x", "w", "b", "r"].iter().zip(grads(&fused).iter().zip(&grads(&want))) {
+                assert_eq!(a.to_array(), e.to_array(), "case {i} relu {relu}: ∂{name}");
+            }
+            let untracked = crate::no_grad(|| x.conv2d_add_relu(&w, Some(&b), p, &r).unwrap());
+            assert!(!relu || bits(&untracked) == bits(&fused), "case {i}: not recorded");
+        }
+    }
+    // Broadcast: a residual per channel is the sum with broadcasting; a residual that does not fit is an error.
+    let x = Tensor::uniform(&[2, 3, 6, 6], -1.0, 1.0, 1).variable();
+    let w = Tensor::uniform(&[4, 3, 3, 3], -0.5, 0.5, 2);
+    let r = Tensor::uniform(&[4, 1, 1], -1.0, 1.0, 3).variable();
+    let fused = x.conv2d_add_relu(&w, None, Conv2dParams::default(), &r).unwrap();
+    let want = x.conv2d(&w, None, Conv2dParams::default()).unwrap().add(&r).unwrap().relu();
+    assert_eq!(bits(&fused), bits(&want));
+    let g = |y: &Tensor| y.sum_all().grad_wrt(&[&x, &r]).unwrap();
+    for (a, e) in g(&fused).iter().zip(&g(&want)) {
+        assert_eq!(a.to_array(), e.to_array());
+    }
+    let wrong = Tensor::uniform(&[3, 1, 1], -1.0, 1.0, 4);
+    assert!(x.conv2d_add(&w, None, Conv2dParams::default(), &wrong).is_err());
+}

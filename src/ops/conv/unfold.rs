@@ -125,12 +125,13 @@ pub(super) fn col2im(col: &[f32], g: &Geom, c0: usize, img: &mut [f32]) {
 
 /// `c (+)= a·b` on the vector kernel when the CPU has one, else on the `gemm` crate.
 pub(super) fn product(a: ArrayView2<f32>, b: ArrayView2<f32>, c: ArrayViewMut2<f32>, accumulate: bool, par: bool) {
-    clamped_product(a, b, c, if accumulate { Start::C } else { Start::Zero }, par, None)
+    clamped_product(a, b, c, if accumulate { Start::C } else { Start::Zero }, par, None, None)
 }
 
 /// [`product`] with its chains started at `start` (`Start::Rows`: the bias, one value per row of `c`, so `c`
-/// needs no bias written first), each result clamped as it is stored (the fused ReLU or ReLU6; a pass over `c`
-/// after the `gemm` crate's product, which accumulates onto the bias written into `c`).
+/// needs no bias written first), `residual` (`c`'s shape) added to each result and the sum clamped as it is stored
+/// (a residual connection, the fused ReLU or ReLU6; passes over `c` after the `gemm` crate's product, which
+/// accumulates onto the bias written into `c`).
 pub(super) fn clamped_product(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
@@ -138,14 +139,18 @@ pub(super) fn clamped_product(
     start: Start,
     par: bool,
     act: Option<Clamp>,
+    residual: Option<ArrayView2<f32>>,
 ) {
-    if !simd::gemm_nn_clamped(a, b, c.view_mut(), start, par, Clamp::bounds(act)) {
+    if !simd::gemm_nn_clamped(a, b, c.view_mut(), start, par, Clamp::bounds(act), residual) {
         if let Start::Rows(bias) = start {
             for (mut row, &v) in c.rows_mut().into_iter().zip(bias) {
                 row.fill(v);
             }
         }
         gemm(a, b, c.view_mut(), !matches!(start, Start::Zero), par);
+        if let Some(r) = residual {
+            c.zip_mut_with(&r, |v, &r| *v += r);
+        }
         if let Some(act) = act {
             c.mapv_inplace(|v| act.apply(v));
         }

@@ -22,7 +22,7 @@ pub(crate) fn gemm_nn(
     accumulate: bool,
     parallel: bool,
 ) -> bool {
-    gemm_nn_clamped(a, b, c, if accumulate { Start::C } else { Start::Zero }, parallel, None)
+    gemm_nn_clamped(a, b, c, if accumulate { Start::C } else { Start::Zero }, parallel, None, None)
 }
 
 /// Where each multiply-add chain of a product starts: at zero (`c = a·b`), at `c`'s value (`c += a·b`), or at a
@@ -36,8 +36,10 @@ pub(crate) enum Start<'a> {
 
 /// [`gemm_nn`] with its chains started at `start` (a per-row start has `m` values), each result clamped to
 /// `[lo, hi]` as it is stored when `clamp` is given (a pointwise convolution's fused ReLU or ReLU6: the tile holds
-/// the whole reduction, so the clamp costs no pass of its own). Returns `false` without touching `c` as
-/// [`gemm_nn`] does.
+/// the whole reduction, so the clamp costs no pass of its own). With `residual` (`c`'s shape and row stride, rows
+/// contiguous) each result is added to its element first, then clamped: `c = clamp(a·b + residual)`, a residual
+/// connection's sum in the store, bit for bit the sum computed after the product. Returns `false` without touching
+/// `c` as [`gemm_nn`] does.
 pub(crate) fn gemm_nn_clamped(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
@@ -45,12 +47,19 @@ pub(crate) fn gemm_nn_clamped(
     start: Start,
     parallel: bool,
     clamp: Option<[f32; 2]>,
+    residual: Option<ArrayView2<f32>>,
 ) -> bool {
     let ((m, k), n) = (a.dim(), b.ncols());
     debug_assert!(b.nrows() == k && c.dim() == (m, n));
     let level = level();
     if level == Level::Portable {
         return false;
+    }
+    if let Some(r) = &residual {
+        assert!(r.dim() == (m, n), "gemm_nn: a residual of c's shape");
+        if n > 1 && (r.strides()[1] != 1 || m > 1 && r.strides()[0] != c.strides()[0]) {
+            return false;
+        }
     }
     if let Start::Rows(bias) = start {
         assert!(bias.len() >= m, "gemm_nn: a start value per row");
@@ -61,6 +70,9 @@ pub(crate) fn gemm_nn_clamped(
         }
     }
     if empty_product(k, &mut c, !matches!(start, Start::Zero)) {
+        if let Some(r) = residual {
+            c.zip_mut_with(&r, |v, &r| *v += r);
+        }
         if let Some([lo, hi]) = clamp {
             c.mapv_inplace(|v| v.max(lo).min(hi));
         }
@@ -71,12 +83,12 @@ pub(crate) fn gemm_nn_clamped(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        x86::gemm_nn(level, a, b, c, start, parallel, clamp);
+        x86::gemm_nn(level, a, b, c, start, parallel, clamp, residual);
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (parallel, clamp, start);
+        let _ = (parallel, clamp, start, residual);
         unreachable!("off x86-64 the level is always `Portable`")
     }
 }
@@ -158,6 +170,7 @@ pub(super) mod x86 {
     }
 
     /// The product of operands [`super::gemm_nn`] validated, in column blocks, across threads when large enough.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm_nn(
         level: Level,
         a: ArrayView2<f32>,
@@ -166,10 +179,12 @@ pub(super) mod x86 {
         start: super::Start,
         parallel: bool,
         clamp: Option<[f32; 2]>,
+        residual: Option<ArrayView2<f32>>,
     ) {
         let ((m, k), n) = (a.dim(), b.ncols());
         let ops = Operands {
             clamp,
+            residual: residual.map_or(std::ptr::null(), |r| r.as_ptr()),
             a: a.as_ptr(),
             rsa: a.strides()[0],
             csa: a.strides()[1],
@@ -218,6 +233,8 @@ pub(super) mod x86 {
         rows: *const f32,
         level: Level,
         clamp: Option<[f32; 2]>,
+        /// `c`'s residual (laid out as `c`), or null.
+        residual: *const f32,
     }
 
     // SAFETY: the pointers come from views borrowed for the duration of the product; concurrent tasks touch disjoint
@@ -248,6 +265,11 @@ pub(super) mod x86 {
                     rows: if self.rows.is_null() { self.rows } else { self.rows.add(i) },
                     cols: std::ptr::null(),
                     clamp: self.clamp,
+                    residual: if self.residual.is_null() {
+                        self.residual
+                    } else {
+                        self.residual.offset(i as isize * self.rsc).add(j)
+                    },
                     prefetch: Prefetch::NONE,
                 };
                 tile(self.level, &t, mr, nv);
@@ -274,6 +296,8 @@ pub(super) mod x86 {
         pub(in crate::ops::simd) cols: *const f32,
         /// The results clamped to `[lo, hi]` as they are stored, or not.
         pub(in crate::ops::simd) clamp: Option<[f32; 2]>,
+        /// Unless null, the values (laid out as `c`) each result is added to before the clamp and the store.
+        pub(in crate::ops::simd) residual: *const f32,
         /// Memory the next tiles will read, fetched into L1 while this one computes.
         pub(in crate::ops::simd) prefetch: Prefetch,
     }
@@ -314,6 +338,14 @@ pub(super) mod x86 {
             start_at_cols::<S, R, V, TAIL>(&mut acc, last, t.cols);
         }
         reduce_prefetching::<S, R, V, TAIL>(&mut acc, last, t.k, (t.a, t.rsa, t.csa), (t.b, t.rsb), t.prefetch);
+        if !t.residual.is_null() {
+            let res = load_tile::<S, R, V, TAIL>(last, t.residual, t.rsc);
+            for (row, r) in acc.iter_mut().zip(&res) {
+                for (a, &r) in row.iter_mut().zip(r) {
+                    *a = S::add(*a, r);
+                }
+            }
+        }
         let bounds = t.clamp.map(|b| b.map(|v| S::splat(v)));
         store_tile_clamped::<S, R, V, TAIL>(last, t.c, t.rsc, &acc, bounds);
     }
@@ -453,7 +485,7 @@ mod tests {
                 let (mut plain, mut clamped) = (c0.clone(), c0.clone());
                 assert!(gemm_nn(a.view(), b.view(), plain.view_mut(), acc, false));
                 let start = if acc { Start::C } else { Start::Zero };
-                assert!(gemm_nn_clamped(a.view(), b.view(), clamped.view_mut(), start, true, Some([-0.5, 2.0])));
+                assert!(gemm_nn_clamped(a.view(), b.view(), clamped.view_mut(), start, true, Some([-0.5, 2.0]), None));
                 let want = plain.mapv(|v| v.clamp(-0.5, 2.0));
                 assert!(want.iter().any(|&v| v == -0.5) || k == 0 || m * n < 20, "{m}x{k}x{n}: the bound is met");
                 assert_eq!(clamped.mapv(f32::to_bits), want.mapv(f32::to_bits), "{m}x{k}x{n} acc {acc}");
@@ -474,10 +506,40 @@ mod tests {
             let rows: Vec<f32> = (0..m).map(|i| i as f32 * 0.37 - 1.0).collect();
             for clamp in [None, Some([-0.5, 2.0])] {
                 let mut want = Array2::from_shape_fn((m, n), |(i, _)| rows[i]);
-                assert!(gemm_nn_clamped(a.view(), b.view(), want.view_mut(), Start::C, false, clamp));
+                assert!(gemm_nn_clamped(a.view(), b.view(), want.view_mut(), Start::C, false, clamp, None));
                 let mut got = Array2::from_elem((m, n), f32::NAN);
-                assert!(gemm_nn_clamped(a.view(), b.view(), got.view_mut(), Start::Rows(&rows), true, clamp));
+                assert!(gemm_nn_clamped(a.view(), b.view(), got.view_mut(), Start::Rows(&rows), true, clamp, None));
                 assert_eq!(got.mapv(f32::to_bits), want.mapv(f32::to_bits), "{m}x{k}x{n} {clamp:?}");
+            }
+        }
+    }
+
+    /// A residual added in the store gives the bits of the product with the residual added after it, then clamped,
+    /// on every tile shape (masked tails, one and several row tiles, chains from zero, from `c` and from the rows),
+    /// serial and split across threads, with the residual's rows inside a wider array (its stride is `c`'s).
+    #[test]
+    fn residual_in_the_store_is_the_sum_after_the_product() {
+        if !accelerated() {
+            return;
+        }
+        for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (7, 40, 65), (13, 400, 130), (3, 0, 9)] {
+            let (a, b, c0) = (random(m, k, 11), random(k, n, 12), random(m, n + 3, 13));
+            let wide = random(m, n + 3, 14);
+            let res = wide.slice(s![.., ..n]);
+            let rows: Vec<f32> = (0..m).map(|i| i as f32 * 0.21 - 0.6).collect();
+            for (start, clamp) in
+                [(Start::Zero, None), (Start::C, Some([0.0, f32::INFINITY])), (Start::Rows(&rows), Some([-0.3, 0.4]))]
+            {
+                let mut plain = c0.clone();
+                assert!(gemm_nn_clamped(a.view(), b.view(), plain.slice_mut(s![.., ..n]), start, false, None, None));
+                let want = plain.slice(s![.., ..n]).to_owned() + res;
+                let want = want.mapv(|v| clamp.map_or(v, |[lo, hi]: [f32; 2]| v.max(lo).min(hi)));
+                for par in [false, true] {
+                    let mut got = c0.clone();
+                    let mut out = got.slice_mut(s![.., ..n]);
+                    assert!(gemm_nn_clamped(a.view(), b.view(), out.view_mut(), start, par, clamp, Some(res)));
+                    assert_eq!(out.mapv(f32::to_bits), want.mapv(f32::to_bits), "{m}x{k}x{n} {clamp:?} {par}");
+                }
             }
         }
     }

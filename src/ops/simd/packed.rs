@@ -541,6 +541,7 @@ mod x86 {
                         rows: std::ptr::null(),
                         cols,
                         clamp: None,
+                        residual: std::ptr::null(),
                         prefetch,
                     };
                     tile(self.level, &t, mr, nv);
