@@ -207,7 +207,8 @@ pub(super) fn values(
 }
 
 /// [`values`] with the residual `res` (`[N, O, Ho, Wo]`, contiguous) added before the clamp, if given: in the
-/// unfolded product's store, else image by image after the direct kernels (in cache), else over the batch.
+/// unfolded product's store, else to each image's output just written by the direct kernels or Winograd (in
+/// cache), else over the batch (depthwise, small maps).
 pub(super) fn values_adding(
     xs: &[f32],
     ws: &[f32],
@@ -228,7 +229,7 @@ pub(super) fn values_adding(
         out
     };
     if let Some(u) = wino {
-        finish(winograd::forward(xs, u, bias, &g, n, inner))
+        winograd::forward(xs, u, bias, &g, n, (act, res))
     } else if depthwise::applies(&g) {
         finish(depthwise::forward(xs, ws, bias, &g, n, inner))
     } else if let Some(plan) = direct_plan(&g) {
@@ -349,7 +350,7 @@ pub(super) fn conv2d_relu_max_pool2(x: &Tensor, w: &Tensor, b: Option<&Tensor>, 
     let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
     if let Some(u) = winograd::kept(w, winograd::KEY, ws, &g) {
         // Winograd's convolution of the whole batch, with the ReLU, pooled image by image from there.
-        let mut conv = winograd::forward(xs, &u, bias, &g, n, Some(Clamp::RELU));
+        let mut conv = winograd::forward(xs, &u, bias, &g, n, (Some(Clamp::RELU), None));
         let mut out = vec![0.0f32; n * pooled_len];
         let mut argmax = vec![0u32; if tracked { n * pooled_len } else { 0 }];
         let pool = |conv: &mut [f32], o: &mut [f32], idx: &mut [u32]| pool_image(&g, conv, o, idx);

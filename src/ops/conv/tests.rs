@@ -679,13 +679,14 @@ fn winograd_matches_the_direct_convolution() {
 
 /// `conv2d_add` and `conv2d_add_relu` against the convolution and then `add` / `add_relu`, on every forward path
 /// (direct 3×3 with padding, the unfolded 1×1 whose store adds the residual, the transposed 1×1 on a 7×7 map,
-/// depthwise, a strided unfold, small maps side by side, Winograd), over one image (split inside it) and several:
+/// depthwise, a strided unfold, small maps side by side, Winograd with partial tiles and whole ones, adding as it
+/// writes each image back), over one image (split inside it) and several:
 /// the same bits forward, recorded or not, and the same gradients of input, weight, bias and residual. A residual of
 /// another shape is added with broadcasting; one that does not broadcast is the sum's error.
 #[test]
 fn fused_residual_equals_conv_then_add() {
     let pad = |k| Conv2dParams { padding: (k, k), ..Conv2dParams::default() };
-    let cases: [([usize; 4], [usize; 4], Conv2dParams); 9] = [
+    let cases: [([usize; 4], [usize; 4], Conv2dParams); 10] = [
         ([2, 5, 9, 8], [6, 5, 3, 3], pad(1)),
         ([1, 5, 9, 8], [6, 5, 3, 3], pad(1)),
         ([3, 12, 9, 9], [10, 12, 1, 1], Conv2dParams::default()),
@@ -695,11 +696,13 @@ fn fused_residual_equals_conv_then_add() {
         ([2, 4, 9, 9], [5, 4, 3, 3], Conv2dParams { stride: (2, 2), padding: (1, 1), ..Conv2dParams::default() }),
         ([8, 16, 4, 4], [16, 16, 3, 3], pad(1)),
         ([2, 32, 10, 10], [32, 32, 3, 3], pad(1)),
+        ([1, 32, 8, 8], [48, 32, 3, 3], pad(1)),
     ];
     if simd::accelerated() {
         let g = |i: usize| geometry(&cases[i].0, &cases[i].1, None, cases[i].2).unwrap();
         assert!(super::pointwise::applies(&g(4)) && !super::pointwise::applies(&g(3)), "both 1×1 paths");
-        assert!(super::winograd::applies(&g(8)) || !super::winograd::enabled(), "Winograd runs");
+        let wino = super::winograd::applies(&g(8)) && super::winograd::applies(&g(9));
+        assert!(wino || !super::winograd::enabled(), "Winograd runs, on partial tiles and whole ones");
     }
     let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for (i, (xs, ws, p)) in cases.into_iter().enumerate() {

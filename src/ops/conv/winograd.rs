@@ -252,14 +252,15 @@ impl Tiling<'_> {
 }
 
 /// The convolution's values `[N, O, Ho, Wo]` from the contiguous input `xs` (`n` images), the weight's transform
-/// `u` ([`kept`]) and the bias, clamped as `act` says.
+/// `u` ([`kept`]) and the bias, plus the residual `res` (`[N, O, Ho, Wo]`) when given — added to each image as it
+/// is written back, in cache — clamped as `act` says.
 pub(super) fn forward(
     xs: &[f32],
     u: &Transform,
     bias: Option<&[f32]>,
     g: &Geom,
     n: usize,
-    act: Option<Clamp>,
+    (act, res): (Option<Clamp>, Option<&[f32]>),
 ) -> Vec<f32> {
     let (c, o) = (g.c, g.o);
     let (th, tw) = (g.ho.div_ceil(TILE), g.wo.div_ceil(TILE));
@@ -309,7 +310,9 @@ pub(super) fn forward(
         let (img, ty, tx) = (t / (th * tw), t / tw % th, t % tw);
         img * stage_len + (TILE * ty * ow + TILE * tx) * o
     };
-    let tiling = Tiling { xt: &xt, u, bias, act: Clamp::bounds(act), c, o, row_in: wp * c, row_out: ow * o };
+    // The clamp in the products' store, unless it comes after the residual's sum.
+    let inner = if res.is_some() { None } else { act };
+    let tiling = Tiling { xt: &xt, u, bias, act: Clamp::bounds(inner), c, o, row_in: wp * c, row_out: ow * o };
     // SAFETY: every tile's 4×4 block of every output channel is written, and the tiles cover the stage.
     let stage = unsafe {
         crate::ops::written(n * stage_len, |slots| {
@@ -333,18 +336,22 @@ pub(super) fn forward(
     // SAFETY: each image's slot is written whole, by the transpose or row by row.
     unsafe {
         crate::ops::written(n * out_len, |slots| {
-            slots.par_chunks_mut(out_len).zip(stage.par_chunks(stage_len)).for_each_init(Vec::new, |tmp, (dst, src)| {
+            let images = slots.par_chunks_mut(out_len).zip(stage.par_chunks(stage_len)).enumerate();
+            images.for_each_init(Vec::new, |tmp, (i, (dst, src))| {
                 let dst = &mut *(dst as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]);
                 if whole {
                     transpose(src, None, oh * ow, o, dst);
-                    return;
-                }
-                tmp.resize(stage_len, 0.0);
-                transpose(src, None, oh * ow, o, tmp);
-                for (plane, from) in dst.chunks_exact_mut(g.ho * g.wo).zip(tmp.chunks_exact(oh * ow)) {
-                    for (r, row) in plane.chunks_exact_mut(g.wo).enumerate() {
-                        row.copy_from_slice(&from[r * ow..][..g.wo]);
+                } else {
+                    tmp.resize(stage_len, 0.0);
+                    transpose(src, None, oh * ow, o, tmp);
+                    for (plane, from) in dst.chunks_exact_mut(g.ho * g.wo).zip(tmp.chunks_exact(oh * ow)) {
+                        for (r, row) in plane.chunks_exact_mut(g.wo).enumerate() {
+                            row.copy_from_slice(&from[r * ow..][..g.wo]);
+                        }
                     }
+                }
+                if let Some(r) = res {
+                    super::forward::add_residual(dst, &r[i * out_len..(i + 1) * out_len], act);
                 }
             })
         })
@@ -373,9 +380,10 @@ mod tests {
         let xs = Tensor::uniform(&[n, c, h, h], -1.0, 1.0, 1).to_vec();
         let ws = Tensor::uniform(&[o, c, 3, 3], -0.1, 0.1, 2).to_vec();
         let u = Transform::new(kernels::weights(&ws, o, c), c, o, false).unwrap();
-        let want = forward(&xs, &u, None, &g, n, None);
-        let got =
-            crate::ops::poisoned(&[POINTS * tiles * c, POINTS * tiles * o], || forward(&xs, &u, None, &g, n, None));
+        let want = forward(&xs, &u, None, &g, n, (None, None));
+        let got = crate::ops::poisoned(&[POINTS * tiles * c, POINTS * tiles * o], || {
+            forward(&xs, &u, None, &g, n, (None, None))
+        });
         assert!(got.iter().all(|v| v.is_finite()), "no element left unwritten");
         assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
@@ -402,8 +410,8 @@ mod tests {
             assert!(matches!(plain, Transform::Rows(_)));
             assert!(matches!(&packed, Transform::Packed(points) if points.len() == POINTS));
             for act in [None, Some(Clamp::RELU)] {
-                let want = forward(&xs, &plain, Some(&bias), &g, n, act);
-                let got = forward(&xs, &packed, Some(&bias), &g, n, act);
+                let want = forward(&xs, &plain, Some(&bias), &g, n, (act, None));
+                let got = forward(&xs, &packed, Some(&bias), &g, n, (act, None));
                 assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{n}×{c}×{h}×{w} → {o}");
             }
             let wt = Tensor::new(ndarray::Array::from_shape_vec(vec![o, c, 3, 3], ws).unwrap());
