@@ -3,7 +3,8 @@
 //! [`Output::Open`] when it is the step's only output, read by the next step alone (as its data input: the first,
 //! or either operand of an Add) and not the graph's output. A planned step of several nodes becomes one step
 //! running a [`Planned`] op, which describes its nodes from their inputs ([`Op::describe`]) and runs
-//! [`Fused::run`]: BatchNorm folded into the Conv before it, Conv + Relu (+ 2×2 MaxPool), Add + Relu, Sigmoid + Mul (SiLU),
+//! [`Fused::run`]: BatchNorm folded into the Conv before it, Conv + Relu (+ 2×2 MaxPool), Conv + Add (+ Relu), Add +
+//! Relu, Sigmoid + Mul (SiLU),
 //! Div + Erf + Add + Mul + Mul (the exact GELU as PyTorch exports it) — the
 //! kernels a native network of the same layers runs. A pass that taps a value inside a fused step plans its nodes
 //! again with that value [`Output::Tapped`] ([`run_tapped`]).
