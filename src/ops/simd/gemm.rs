@@ -58,7 +58,8 @@ pub(crate) fn gemm_nn_clamped(
     }
     if let Some(r) = &residual {
         assert!(r.dim() == (m, n), "gemm_nn: a residual of c's shape");
-        if n > 1 && (r.strides()[1] != 1 || m > 1 && r.strides()[0] != c.strides()[0]) {
+        // The tiles read it at `c`'s offsets.
+        if n > 1 && r.strides()[1] != 1 || m > 1 && r.strides()[0] != c.strides()[0] {
             return false;
         }
     }
@@ -580,6 +581,12 @@ mod tests {
                 }
             }
         }
+        // A residual whose rows are not `c`'s distance apart (a single column too) is left to the caller.
+        let (a, b, wide) = (random(5, 3, 17), random(3, 1, 18), random(5, 4, 19));
+        let mut c = Array2::from_elem((5, 1), f32::NAN);
+        let r = wide.slice(s![.., ..1]);
+        assert!(!gemm_nn_clamped(a.view(), b.view(), c.view_mut(), Start::Zero, false, None, Some(r)));
+        assert!(c.iter().all(|v| v.is_nan()), "untouched");
     }
 
     /// A short reduction run serially in panels (row tile by row tile across up to 8192 columns) gives the bits of
