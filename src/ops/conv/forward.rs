@@ -176,8 +176,11 @@ pub(super) fn conv2d(
 }
 
 /// `out = act(out + res)` element by element: a residual connection's sum (and the clamp after it) where the kernel
-/// did not add it in its store — the bits of the sum computed after the convolution.
+/// did not add it in its store — the bits of the sum computed after the convolution, with subnormals flushed on the
+/// vector kernels' level as the product's store flushes them (docs/conventions.md), so every path and batch size
+/// gives the same bits.
 pub(super) fn add_residual(out: &mut [f32], res: &[f32], act: Option<Clamp>) {
+    let _flush = crate::ops::simd::accelerated().then(crate::ops::simd::FlushSubnormals::on);
     match act {
         Some(a) => out.iter_mut().zip(res).for_each(|(v, &r)| *v = a.apply(*v + r)),
         None => out.iter_mut().zip(res).for_each(|(v, &r)| *v += r),

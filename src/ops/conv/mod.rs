@@ -261,7 +261,9 @@ impl Tensor {
     }
 
     /// `relu(conv2d(…) + residual)` as one op (a residual block's end): the values and gradients of
-    /// `conv2d(…).add_relu(residual)`, see [`Tensor::conv2d_add`].
+    /// `conv2d(…).add_relu(residual)`, see [`Tensor::conv2d_add`] — where the ReLU blocks the gradient it is +0 (a
+    /// selection, as PyTorch's ReLU and [`Tensor::conv2d_relu`] make it), where `add_relu` multiplies by the mask
+    /// (−0 for a negative gradient, NaN for an infinite one).
     pub fn conv2d_add_relu(
         &self,
         weight: &Tensor,

@@ -686,8 +686,10 @@ fn winograd_matches_the_direct_convolution() {
 #[test]
 fn fused_residual_equals_conv_then_add() {
     let pad = |k| Conv2dParams { padding: (k, k), ..Conv2dParams::default() };
-    let cases: [([usize; 4], [usize; 4], Conv2dParams); 10] = [
+    let grouped = Conv2dParams { padding: (1, 1), groups: 2, ..Conv2dParams::default() };
+    let cases: [([usize; 4], [usize; 4], Conv2dParams); 11] = [
         ([2, 5, 9, 8], [6, 5, 3, 3], pad(1)),
+        ([2, 8, 9, 9], [6, 4, 3, 3], grouped),
         ([1, 5, 9, 8], [6, 5, 3, 3], pad(1)),
         ([3, 12, 9, 9], [10, 12, 1, 1], Conv2dParams::default()),
         ([1, 40, 12, 12], [70, 40, 1, 1], Conv2dParams::default()),
@@ -700,8 +702,8 @@ fn fused_residual_equals_conv_then_add() {
     ];
     if simd::accelerated() {
         let g = |i: usize| geometry(&cases[i].0, &cases[i].1, None, cases[i].2).unwrap();
-        assert!(super::pointwise::applies(&g(4)) && !super::pointwise::applies(&g(3)), "both 1×1 paths");
-        let wino = super::winograd::applies(&g(8)) && super::winograd::applies(&g(9));
+        assert!(super::pointwise::applies(&g(5)) && !super::pointwise::applies(&g(4)), "both 1×1 paths");
+        let wino = super::winograd::applies(&g(9)) && super::winograd::applies(&g(10));
         assert!(wino || !super::winograd::enabled(), "Winograd runs, on partial tiles and whole ones");
     }
     let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -743,4 +745,21 @@ fn fused_residual_equals_conv_then_add() {
     }
     let wrong = Tensor::uniform(&[3, 1, 1], -1.0, 1.0, 4);
     assert!(x.conv2d_add(&w, None, Conv2dParams::default(), &wrong).is_err());
+    // A residual that is a permuted view (not in standard layout), into the product's store.
+    let x = Tensor::uniform(&[3, 12, 9, 9], -1.0, 1.0, 5);
+    let w = Tensor::uniform(&[10, 12, 1, 1], -0.5, 0.5, 6);
+    let r = Tensor::uniform(&[3, 9, 9, 10], -1.0, 1.0, 7).permute(&[0, 3, 1, 2]).unwrap();
+    let want = x.conv2d(&w, None, Conv2dParams::default()).unwrap().add_relu(&r).unwrap();
+    assert_eq!(bits(&x.conv2d_add_relu(&w, None, Conv2dParams::default(), &r).unwrap()), bits(&want));
+    // Subnormal residuals are flushed alike on every path: small maps side by side (a batch) and the product's store
+    // (one image) give each image the same bits.
+    let x = Tensor::uniform(&[8, 16, 4, 4], -1.0, 1.0, 8);
+    let w = Tensor::zeros(&[16, 16, 3, 3]);
+    let r = Tensor::new(ndarray::ArrayD::from_elem(vec![8, 16, 4, 4], 1e-39f32));
+    let batch = bits(&x.conv2d_add(&w, None, pad(1), &r).unwrap());
+    for i in 0..8 {
+        let one = |t: &Tensor| t.narrow(0, i, 1).unwrap();
+        let alone = bits(&one(&x).conv2d_add(&w, None, pad(1), &one(&r)).unwrap());
+        assert_eq!(alone, batch[i * 256..(i + 1) * 256], "image {i}");
+    }
 }

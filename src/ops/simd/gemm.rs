@@ -39,8 +39,8 @@ pub(crate) enum Start<'a> {
 /// `[lo, hi]` as it is stored when `clamp` is given (a pointwise convolution's fused ReLU or ReLU6: the tile holds
 /// the whole reduction, so the clamp costs no pass of its own). With `residual` (`c`'s shape and row stride, rows
 /// contiguous) each result is added to its element first, then clamped: `c = clamp(a·b + residual)`, a residual
-/// connection's sum in the store, bit for bit the sum computed after the product. Returns `false` without touching
-/// `c` as [`gemm_nn`] does.
+/// connection's sum in the store, bit for bit the sum computed after the product (subnormals flushed, as everywhere
+/// in the kernels). Returns `false` without touching `c` as [`gemm_nn`] does.
 pub(crate) fn gemm_nn_clamped(
     a: ArrayView2<f32>,
     b: ArrayView2<f32>,
@@ -56,11 +56,17 @@ pub(crate) fn gemm_nn_clamped(
     if level == Level::Portable {
         return false;
     }
-    if let Some(r) = &residual {
+    if let Some(r) = residual {
         assert!(r.dim() == (m, n), "gemm_nn: a residual of c's shape");
-        // The tiles read it at `c`'s offsets.
         if n > 1 && r.strides()[1] != 1 || m > 1 && r.strides()[0] != c.strides()[0] {
-            return false;
+            // The tiles read it at `c`'s offsets: the product's bits first, then the sum and the clamp.
+            if !gemm_nn_clamped(a, b, c.view_mut(), start, parallel, None, None) {
+                return false;
+            }
+            let _flush = super::FlushSubnormals::on();
+            let [lo, hi] = clamp.unwrap_or([f32::NEG_INFINITY, f32::INFINITY]);
+            c.zip_mut_with(&r, |v, &r| *v = (*v + r).max(lo).min(hi));
+            return true;
         }
     }
     if let Start::Rows(bias) = start {
@@ -581,12 +587,23 @@ mod tests {
                 }
             }
         }
-        // A residual whose rows are not `c`'s distance apart (a single column too) is left to the caller.
+        // A residual whose rows are not `c`'s distance apart (a single column too) is added after the product.
         let (a, b, wide) = (random(5, 3, 17), random(3, 1, 18), random(5, 4, 19));
-        let mut c = Array2::from_elem((5, 1), f32::NAN);
         let r = wide.slice(s![.., ..1]);
-        assert!(!gemm_nn_clamped(a.view(), b.view(), c.view_mut(), Start::Zero, false, None, Some(r)));
-        assert!(c.iter().all(|v| v.is_nan()), "untouched");
+        let mut plain = Array2::from_elem((5, 1), f32::NAN);
+        assert!(gemm_nn_clamped(a.view(), b.view(), plain.view_mut(), Start::Zero, false, None, None));
+        let want = (plain + r).mapv(|v| v.max(0.0));
+        let mut c = Array2::from_elem((5, 1), f32::NAN);
+        assert!(gemm_nn_clamped(
+            a.view(),
+            b.view(),
+            c.view_mut(),
+            Start::Zero,
+            false,
+            Some([0.0, f32::INFINITY]),
+            Some(r)
+        ));
+        assert_eq!(c.mapv(f32::to_bits), want.mapv(f32::to_bits));
     }
 
     /// A short reduction run serially in panels (row tile by row tile across up to 8192 columns) gives the bits of
