@@ -679,7 +679,8 @@ fn winograd_matches_the_direct_convolution() {
 
 /// `conv2d_add` and `conv2d_add_relu` against the convolution and then `add` / `add_relu`, on every forward path
 /// (direct 3×3 with padding, the unfolded 1×1 whose store adds the residual, the transposed 1×1 on a 7×7 map,
-/// depthwise, a strided unfold, small maps side by side, Winograd with partial tiles and whole ones, adding as it
+/// depthwise, grouped 3×3 and grouped 1×1 (unfolded, the residual sliced per group), a strided unfold, small maps
+/// side by side, Winograd with partial tiles and whole ones, adding as it
 /// writes each image back), over one image (split inside it) and several:
 /// the same bits forward, recorded or not, and the same gradients of input, weight, bias and residual. A residual of
 /// another shape is added with broadcasting; one that does not broadcast is the sum's error.
@@ -687,9 +688,11 @@ fn winograd_matches_the_direct_convolution() {
 fn fused_residual_equals_conv_then_add() {
     let pad = |k| Conv2dParams { padding: (k, k), ..Conv2dParams::default() };
     let grouped = Conv2dParams { padding: (1, 1), groups: 2, ..Conv2dParams::default() };
-    let cases: [([usize; 4], [usize; 4], Conv2dParams); 11] = [
+    let grouped_1x1 = Conv2dParams { groups: 2, ..Conv2dParams::default() };
+    let cases: [([usize; 4], [usize; 4], Conv2dParams); 12] = [
         ([2, 5, 9, 8], [6, 5, 3, 3], pad(1)),
         ([2, 8, 9, 9], [6, 4, 3, 3], grouped),
+        ([2, 8, 7, 7], [6, 4, 1, 1], grouped_1x1),
         ([1, 5, 9, 8], [6, 5, 3, 3], pad(1)),
         ([3, 12, 9, 9], [10, 12, 1, 1], Conv2dParams::default()),
         ([1, 40, 12, 12], [70, 40, 1, 1], Conv2dParams::default()),
@@ -702,8 +705,9 @@ fn fused_residual_equals_conv_then_add() {
     ];
     if simd::accelerated() {
         let g = |i: usize| geometry(&cases[i].0, &cases[i].1, None, cases[i].2).unwrap();
-        assert!(super::pointwise::applies(&g(5)) && !super::pointwise::applies(&g(4)), "both 1×1 paths");
-        let wino = super::winograd::applies(&g(9)) && super::winograd::applies(&g(10));
+        assert!(super::pointwise::applies(&g(6)) && !super::pointwise::applies(&g(5)), "both 1×1 paths");
+        assert!(super::forward::direct_plan(&g(2)).is_none(), "the grouped 1×1 unfolds, group by group");
+        let wino = super::winograd::applies(&g(10)) && super::winograd::applies(&g(11));
         assert!(wino || !super::winograd::enabled(), "Winograd runs, on partial tiles and whole ones");
     }
     let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
