@@ -10,7 +10,10 @@
 //! `--conv [FILTER]` times the convolutions of the full-size ResNets (batch 4 at 224², the CIFAR ones at batch 32)
 //! one by one — forward, and the input gradient alone (the weight not tracked, as in an attack; the backward op's
 //! time as `armoury::profile` records it) — as GFLOP/s and
-//! the share of the measured peak; FILTER keeps the shapes whose label contains it.
+//! the share of the measured peak; FILTER keeps the shapes whose label contains it. With `--cold` before it, every
+//! timed call (and every timed backward) follows a pass of all threads writing 512 MB, so the operands, the output's
+//! memory and the weights come from memory as they do inside a model, where each layer's data was last touched
+//! many megabytes ago — a kernel's speed alone on warm data misled two earlier tuning rounds.
 //!
 //! `--export DIR` writes every model's weights and a check batch for `benches/reference/zoo.py` (PyTorch and
 //! onnxruntime on the same models and weights) and exits.
@@ -25,12 +28,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut models = Vec::new();
     let mut batches = vec![1, 128, 1000];
     let mut budget_ms = 1500.0;
+    let mut cold = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--bench" => {}
             "--gemm" => return gemm_compare(budget_ms),
-            "--conv" => return conv_shapes(budget_ms, args.next().as_deref()),
+            "--cold" => cold = true,
+            "--conv" => return conv_shapes(budget_ms, args.next().as_deref(), cold.then(Thrash::new)),
             "--export" => {
                 let dir = args.next().ok_or("--export needs a directory")?;
                 let all = if models.is_empty() { Zoo::ALL.to_vec() } else { models };
@@ -67,12 +72,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Forward and forward + input-gradient time of single convolutions of the shapes real ResNets, WideResNets,
 /// MobileNets and EfficientNets spend their time in.
-fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
+fn conv_shapes(
+    budget_ms: f64,
+    filter: Option<&str>,
+    mut cold: Option<Thrash>,
+) -> Result<(), Box<dyn std::error::Error>> {
     use armoury::ops::Conv2dParams;
     use armoury::Tensor;
     let peak = armoury::ops::measured_peak_gflops(1.0);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("measured f32 peak {peak:?} GFLOP/s, {} threads, load {load}", rayon::current_num_threads());
+    println!(
+        "measured f32 peak {peak:?} GFLOP/s, {} threads, load {load}{}",
+        rayon::current_num_threads(),
+        if cold.is_some() { "cold: every timed call after all threads wrote 512 MB\n" } else { "" }
+    );
     /// `(label, [n, c, h, w], out channels, kernel, stride, padding)`.
     type Shape = (&'static str, [usize; 4], usize, usize, usize, usize);
     let shapes: &[Shape] = &[
@@ -146,25 +159,33 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
         let wt = Tensor::uniform(&[o, c / groups, k, k], -0.1, 0.1, 2);
         let (ho, wo) = ((h + 2 * pad - k) / s + 1, (w + 2 * pad - k) / s + 1);
         let flops = 2.0 * (n * o * ho * wo * (c / groups) * k * k) as f64;
-        let fwd = bench::median_ms_within(budget_ms, 200, || {
-            std::hint::black_box(x.conv2d(&wt, None, p)?);
-            Ok(())
-        })?;
+        let fwd = match &mut cold {
+            None => bench::median_ms_within(budget_ms, 200, || {
+                std::hint::black_box(x.conv2d(&wt, None, p)?);
+                Ok(())
+            })?,
+            Some(thrash) => thrash.median_ms(|| Ok(drop(std::hint::black_box(x.conv2d(&wt, None, p)?))))?,
+        };
         // The input gradient alone, then the weight gradient alone (what a training step adds): the conv's
         // backward op as the profile times it, the median over the runs.
-        let backward_ms = |x: &Tensor, wt: &Tensor, wrt: &Tensor| -> Result<f64, Box<dyn std::error::Error>> {
-            let mut ms = Vec::new();
-            bench::median_ms_within(budget_ms, 200, || {
-                let y = x.conv2d(wt, None, p)?;
+        let mut backward_ms = |x: &Tensor, wt: &Tensor, wrt: &Tensor| -> Result<f64, Box<dyn std::error::Error>> {
+            let op_ms = |y: &Tensor| -> armoury::Result<f64> {
                 let (g, prof) = armoury::profile::record(|| y.grad_wrt(&[wrt]));
                 std::hint::black_box(g?);
-                ms.push(
-                    prof.entries
-                        .iter()
-                        .filter(|e| e.phase == armoury::profile::Phase::Backward && e.op.starts_with("conv2d"))
-                        .map(|e| e.ms)
-                        .sum::<f64>(),
-                );
+                Ok(prof
+                    .entries
+                    .iter()
+                    .filter(|e| e.phase == armoury::profile::Phase::Backward && e.op.starts_with("conv2d"))
+                    .map(|e| e.ms)
+                    .sum::<f64>())
+            };
+            if let Some(thrash) = &mut cold {
+                // The forward before the caches are emptied: in a model the backward comes long after it.
+                return thrash.median_ms_with(|| Ok(x.conv2d(wt, None, p)?), |y| Ok(op_ms(y)?));
+            }
+            let mut ms = Vec::new();
+            bench::median_ms_within(budget_ms, 200, || {
+                ms.push(op_ms(&x.conv2d(wt, None, p)?)?);
                 Ok(())
             })?;
             ms.sort_by(f64::total_cmp);
@@ -186,6 +207,64 @@ fn conv_shapes(budget_ms: f64, filter: Option<&str>) -> Result<(), Box<dyn std::
         );
     }
     Ok(())
+}
+
+/// Empties the caches before each timed call: every pool thread writes its share of a buffer far larger than the
+/// caches (so also the other core's), as the layers before a model's convolution do.
+struct Thrash {
+    buffer: Vec<u8>,
+    round: u8,
+}
+
+impl Thrash {
+    /// Timed calls per figure.
+    const REPS: usize = 15;
+
+    fn new() -> Thrash {
+        Thrash { buffer: vec![0; 512 << 20], round: 0 }
+    }
+
+    fn run(&mut self) {
+        use rayon::prelude::*;
+        self.round = self.round.wrapping_add(1);
+        let v = self.round;
+        // Read and written, not filled: `memset` streams large fills past the caches without evicting anything.
+        self.buffer.par_chunks_mut(1 << 20).for_each(|c| c.iter_mut().for_each(|b| *b = b.wrapping_add(v)));
+        std::hint::black_box(&self.buffer);
+    }
+
+    /// The median milliseconds of `f` over [`Thrash::REPS`] calls, each after the caches were emptied.
+    fn median_ms(
+        &mut self,
+        mut f: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+    ) -> Result<f64, Box<dyn std::error::Error>> {
+        self.median_ms_with(
+            || Ok(()),
+            |_| {
+                let t = std::time::Instant::now();
+                f()?;
+                Ok(t.elapsed().as_secs_f64() * 1e3)
+            },
+        )
+    }
+
+    /// As [`Thrash::median_ms`] with `setup` run before the caches are emptied and its result handed to `timed`,
+    /// which returns the time (as the backward's op time the profile records).
+    fn median_ms_with<T>(
+        &mut self,
+        mut setup: impl FnMut() -> Result<T, Box<dyn std::error::Error>>,
+        mut timed: impl FnMut(&T) -> Result<f64, Box<dyn std::error::Error>>,
+    ) -> Result<f64, Box<dyn std::error::Error>> {
+        timed(&setup()?)?;
+        let mut ms = Vec::with_capacity(Self::REPS);
+        for _ in 0..Self::REPS {
+            let t = setup()?;
+            self.run();
+            ms.push(timed(&t)?);
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok(ms[ms.len() / 2])
+    }
 }
 
 /// GFLOP/s of `x·Wᵀ` (`x` `[m, k]`, `W` `[n, k]`, as a `Linear` layer computes it) on Armoury's kernel, the `gemm`

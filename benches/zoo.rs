@@ -15,7 +15,8 @@
 //! instead, labelled with the model's own predictions, and prints the time as a JSON line; `zoo_full.py
 //! autoattack` runs the authors' AutoAttack (`pyautoattack`) on the same weights, images and labels.
 //!
-//! `--profile ROWS` prints where one forward + input gradient spends its time instead ([`armoury::profile`]).
+//! `--profile ROWS` prints where one forward + input gradient spends its time instead ([`armoury::profile`]);
+//! with `--forward-only`, one forward pass with no graph recorded (what the onnxruntime column times).
 //!
 //! `--json` prints one JSON line per model instead of the table: `benches/reference/zoo_full.py compare` runs this
 //! binary once per round, interleaved with onnxruntime and PyTorch, and reads those lines.
@@ -37,12 +38,15 @@ struct Args {
     json: bool,
     autoattack: Option<usize>,
     profile: Option<usize>,
+    /// `--profile` times the forward pass alone (no graph recorded), as `logits` runs it.
+    forward_only: bool,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
     let mut dir = None;
     let mut models = Vec::new();
     let (mut reps, mut peak, mut json, mut autoattack, mut profile) = (5, None, false, None, None);
+    let mut forward_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -55,6 +59,7 @@ fn parse_args() -> Result<Args, BoxError> {
             "--peak" => peak = Some(Some(args.next().ok_or("--peak needs GFLOP/s")?.parse()?)),
             "--no-peak" => peak = Some(None),
             "--json" => json = true,
+            "--forward-only" => forward_only = true,
             "--profile" => profile = Some(args.next().ok_or("--profile needs a row count")?.parse()?),
             "--autoattack" => autoattack = Some(args.next().ok_or("--autoattack needs a sample count")?.parse()?),
             "--peak-only" => {
@@ -81,11 +86,12 @@ fn parse_args() -> Result<Args, BoxError> {
         }
         models = found;
     }
-    Ok(Args { dir, models, reps: reps.max(1), peak, json, autoattack, profile })
+    Ok(Args { dir, models, reps: reps.max(1), peak, json, autoattack, profile, forward_only })
 }
 
 const HELP: &str =
-    "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json] [--autoattack N] [--profile ROWS]
+    "usage: zoo DIR [MODEL…] [--reps N] [--peak GFLOPS | --no-peak] [--json] [--autoattack N] [--profile ROWS
+           [--forward-only]]
   DIR      what `python benches/reference/zoo_full.py export DIR` wrote
   MODEL    model names (files DIR/MODEL.onnx); default: every .onnx in DIR
   --reps   timed rounds of forward and forward + input gradient (default 5)
@@ -96,7 +102,9 @@ const HELP: &str =
   --autoattack N  instead of timing passes: AutoAttack's standard L∞ evaluation at ε = 8/255 of the first N
            images, labelled with the model's own predictions; one JSON line per model
   --profile ROWS  instead of timing passes: where one forward + input gradient spends its time, the ROWS most
-           expensive steps (forward: graph steps; backward: ops) and the totals per operator";
+           expensive steps (forward: graph steps; backward: ops) and the totals per operator
+  --forward-only  with --profile: profile the forward pass alone, with no graph recorded (what `logits` and the
+           onnxruntime comparison run) instead of forward + input gradient";
 
 /// One model's measurements.
 struct Measured {
@@ -198,22 +206,30 @@ fn autoattack(dir: &Path, name: &str, n: usize) -> Result<(), BoxError> {
 /// a pass no attack sees.
 const WARM_UPS: usize = 3;
 
-/// Where one forward + input gradient of the model spends its time ([`armoury::profile`]), after [`WARM_UPS`] passes: the
-/// `rows` most expensive steps, then the time per operator in each phase.
-fn profile(dir: &Path, name: &str, rows: usize) -> Result<(), BoxError> {
+/// Where one forward + input gradient (or, `forward_only`, one forward with no graph recorded) of the model spends
+/// its time ([`armoury::profile`]), after [`WARM_UPS`] passes: the `rows` most expensive steps, then the time per
+/// operator in each phase.
+fn profile(dir: &Path, name: &str, rows: usize, forward_only: bool) -> Result<(), BoxError> {
     use armoury::profile::Phase;
     let input = input(dir, name)?;
     let (x, y) = (Tensor::new(input.f32("x")?), labels(&input)?);
     let clf = classifier(dir, name)?;
+    let pass = || -> armoury::Result<()> {
+        match forward_only {
+            true => clf.logits(&x).map(drop),
+            false => clf.loss_gradient(&x, &y).map(drop),
+        }
+    };
     for _ in 0..WARM_UPS {
-        clf.loss_gradient(&x, &y)?;
+        pass()?;
     }
     let t = Instant::now();
-    let (result, p) = armoury::profile::record(|| clf.loss_gradient(&x, &y));
+    let (result, p) = armoury::profile::record(pass);
     let wall = t.elapsed().as_secs_f64() * 1e3;
     result?;
     let (fwd, bwd) = (p.total_ms(Phase::Forward), p.total_ms(Phase::Backward));
-    println!("{name}: forward + ∂x {wall:.1} ms: graph steps {fwd:.1} ms, backward ops {bwd:.1} ms");
+    let what = if forward_only { "forward" } else { "forward + ∂x" };
+    println!("{name}: {what} {wall:.1} ms: graph steps {fwd:.1} ms, backward ops {bwd:.1} ms");
     println!("{:>9} {:>6} {:>6}  {:<9} {:<40} {:<22} → output", "ms", "%", "calls", "phase", "op", "input");
     for e in p.entries.iter().take(rows) {
         println!(
@@ -244,7 +260,7 @@ fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
     if let Some(rows) = args.profile {
         for name in &args.models {
-            profile(&args.dir, name, rows).map_err(|e| format!("{name}: {e}"))?;
+            profile(&args.dir, name, rows, args.forward_only).map_err(|e| format!("{name}: {e}"))?;
         }
         return Ok(());
     }
