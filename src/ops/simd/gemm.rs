@@ -216,10 +216,9 @@ pub(super) mod x86 {
                 unsafe { ops.block(j, (n - j).min(block_n)) }
             });
         } else {
-            // A short reduction: panels of columns whose rows of `b` fit in L2, each swept row tile by row tile;
-            // otherwise block by block, each block's rows of `b` in L1 for all the row tiles.
-            let panel =
-                if k <= PANEL_MAX_K { (PANEL_BYTES / (4 * k.max(1)) / block_n).max(1) * block_n } else { block_n };
+            // Panels of columns whose rows of `b` fit in L2, each swept row tile by row tile (one block when a
+            // block's rows alone fill L2).
+            let panel = (PANEL_BYTES / (4 * k.max(1)) / block_n).max(1) * block_n;
             for j0 in (0..n).step_by(panel) {
                 // SAFETY: as above, sequentially.
                 unsafe { ops.panel(j0, (n - j0).min(panel), block_n) }
@@ -227,16 +226,16 @@ pub(super) mod x86 {
         }
     }
 
-    /// The longest reduction a serial product runs in panels ([`Operands::panel`]). With a few multiply-adds per
-    /// output, writing `c` is the product's cost, and block by block it went a 256-byte run per row of `c` at a
-    /// time, each row a stream of its own; a panel writes each row tile's rows as long runs. A pointwise
-    /// convolution over four images (ms, block by block → panels, alternated twice): `16 → 96` on 112² 1.24 →
-    /// 0.87–0.91, `24 → 144` on 56² 0.49 → 0.33–0.42, `32 → 192` on 28² and `40 → 240` on 28² level; from 64
-    /// channels on the rows of `b` read from L2 instead of L1 cost more than the runs save (`64 → 256` on 56²,
-    /// `128 → 512` on 28²: level to 1.18× slower).
-    const PANEL_MAX_K: usize = 32;
-
-    /// The bytes of `b` a panel keeps in L2 while each row tile sweeps across them.
+    /// The bytes of `b` a panel keeps in L2 while each row tile sweeps across them ([`Operands::panel`]).
+    ///
+    /// Block by block (64 columns, the block's rows of `b` in L1 for all the row tiles), each row of `c` was written
+    /// a 256-byte run at a time, every row a stream of its own, and each row of `b` read 256 bytes at a time; in a
+    /// model, where the output's memory and the input were last touched many layers ago, those short runs wait on
+    /// memory. A panel writes each row tile's rows, and reads `b`'s rows, as runs of the panel's width. Panels were
+    /// first limited to reductions of k ≤ 32 because from 64 channels up they measured level to 1.18× slower — on
+    /// warm data, the way `core --conv` then timed a convolution alone. With the caches emptied before each call
+    /// (`core --cold --conv`, two alternations, forward ms): `64 → 256` on 56² 2.88–2.97 → 1.86–1.90, `40 → 240` on
+    /// 28² 0.76–0.77 → 0.33–0.38, `128 → 512` on 28² 1.76–1.82 → 1.54–1.68, the other pointwise shapes level.
     const PANEL_BYTES: usize = 1 << 19;
 
     /// Raw views of the three operands (validated by [`super::gemm_nn`]).
@@ -606,22 +605,25 @@ mod tests {
         assert_eq!(c.mapv(f32::to_bits), want.mapv(f32::to_bits));
     }
 
-    /// A short reduction run serially in panels (row tile by row tile across up to 8192 columns) gives the bits of
-    /// the parallel run block by block, over two panels and a partial last block.
+    /// A product run serially in panels (row tile by row tile across the columns whose rows of `b` fill
+    /// `PANEL_BYTES` — 8192 columns at k = 16, 640 at k = 200, one block at k = 3000) gives the bits
+    /// of the parallel run block by block, over several panels and a partial last block.
     #[test]
     fn panels_give_the_blocks_bits() {
         if !accelerated() {
             return;
         }
-        let (m, k, n) = (15, 16, 8192 + 777);
-        assert!(m * k * n >= super::super::PAR_WORK, "the parallel run splits the blocks");
-        let (a, b) = (random(m, k, 15), random(k, n, 16));
-        let rows: Vec<f32> = (0..m).map(|i| i as f32 * 0.1).collect();
-        let (mut serial, mut par) = (Array2::from_elem((m, n), f32::NAN), Array2::from_elem((m, n), f32::NAN));
-        assert!(gemm_nn_clamped(a.view(), b.view(), serial.view_mut(), Start::Rows(&rows), false, None, None));
-        assert!(gemm_nn_clamped(a.view(), b.view(), par.view_mut(), Start::Rows(&rows), true, None, None));
-        assert!(serial.iter().all(|v| v.is_finite()), "every element written");
-        assert_eq!(serial.mapv(f32::to_bits), par.mapv(f32::to_bits));
+        for (k, seed) in [(16, 15), (200, 17), (3000, 19)] {
+            let (m, n) = (15, 8192 + 777);
+            assert!(m * k * n >= super::super::PAR_WORK, "the parallel run splits the blocks");
+            let (a, b) = (random(m, k, seed), random(k, n, seed + 1));
+            let rows: Vec<f32> = (0..m).map(|i| i as f32 * 0.1).collect();
+            let (mut serial, mut par) = (Array2::from_elem((m, n), f32::NAN), Array2::from_elem((m, n), f32::NAN));
+            assert!(gemm_nn_clamped(a.view(), b.view(), serial.view_mut(), Start::Rows(&rows), false, None, None));
+            assert!(gemm_nn_clamped(a.view(), b.view(), par.view_mut(), Start::Rows(&rows), true, None, None));
+            assert!(serial.iter().all(|v| v.is_finite()), "k = {k}: every element written");
+            assert_eq!(serial.mapv(f32::to_bits), par.mapv(f32::to_bits), "k = {k}");
+        }
     }
 
     /// A row of the product is bit-identical whichever other rows are computed with it.
