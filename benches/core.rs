@@ -164,7 +164,10 @@ fn conv_shapes(
                 std::hint::black_box(x.conv2d(&wt, None, p)?);
                 Ok(())
             })?,
-            Some(thrash) => thrash.median_ms(|| Ok(drop(std::hint::black_box(x.conv2d(&wt, None, p)?))))?,
+            Some(thrash) => thrash.median_ms(|| {
+                std::hint::black_box(x.conv2d(&wt, None, p)?);
+                Ok(())
+            })?,
         };
         // The input gradient alone, then the weight gradient alone (what a training step adds): the conv's
         // backward op as the profile times it, the median over the runs.
