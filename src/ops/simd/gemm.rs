@@ -6,8 +6,8 @@
 //! on the other rows.
 //!
 //! Dispatch: [`gemm_nn`] checks the level and the layout (`false` sends the caller to the `gemm` crate), splits
-//! the columns into blocks (across threads for large products; serially, a short reduction's blocks go in panels
-//! swept row tile by row tile) and each block into register tiles, and runs the tile body specialised for the
+//! the columns into blocks (across threads for large products; serially, in L2-sized panels of blocks swept row
+//! tile by row tile) and each block into register tiles, and runs the tile body specialised for the
 //! tile's rows and vectors (`tile_dispatch!`).
 
 use ndarray::{ArrayView2, ArrayViewMut2};
