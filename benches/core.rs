@@ -10,7 +10,7 @@
 //! `--conv [FILTER]` times the convolutions of the full-size ResNets (batch 4 at 224², the CIFAR ones at batch 32)
 //! one by one — forward, and the input gradient alone (the weight not tracked, as in an attack; the backward op's
 //! time as `armoury::profile` records it) — as GFLOP/s and
-//! the share of the measured peak; FILTER keeps the shapes whose label contains it. With `--cold` before it, every
+//! the share of the measured peak; FILTER keeps the shapes whose label contains it. With `--cold`, every
 //! timed call (and every timed backward) follows a pass of all threads writing 512 MB, so the operands, the output's
 //! memory and the weights come from memory as they do inside a model, where each layer's data was last touched
 //! many megabytes ago — a kernel's speed alone on warm data misled two earlier tuning rounds.
@@ -23,19 +23,30 @@ mod bench;
 
 use bench::Zoo;
 
+/// What the run times, chosen after every flag is read (so `--cold` may come before or after `--conv FILTER`).
+enum Mode {
+    /// The models of the zoo.
+    Zoo,
+    /// `--gemm`.
+    Gemm,
+    /// `--conv [FILTER]`.
+    Conv(Option<String>),
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     armoury::limits::reuse_freed_memory();
     let mut models = Vec::new();
     let mut batches = vec![1, 128, 1000];
     let mut budget_ms = 1500.0;
     let mut cold = false;
-    let mut args = std::env::args().skip(1);
+    let mut mode = Mode::Zoo;
+    let mut args = std::env::args().skip(1).peekable();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--bench" => {}
-            "--gemm" => return gemm_compare(budget_ms),
+            "--gemm" => mode = Mode::Gemm,
             "--cold" => cold = true,
-            "--conv" => return conv_shapes(budget_ms, args.next().as_deref(), cold.then(Thrash::new)),
+            "--conv" => mode = Mode::Conv(args.next_if(|f| !f.starts_with("--"))),
             "--export" => {
                 let dir = args.next().ok_or("--export needs a directory")?;
                 let all = if models.is_empty() { Zoo::ALL.to_vec() } else { models };
@@ -50,6 +61,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--budget-ms" => budget_ms = args.next().ok_or("--budget-ms needs a number")?.parse()?,
             name => models.push(Zoo::parse(name).ok_or_else(|| format!("unknown model or flag '{name}'"))?),
         }
+    }
+    match mode {
+        Mode::Conv(filter) => return conv_shapes(budget_ms, filter.as_deref(), cold.then(Thrash::new)),
+        _ if cold => return Err("--cold applies to --conv only".into()),
+        Mode::Gemm => return gemm_compare(budget_ms),
+        Mode::Zoo => {}
     }
     if models.is_empty() {
         models = Zoo::ALL.to_vec();

@@ -72,6 +72,9 @@ fn parse_args() -> Result<Args, BoxError> {
             _ => models.push(a),
         }
     }
+    if forward_only && profile.is_none() {
+        return Err(format!("--forward-only applies to --profile\n\n{HELP}").into());
+    }
     let dir = dir.ok_or_else(|| format!("no directory given\n\n{HELP}"))?;
     if models.is_empty() {
         let mut found: Vec<String> = std::fs::read_dir(&dir)

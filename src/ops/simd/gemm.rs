@@ -216,8 +216,8 @@ pub(super) mod x86 {
                 unsafe { ops.block(j, (n - j).min(block_n)) }
             });
         } else {
-            // Panels of columns whose rows of `b` fit in L2, each swept row tile by row tile (one block when a
-            // block's rows alone fill L2).
+            // Panels of columns whose rows of `b` fit in `PANEL_BYTES`, each swept row tile by row tile (a panel is
+            // one block once two blocks' rows exceed it: k > 1024 on AVX-512).
             let panel = (PANEL_BYTES / (4 * k.max(1)) / block_n).max(1) * block_n;
             for j0 in (0..n).step_by(panel) {
                 // SAFETY: as above, sequentially.
@@ -228,14 +228,17 @@ pub(super) mod x86 {
 
     /// The bytes of `b` a panel keeps in L2 while each row tile sweeps across them ([`Operands::panel`]).
     ///
-    /// Block by block (64 columns, the block's rows of `b` in L1 for all the row tiles), each row of `c` was written
-    /// a 256-byte run at a time, every row a stream of its own, and each row of `b` read 256 bytes at a time; in a
-    /// model, where the output's memory and the input were last touched many layers ago, those short runs wait on
-    /// memory. A panel writes each row tile's rows, and reads `b`'s rows, as runs of the panel's width. Panels were
-    /// first limited to reductions of k ≤ 32 because from 64 channels up they measured level to 1.18× slower — on
-    /// warm data, the way `core --conv` then timed a convolution alone. With the caches emptied before each call
-    /// (`core --cold --conv`, two alternations, forward ms): `64 → 256` on 56² 2.88–2.97 → 1.86–1.90, `40 → 240` on
-    /// 28² 0.76–0.77 → 0.33–0.38, `128 → 512` on 28² 1.76–1.82 → 1.54–1.68, the other pointwise shapes level.
+    /// Block by block (64 columns on AVX-512, 16 on AVX2; the block's rows of `b` in L1 for all the row tiles),
+    /// each row of `c` was written a block's width at a time (256 bytes), every row a stream of its own, and each
+    /// row of `b` read as short; in a model, where the output's memory and the input were last touched many layers
+    /// ago, those short runs wait on memory. A panel writes each row tile's rows, and reads `b`'s rows, as runs of
+    /// the panel's width. Panels were first limited to reductions of k ≤ 32 because from 64 channels up they
+    /// measured level to 1.18× slower — on warm data, the way `core --conv` then timed a convolution alone. With the
+    /// caches emptied before each call (`core --cold --conv`, two alternations, ms, block by block → panels):
+    /// forward `64 → 256` on 56² 2.88–2.97 → 1.86–1.90, `40 → 240` on 28² 0.76–0.77 → 0.33–0.38, `128 → 512` on 28²
+    /// 1.76–1.82 → 1.54–1.68, `256 → 512` of stride 2 on 56² 4.31–4.43 → 3.90–4.08; the input gradient of `256 → 64`
+    /// on 56² 2.05–2.44 → 1.66–1.77, of `32 → 192` and `40 → 240` on 28² 0.29–0.48 → 0.39–0.55 (slower); the
+    /// other shapes level.
     const PANEL_BYTES: usize = 1 << 19;
 
     /// Raw views of the three operands (validated by [`super::gemm_nn`]).
@@ -606,8 +609,10 @@ mod tests {
     }
 
     /// A product run serially in panels (row tile by row tile across the columns whose rows of `b` fill
-    /// `PANEL_BYTES` — 8192 columns at k = 16, 640 at k = 200, one block at k = 3000) gives the bits
-    /// of the parallel run block by block, over several panels and a partial last block.
+    /// `PANEL_BYTES` — on AVX-512 8192 columns at k = 16, 640 at k = 200, one block at k = 3000) gives the bits of
+    /// the parallel run block by block, over several panels and a partial last block: started at given row values
+    /// into a NaN-filled `c` (a block skipped stays NaN), and accumulating onto the same random `c` (a block
+    /// visited twice is added twice).
     #[test]
     fn panels_give_the_blocks_bits() {
         if !accelerated() {
@@ -623,6 +628,11 @@ mod tests {
             assert!(gemm_nn_clamped(a.view(), b.view(), par.view_mut(), Start::Rows(&rows), true, None, None));
             assert!(serial.iter().all(|v| v.is_finite()), "k = {k}: every element written");
             assert_eq!(serial.mapv(f32::to_bits), par.mapv(f32::to_bits), "k = {k}");
+            let c0 = random(m, n, seed + 2);
+            let (mut serial, mut par) = (c0.clone(), c0);
+            assert!(gemm_nn_clamped(a.view(), b.view(), serial.view_mut(), Start::C, false, None, None));
+            assert!(gemm_nn_clamped(a.view(), b.view(), par.view_mut(), Start::C, true, None, None));
+            assert_eq!(serial.mapv(f32::to_bits), par.mapv(f32::to_bits), "k = {k}, accumulating");
         }
     }
 
