@@ -124,11 +124,6 @@ fn print_profile(name: &str, ms: f64, p: &armoury::profile::Profile) {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let (mut models, mut n, mut steps) = (Vec::new(), 32usize, 3usize);
     let mut weights: Option<PathBuf> = None;
@@ -213,7 +208,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 train.push(tr);
             }
         }
-        let (w, a, t) = (median(whole), median(attack), median(train));
+        let (w, a, t) = (bench::median(whole), bench::median(attack), bench::median(train));
         println!("{name:<16} {:>5} {w:>10.1} {a:>10.1} {t:>10.1}", x.shape()[0]);
         json.push(
             serde_json::json!({"model": name, "batch": x.shape()[0], "step_ms": w, "attack_ms": a, "train_ms": t}),

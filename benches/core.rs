@@ -208,8 +208,7 @@ fn conv_shapes(
                 ms.push(op_ms(&x.conv2d(wt, None, p)?)?);
                 Ok(())
             })?;
-            ms.sort_by(f64::total_cmp);
-            Ok(ms[ms.len() / 2])
+            Ok(bench::median(ms))
         };
         let (xv, wv) = (x.variable(), wt.variable());
         let dx = backward_ms(&xv, &wt, &xv)?;
@@ -282,8 +281,7 @@ impl Thrash {
             self.run();
             ms.push(timed(&t)?);
         }
-        ms.sort_by(f64::total_cmp);
-        Ok(ms[ms.len() / 2])
+        Ok(bench::median(ms))
     }
 }
 

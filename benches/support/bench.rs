@@ -39,8 +39,13 @@ pub fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> 
         f()?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(median(times))
+}
+
+/// The median of measurements (the upper one of an even count); `v` must not be empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Median wall time in milliseconds of as many runs of `f` as fit in about `budget_ms` (at least 3, at most

@@ -213,7 +213,7 @@ pub(super) mod x86 {
             (0..blocks).into_par_iter().for_each(|blk| {
                 let j = blk * block_n;
                 // SAFETY: blocks write disjoint column ranges of `c`; the operands outlive this call.
-                unsafe { ops.block(j, (n - j).min(block_n)) }
+                unsafe { ops.panel(j, (n - j).min(block_n), block_n) }
             });
         } else {
             // Panels of columns whose rows of `b` fit in `PANEL_BYTES`, each swept row tile by row tile (a panel is
@@ -270,9 +270,10 @@ pub(super) mod x86 {
     impl Operands {
         /// All rows of `c` for the `nb` columns starting at `j0`: each row tile across the columns, in blocks of
         /// `block_n` — the row tile's `c` written as `mr` runs along its rows, where a block at a time wrote each
-        /// row of `c` a block apart.
+        /// row of `c` a block apart. The parallel product hands each task one block.
         unsafe fn panel(&self, j0: usize, nb: usize, block_n: usize) {
             let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
+            // One guard for the panel's tiles (see `FlushSubnormals`).
             let _flush = super::super::isa::FlushSubnormals::on();
             for (i, mr) in tile_rows(self.m) {
                 for j in (j0..j0 + nb).step_by(block_n) {
@@ -309,18 +310,6 @@ pub(super) mod x86 {
                 prefetch: Prefetch::NONE,
             };
             tile(self.level, &t, mr, nv);
-        }
-
-        /// All rows of `c` for the `nb` columns (at most one block) starting at `j`.
-        unsafe fn block(&self, j: usize, nb: usize) {
-            let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
-            let nv = nb.div_ceil(lanes);
-            let tail = nb - (nv - 1) * lanes;
-            // One guard for the column's tiles (see `FlushSubnormals`).
-            let _flush = super::super::isa::FlushSubnormals::on();
-            for (i, mr) in tile_rows(self.m) {
-                self.tile_at(i, mr, j, nv, tail);
-            }
         }
     }
 
