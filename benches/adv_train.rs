@@ -33,6 +33,10 @@ use armoury_attacks::Pgd;
 use armoury_defenses::training::ProjectedAdversarialDefense;
 use ndarray::ArrayD;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 const MODELS: [&str; 2] = ["preact_resnet18", "resnet18"];
 
 fn build(name: &str) -> Option<Sequential> {

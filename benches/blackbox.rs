@@ -8,6 +8,10 @@ use armoury::nn::{cnn, Sequential};
 use armoury::{data, io, Attack, Goal, ModuleClassifier};
 use armoury_attacks::{HopSkipJump, SquareAttack};
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 fn main() -> armoury::Result<()> {
     let net: Sequential = cnn(0);
     io::load_module(&net, std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cnn.safetensors"))?;

@@ -23,6 +23,10 @@ mod bench;
 
 use bench::Zoo;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// What the run times, chosen after every flag is read (so `--cold` may come before or after `--conv FILTER`).
 enum Mode {
     /// The models of the zoo.

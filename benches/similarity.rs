@@ -12,6 +12,10 @@ use armoury::{data, io, Classifier, ModuleClassifier};
 use armoury_defenses::detectors::{gaussian_encodings, measure_index, Encoder, IndexConfig, TapEncoder};
 use ndarray::Array2;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn table(name: &str, config: IndexConfig, history: &Array2<f32>, probes: &Array2<f32>, sizes: &[usize]) -> Res<()> {

@@ -29,6 +29,10 @@ use armoury_defenses::training::*;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// Make a model more robust with adversarial training: clean and robust accuracy (PGD-40, APGD-CE) after every
 /// epoch, the model saved, an SVG of accuracy per epoch, and one JSON line. Training starts from --weights when
 /// given, else from a fresh initialisation.

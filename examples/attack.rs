@@ -27,6 +27,10 @@ use armoury_attacks::registry::{self, AttackParams};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// Attack a model and report what broke: a table, a PNG grid of clean / adversarial / magnified-perturbation
 /// images, and one JSON line. Without --weights, a reference model is trained here first (3 epochs of Adam).
 #[derive(Parser)]

@@ -22,6 +22,10 @@ use armoury::nn::ReferenceModel;
 use armoury::Classifier;
 use clap::{Parser, ValueEnum};
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// Core speed of the reference models (forward, input gradient, training) and of FGSM, PGD-40 and CW-L2 against
 /// the PyTorch, onnxruntime and torchattacks baselines, as a table and one JSON line.
 #[derive(Parser)]

@@ -25,6 +25,10 @@ use armoury_defenses::eval::detect::{self, DetectRun, SimilarityRun, ATTACK_BATC
 use armoury_defenses::registry::DetectorBuild;
 use clap::Parser;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Detect adversarial examples, and evaluate the detector honestly: ROC AUC, TPR at fitted 1% / 5% FPR, the

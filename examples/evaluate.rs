@@ -33,6 +33,10 @@ use armoury_attacks::registry::from_spec;
 use armoury_defenses::eval as protect;
 use clap::Parser;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// How robust is a model: the threat model's cascade (default: AutoAttack's standard L∞ list at ε = 0.1), the
 /// gradient-masking audit, a summary table, the report (report.json, report.md, report.html) and one JSON line.
 /// Without --weights a reference model starts from the shipped reference weights (tests/fixtures/cnn.safetensors)

@@ -36,6 +36,10 @@ use armoury_attacks::registry::{self, AttackParams};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// Coverage-guided fuzzing of a classifier (DeepHunter-style, with DeepGauge coverage), then retraining on what
 /// it found: a progress bar, a summary table, report.json, coverage.svg, failures.png and checkpoint.json in
 /// --out, and one JSON line. The model defaults to the cnn: trained here on the full Fashion-MNIST, or the

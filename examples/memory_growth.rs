@@ -20,6 +20,10 @@ use armoury_attacks::Pgd;
 use armoury_defenses::training::ProjectedAdversarialDefense;
 use clap::Parser;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// Resident memory over a long PGD adversarial training of a reference model: does it stay flat after the first
 /// epoch? Prints VmRSS after each epoch, the growth after the first, and one JSON line.
 #[derive(Parser)]

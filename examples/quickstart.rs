@@ -32,6 +32,10 @@ use armoury::{data, io, Attack, Goal, ModuleClassifier, Tensor};
 use armoury_attacks::{CarliniWagnerL2, Pgd};
 use armoury_defenses::training::ProjectedAdversarialDefense;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// Armoury's main job end to end: train (or load) the reference cnn, attack it (FGSM, PGD-40, CW-L2), harden it
 /// with PGD adversarial fine-tuning, attack it again, and print a table and one JSON line.
 #[derive(Parser)]

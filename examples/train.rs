@@ -26,6 +26,10 @@ use armoury::optim::{Adam, AdamConfig};
 use armoury::train::{fit, TrainConfig};
 use clap::Parser;
 
+/// Large blocks freed a moment ago come back first, still in cache (`armoury::alloc`).
+#[global_allocator]
+static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+
 /// Train a reference model (or fine-tune an imported ONNX model) on any IDX data set: loss and accuracy per
 /// epoch, the weights saved, one JSON line.
 #[derive(Parser)]

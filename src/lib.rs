@@ -51,6 +51,7 @@ pub use autograd::Gradients;
 pub use error::{Error, Result};
 pub use ops::{Conv2dParams, Pool2dParams, Reduction, UnaryKind};
 pub use tensor::{enable_grad, grad_enabled, no_grad, Array, Tensor, TensorId};
+pub mod alloc;
 pub mod attack;
 pub mod classifier;
 pub mod coverage;

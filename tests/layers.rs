@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// The layers, bottom to top, with their modules.
 const LAYERS: [(&str, &[&str]); 5] = [
-    ("engine", &["tensor", "autograd", "ops", "nn", "optim", "io", "data", "limits", "seed", "profile"]),
+    ("engine", &["tensor", "autograd", "ops", "nn", "optim", "io", "data", "limits", "seed", "profile", "alloc"]),
     ("contracts", &["classifier", "attack", "detector", "train", "robustness", "onnx", "load"]),
     ("metrics", &["metrics", "coverage"]),
     ("evaluation", &["eval", "fuzz"]),

@@ -1,0 +1,356 @@
+//! A global allocator that hands a large block back while it is still in cache.
+//!
+//! A model's forward allocates one output per layer and frees each input as soon as the next layer has read it.
+//! With the system allocator a large output lands wherever the allocator finds room — often memory that left
+//! every cache long ago, or fresh pages from the kernel — so the kernel writing it pays a miss per line. Hand it the
+//! block freed a moment ago instead and the writes hit lines still in L2 or L3. onnxruntime gets the same from its
+//! arena allocator. [`WarmBlocks`] keeps the most recently freed large blocks (≥ [`WarmBlocks::LARGE`] bytes, at
+//! most [`WarmBlocks::SLOTS`] of them, a byte limit — 256 MB by default — and each only until [`WarmBlocks::AGE`]
+//! more have been freed) and returns the newest one that fits a request — within twice its size, so a small
+//! request does not take a big block — before asking the system; smaller blocks and blocks aligned beyond 64
+//! bytes go straight to the system allocator. On the zoo's ResNet-50
+//! and DenseNet-121 it makes the forward and the forward + input gradient 3–10% faster (docs/performance.md).
+//!
+//! It is opt-in, as every global allocator is: a program declares it once —
+//!
+//! ```
+//! #[global_allocator]
+//! static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
+//! ```
+//!
+//! — and the examples, the benchmarks and the integration tests do. Blocks in the cache stay mapped: a program
+//! holds at most the byte limit more than it would with the system allocator, and only while it keeps freeing
+//! large blocks (a block nothing asks for is given back once [`WarmBlocks::AGE`] others have been freed).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ptr;
+use std::sync::{Mutex, PoisonError};
+
+/// The allocator: a cache of recently freed large blocks in front of [`System`]. See the module docs.
+pub struct WarmBlocks {
+    cache: Mutex<Cache>,
+    limit: usize,
+}
+
+/// Freed blocks, oldest first.
+struct Cache {
+    blocks: [Block; WarmBlocks::SLOTS],
+    len: usize,
+    bytes: usize,
+    /// Blocks cached so far: a block's age is how many were cached after it.
+    clock: u64,
+}
+
+/// A cached block: the address given out, its capacity in bytes after the header, and the clock when it came in.
+#[derive(Clone, Copy)]
+struct Block {
+    addr: usize,
+    cap: usize,
+    freed: u64,
+}
+
+/// Bytes before each large block, holding its capacity; a multiple of the largest alignment served.
+const HEADER: usize = 64;
+
+impl WarmBlocks {
+    /// Requests of this many bytes or more go through the cache.
+    pub const LARGE: usize = 256 << 10;
+    /// At most this many blocks are kept.
+    pub const SLOTS: usize = 32;
+    /// A block passed over while this many others were freed is given back to the system: a buffer nothing of its
+    /// size has asked for since (a file read at start-up) does not stay resident for the rest of the run.
+    pub const AGE: u64 = 64;
+
+    /// An allocator keeping at most 256 MB of freed blocks.
+    pub const fn new() -> Self {
+        Self::with_limit(256 << 20)
+    }
+
+    /// An allocator keeping at most `bytes` of freed blocks; a freed block larger than that goes back to the
+    /// system at once.
+    pub const fn with_limit(bytes: usize) -> Self {
+        WarmBlocks {
+            cache: Mutex::new(Cache {
+                blocks: [Block { addr: 0, cap: 0, freed: 0 }; Self::SLOTS],
+                len: 0,
+                bytes: 0,
+                clock: 0,
+            }),
+            limit: bytes,
+        }
+    }
+
+    /// Bytes held in the cache now.
+    pub fn cached_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        // Nothing panics while the lock is held; a poisoned lock still holds a consistent cache.
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a block of this layout is one of ours (has a header), decided by the layout alone, as
+    /// `dealloc` and `realloc` receive it.
+    fn serves(layout: Layout) -> bool {
+        layout.size() >= Self::LARGE && layout.align() <= HEADER
+    }
+
+    /// The newest cached block with room for `size` bytes and at most twice that, taken out of the cache.
+    fn take(&self, size: usize) -> Option<*mut u8> {
+        let mut cache = self.lock();
+        let len = cache.len;
+        let i = cache.blocks[..len].iter().rposition(|b| b.cap >= size && b.cap / 2 <= size)?;
+        let Block { addr, cap, .. } = cache.blocks[i];
+        cache.blocks.copy_within(i + 1..len, i);
+        cache.len -= 1;
+        cache.bytes -= cap;
+        Some(addr as *mut u8)
+    }
+
+    /// A fresh block from the system with a header recording its capacity; null when the system has none.
+    unsafe fn fresh(&self, size: usize, zeroed: bool) -> *mut u8 {
+        let Some(total) = size.checked_add(HEADER) else { return ptr::null_mut() };
+        let Ok(layout) = Layout::from_size_align(total, HEADER) else { return ptr::null_mut() };
+        let base = if zeroed { System.alloc_zeroed(layout) } else { System.alloc(layout) };
+        if base.is_null() {
+            return base;
+        }
+        (base as *mut usize).write(size);
+        base.add(HEADER)
+    }
+
+    /// The capacity recorded in the header of a block of ours.
+    unsafe fn capacity(block: *mut u8) -> usize {
+        (block.sub(HEADER) as *const usize).read()
+    }
+
+    /// Gives a block of ours back to the system.
+    unsafe fn release(block: *mut u8, cap: usize) {
+        // The layout `fresh` allocated it with, which was valid then.
+        System.dealloc(block.sub(HEADER), Layout::from_size_align_unchecked(cap + HEADER, HEADER));
+    }
+}
+
+impl Default for WarmBlocks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// SAFETY: large blocks are `System` blocks with a 64-byte header holding their capacity; a block is cached or
+// given out, never both (the cache's lock), and is handed out only for a request it has room for, aligned to 64.
+unsafe impl GlobalAlloc for WarmBlocks {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !Self::serves(layout) {
+            return System.alloc(layout);
+        }
+        match self.take(layout.size()) {
+            Some(block) => block,
+            None => self.fresh(layout.size(), false),
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !Self::serves(layout) {
+            return System.alloc_zeroed(layout);
+        }
+        match self.take(layout.size()) {
+            Some(block) => {
+                block.write_bytes(0, layout.size());
+                block
+            }
+            // Fresh pages from the system are zero already.
+            None => self.fresh(layout.size(), true),
+        }
+    }
+
+    unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+        if !Self::serves(layout) {
+            return System.dealloc(block, layout);
+        }
+        let cap = Self::capacity(block);
+        if cap > self.limit {
+            return Self::release(block, cap);
+        }
+        // The oldest blocks make room, and the stale go; they are given back after the lock is released.
+        let mut evicted = [Block { addr: 0, cap: 0, freed: 0 }; Self::SLOTS];
+        let mut n = 0;
+        {
+            let mut cache = self.lock();
+            cache.clock += 1;
+            while cache.len > 0
+                && (cache.len == Self::SLOTS
+                    || cache.bytes + cap > self.limit
+                    || cache.clock - cache.blocks[0].freed > Self::AGE)
+            {
+                let oldest = cache.blocks[0];
+                let len = cache.len;
+                cache.blocks.copy_within(1..len, 0);
+                cache.len -= 1;
+                cache.bytes -= oldest.cap;
+                evicted[n] = oldest;
+                n += 1;
+            }
+            let (len, freed) = (cache.len, cache.clock);
+            cache.blocks[len] = Block { addr: block as usize, cap, freed };
+            cache.len += 1;
+            cache.bytes += cap;
+        }
+        for b in &evicted[..n] {
+            Self::release(b.addr as *mut u8, b.cap);
+        }
+    }
+
+    unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else { return ptr::null_mut() };
+        if Self::serves(layout) && Self::serves(new_layout) && new_size <= Self::capacity(block) {
+            return block;
+        }
+        if !Self::serves(layout) && !Self::serves(new_layout) {
+            return System.realloc(block, layout, new_size);
+        }
+        let moved = self.alloc(new_layout);
+        if !moved.is_null() {
+            ptr::copy_nonoverlapping(block, moved, layout.size().min(new_size));
+            self.dealloc(block, layout);
+        }
+        moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(size: usize) -> Layout {
+        Layout::from_size_align(size, 8).unwrap()
+    }
+
+    #[test]
+    fn the_newest_freed_block_that_fits_comes_back_first() {
+        let a = WarmBlocks::new();
+        let big = WarmBlocks::LARGE;
+        unsafe {
+            let p = a.alloc(layout(big));
+            let q = a.alloc(layout(big));
+            let r = a.alloc(layout(3 * big));
+            assert!(!p.is_null() && !q.is_null() && !r.is_null());
+            a.dealloc(p, layout(big));
+            a.dealloc(r, layout(3 * big));
+            a.dealloc(q, layout(big));
+            assert_eq!(a.cached_bytes(), 5 * big);
+            // The newest of the two that fit, not the oldest, and not the 3x block (more than twice the request).
+            assert_eq!(a.alloc(layout(big)), q);
+            assert_eq!(a.alloc(layout(big)), p);
+            let s = a.alloc(layout(big));
+            assert!(s != r, "a block more than twice the request was handed out");
+            // Within twice the request: the 3x block serves 2x.
+            assert_eq!(a.alloc(layout(2 * big)), r);
+            assert_eq!(a.cached_bytes(), 0);
+            for (b, n) in [(p, big), (q, big), (s, big), (r, 2 * big)] {
+                a.dealloc(b, layout(n));
+            }
+        }
+    }
+
+    #[test]
+    fn the_cache_holds_at_most_its_limit_and_its_slots() {
+        let big = WarmBlocks::LARGE;
+        let a = WarmBlocks::with_limit(4 * big);
+        unsafe {
+            let blocks: Vec<_> = (0..6).map(|_| a.alloc(layout(big))).collect();
+            for &b in &blocks {
+                a.dealloc(b, layout(big));
+            }
+            // The four newest stay; the two oldest went back to the system.
+            assert_eq!(a.cached_bytes(), 4 * big);
+            assert_eq!(a.alloc(layout(big)), blocks[5]);
+            assert_eq!(a.alloc(layout(big)), blocks[4]);
+            // A block over the limit is never cached.
+            let huge = a.alloc(layout(5 * big));
+            a.dealloc(huge, layout(5 * big));
+            assert_eq!(a.cached_bytes(), 2 * big);
+        }
+        let a = WarmBlocks::with_limit(usize::MAX / 4);
+        unsafe {
+            let blocks: Vec<_> = (0..WarmBlocks::SLOTS + 3).map(|_| a.alloc(layout(big))).collect();
+            for &b in &blocks {
+                a.dealloc(b, layout(big));
+            }
+            assert_eq!(a.cached_bytes(), WarmBlocks::SLOTS * big);
+        }
+    }
+
+    #[test]
+    fn a_block_nothing_asks_for_goes_back_after_its_age() {
+        let big = WarmBlocks::LARGE;
+        let a = WarmBlocks::new();
+        unsafe {
+            let stale = a.alloc(layout(8 * big));
+            a.dealloc(stale, layout(8 * big));
+            for i in 0..WarmBlocks::AGE {
+                // One block freed and taken again: the cache holds it and the stale one.
+                let p = a.alloc(layout(big));
+                a.dealloc(p, layout(big));
+                assert_eq!(a.cached_bytes(), 9 * big, "after {} frees", i + 1);
+            }
+            let p = a.alloc(layout(big));
+            a.dealloc(p, layout(big));
+            assert_eq!(a.cached_bytes(), big, "the stale block outlived its age");
+        }
+    }
+
+    #[test]
+    fn zeroed_blocks_are_zero_and_reallocation_keeps_the_bytes() {
+        let a = WarmBlocks::new();
+        let big = WarmBlocks::LARGE;
+        unsafe {
+            let p = a.alloc(layout(big));
+            p.write_bytes(0xAB, big);
+            a.dealloc(p, layout(big));
+            let z = a.alloc_zeroed(layout(big));
+            assert_eq!(z, p, "the freed block is reused");
+            assert!(std::slice::from_raw_parts(z, big).iter().all(|&b| b == 0));
+            // Growing past the block moves and keeps the bytes; shrinking within it stays in place.
+            z.write_bytes(7, big);
+            let grown = a.realloc(z, layout(big), 4 * big);
+            assert!(std::slice::from_raw_parts(grown, big).iter().all(|&b| b == 7));
+            grown.add(big).write_bytes(7, 3 * big);
+            assert_eq!(a.realloc(grown, layout(4 * big), 3 * big), grown);
+            assert_eq!(a.realloc(grown, layout(3 * big), 4 * big), grown, "the block still has room for 4x");
+            // Across the size threshold in both directions (header to none and back).
+            let small = a.realloc(grown, layout(4 * big), 1000);
+            assert!(std::slice::from_raw_parts(small, 1000).iter().all(|&b| b == 7));
+            let again = a.realloc(small, layout(1000), 2 * big);
+            assert!(std::slice::from_raw_parts(again, 1000).iter().all(|&b| b == 7));
+            a.dealloc(again, layout(2 * big));
+            // Over-aligned requests go to the system untouched.
+            let wide = Layout::from_size_align(big, 4096).unwrap();
+            let w = a.alloc(wide);
+            assert_eq!(w as usize % 4096, 0);
+            a.dealloc(w, wide);
+        }
+    }
+
+    #[test]
+    fn threads_never_share_a_block() {
+        let a = WarmBlocks::with_limit(8 * WarmBlocks::LARGE);
+        let big = WarmBlocks::LARGE;
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let a = &a;
+                s.spawn(move || unsafe {
+                    for i in 0..200 {
+                        let n = big + (i % 3) * 4096;
+                        let p = a.alloc(layout(n));
+                        p.write_bytes(t, n);
+                        std::thread::yield_now();
+                        assert!(std::slice::from_raw_parts(p, n).iter().all(|&b| b == t));
+                        a.dealloc(p, layout(n));
+                    }
+                });
+            }
+        });
+    }
+}
