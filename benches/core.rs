@@ -35,6 +35,8 @@ enum Mode {
     Gemm,
     /// `--conv [FILTER]`.
     Conv(Option<String>),
+    /// `--silu`.
+    Silu,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -49,6 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match a.as_str() {
             "--bench" => {}
             "--gemm" => mode = Mode::Gemm,
+            "--silu" => mode = Mode::Silu,
             "--cold" => cold = true,
             "--conv" => mode = Mode::Conv(args.next_if(|f| !f.starts_with("--"))),
             "--export" => {
@@ -70,6 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Mode::Conv(filter) => return conv_shapes(budget_ms, filter.as_deref(), cold.then(Thrash::new)),
         _ if cold => return Err("--cold applies to --conv only".into()),
         Mode::Gemm => return gemm_compare(budget_ms),
+        Mode::Silu => return silu_shapes(budget_ms),
         Mode::Zoo => {}
     }
     if models.is_empty() {
@@ -88,6 +92,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows.extend(bench::zoo_rows(zoo, &batches, budget_ms)?);
     }
     bench::print_zoo(&rows, peak);
+    Ok(())
+}
+
+/// SiLU and a squeeze-and-excitation gate's product on EfficientNet-B0's shapes at batch 4, warm: ms per call and
+/// elements per ns, against onnxruntime's `QuickGelu` and `Mul` in that model (`ort_profile.py`).
+fn silu_shapes(budget_ms: f64) -> Result<(), Box<dyn std::error::Error>> {
+    use armoury::Tensor;
+    println!("{:>16} {:>10} {:>8} {:>10} {:>8}", "shape", "silu ms", "el/ns", "gate ms", "el/ns");
+    for (c, hw) in [(96, 112), (144, 56), (32, 112), (672, 14), (240, 28), (480, 14), (1152, 7)] {
+        let x = Tensor::uniform(&[4, c, hw, hw], -4.0, 4.0, 1);
+        let gate = Tensor::uniform(&[4, c, 1, 1], -4.0, 4.0, 2);
+        let silu = bench::median_ms_within(budget_ms, 2000, || {
+            std::hint::black_box(x.silu());
+            Ok(())
+        })?;
+        let gated = bench::median_ms_within(budget_ms, 2000, || {
+            std::hint::black_box(gate.sigmoid().mul(&x)?);
+            Ok(())
+        })?;
+        let n = x.numel() as f64;
+        let label = format!("{c}@{hw}");
+        println!("{label:>16} {silu:>10.3} {:>8.2} {gated:>10.3} {:>8.2}", n / silu / 1e6, n / gated / 1e6);
+    }
     Ok(())
 }
 
