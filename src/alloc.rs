@@ -6,10 +6,10 @@
 //! block freed a moment ago instead and the writes hit lines still in L2 or L3. onnxruntime gets the same from its
 //! arena allocator. [`WarmBlocks`] keeps the most recently freed large blocks (≥ [`WarmBlocks::LARGE`] bytes, at
 //! most [`WarmBlocks::SLOTS`] of them, a byte limit — 256 MB by default — and each only until [`WarmBlocks::AGE`]
-//! more have been freed) and returns the newest one that fits a request — within twice its size, so a small
-//! request does not take a big block — before asking the system; smaller blocks and blocks aligned beyond 64
-//! bytes go straight to the system allocator. On the zoo's ResNet-50
-//! and DenseNet-121 it makes the forward and the forward + input gradient 3–10% faster (docs/performance.md).
+//! more large blocks have been freed after it) and returns the newest one that fits a request — within twice its
+//! size, so a small request does not take a big block — before asking the system; smaller blocks and blocks
+//! aligned beyond 64 bytes go straight to the system allocator. On most of the zoo's models it makes the forward
+//! and the forward + input gradient 2–12% faster (docs/performance.md, twenty-second round).
 //!
 //! It is opt-in, as every global allocator is: a program declares it once —
 //!
@@ -18,9 +18,10 @@
 //! static ALLOC: armoury::alloc::WarmBlocks = armoury::alloc::WarmBlocks::new();
 //! ```
 //!
-//! — and the examples, the benchmarks and the integration tests do. Blocks in the cache stay mapped: a program
-//! holds at most the byte limit more than it would with the system allocator, and only while it keeps freeing
-//! large blocks (a block nothing asks for is given back once [`WarmBlocks::AGE`] others have been freed).
+//! — and the examples, the benchmarks and the integration tests do. What it costs in memory: the cached blocks (at
+//! most the byte limit, and a block nothing asks for only until [`WarmBlocks::AGE`] more have been freed), and in
+//! a block in use up to its request's size again (a cached block serves a request of half its size or more; a
+//! block shrunk by `realloc` to less than half moves).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
@@ -49,16 +50,21 @@ struct Block {
     freed: u64,
 }
 
-/// Bytes before each large block, holding its capacity; a multiple of the largest alignment served.
+/// Bytes before each large block, holding its capacity and its offset in the system's block; the largest
+/// alignment served.
 const HEADER: usize = 64;
+
+/// The alignment large blocks are asked of the system with: `malloc`'s own on 64-bit targets, so the system
+/// serves them with `malloc` and `calloc`.
+const BASE_ALIGN: usize = 16;
 
 impl WarmBlocks {
     /// Requests of this many bytes or more go through the cache.
     pub const LARGE: usize = 256 << 10;
     /// At most this many blocks are kept.
     pub const SLOTS: usize = 32;
-    /// A block passed over while this many others were freed is given back to the system: a buffer nothing of its
-    /// size has asked for since (a file read at start-up) does not stay resident for the rest of the run.
+    /// A cached block is given back to the system once this many more large blocks have been freed after it: a
+    /// buffer nothing of its size has asked for since (a file read at start-up) does not stay in the cache.
     pub const AGE: u64 = 64;
 
     /// An allocator keeping at most 256 MB of freed blocks.
@@ -108,16 +114,24 @@ impl WarmBlocks {
         Some(addr as *mut u8)
     }
 
-    /// A fresh block from the system with a header recording its capacity; null when the system has none.
+    /// A fresh block from the system, aligned to 64 by hand behind a header recording its capacity and where the
+    /// system's block starts; null when the system has none. Asked for at the system's own alignment (16), so a
+    /// zeroed block is `calloc`'s (fresh pages are not written) — at 64, `System` would `posix_memalign` and then
+    /// write every byte.
     unsafe fn fresh(&self, size: usize, zeroed: bool) -> *mut u8 {
-        let Some(total) = size.checked_add(HEADER) else { return ptr::null_mut() };
-        let Ok(layout) = Layout::from_size_align(total, HEADER) else { return ptr::null_mut() };
+        let Some(total) = size.checked_add(2 * HEADER) else { return ptr::null_mut() };
+        let Ok(layout) = Layout::from_size_align(total, BASE_ALIGN) else { return ptr::null_mut() };
         let base = if zeroed { System.alloc_zeroed(layout) } else { System.alloc(layout) };
         if base.is_null() {
             return base;
         }
-        (base as *mut usize).write(size);
-        base.add(HEADER)
+        // HEADER ≤ offset < 2·HEADER, so the header lies inside the system's block and `size` bytes fit after it.
+        let offset = HEADER + (HEADER - (base as usize + HEADER) % HEADER) % HEADER;
+        let block = base.add(offset);
+        let header = block.sub(HEADER) as *mut usize;
+        header.write(size);
+        header.add(1).write(offset);
+        block
     }
 
     /// The capacity recorded in the header of a block of ours.
@@ -127,8 +141,22 @@ impl WarmBlocks {
 
     /// Gives a block of ours back to the system.
     unsafe fn release(block: *mut u8, cap: usize) {
+        let offset = (block.sub(HEADER) as *const usize).add(1).read();
         // The layout `fresh` allocated it with, which was valid then.
-        System.dealloc(block.sub(HEADER), Layout::from_size_align_unchecked(cap + HEADER, HEADER));
+        System.dealloc(block.sub(offset), Layout::from_size_align_unchecked(cap + 2 * HEADER, BASE_ALIGN));
+    }
+}
+
+impl Drop for WarmBlocks {
+    /// Gives the cached blocks back (a `static` allocator is never dropped; one made for a test is).
+    fn drop(&mut self) {
+        let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for b in &cache.blocks[..cache.len] {
+            // SAFETY: a cached block is ours, given out to nobody, with the capacity it was cached with.
+            unsafe { Self::release(b.addr as *mut u8, b.cap) };
+        }
+        cache.len = 0;
+        cache.bytes = 0;
     }
 }
 
@@ -182,7 +210,7 @@ unsafe impl GlobalAlloc for WarmBlocks {
             while cache.len > 0
                 && (cache.len == Self::SLOTS
                     || cache.bytes + cap > self.limit
-                    || cache.clock - cache.blocks[0].freed > Self::AGE)
+                    || cache.clock - cache.blocks[0].freed >= Self::AGE)
             {
                 let oldest = cache.blocks[0];
                 let len = cache.len;
@@ -204,8 +232,12 @@ unsafe impl GlobalAlloc for WarmBlocks {
 
     unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else { return ptr::null_mut() };
-        if Self::serves(layout) && Self::serves(new_layout) && new_size <= Self::capacity(block) {
-            return block;
+        if Self::serves(layout) && Self::serves(new_layout) {
+            // In place while the block is not more than twice what it holds (the rule a cached block is given by).
+            let cap = Self::capacity(block);
+            if new_size <= cap && cap / 2 <= new_size {
+                return block;
+            }
         }
         if !Self::serves(layout) && !Self::serves(new_layout) {
             return System.realloc(block, layout, new_size);
@@ -289,15 +321,20 @@ mod tests {
         unsafe {
             let stale = a.alloc(layout(8 * big));
             a.dealloc(stale, layout(8 * big));
-            for i in 0..WarmBlocks::AGE {
+            for i in 0..WarmBlocks::AGE - 1 {
                 // One block freed and taken again: the cache holds it and the stale one.
                 let p = a.alloc(layout(big));
                 a.dealloc(p, layout(big));
                 assert_eq!(a.cached_bytes(), 9 * big, "after {} frees", i + 1);
             }
+            // The AGE-th free after it gives it back.
             let p = a.alloc(layout(big));
             a.dealloc(p, layout(big));
             assert_eq!(a.cached_bytes(), big, "the stale block outlived its age");
+            // A block under the threshold never enters the cache, nor ages it.
+            let small = a.alloc(layout(WarmBlocks::LARGE - 1));
+            a.dealloc(small, layout(WarmBlocks::LARGE - 1));
+            assert_eq!(a.cached_bytes(), big);
         }
     }
 
@@ -325,6 +362,21 @@ mod tests {
             let again = a.realloc(small, layout(1000), 2 * big);
             assert!(std::slice::from_raw_parts(again, 1000).iter().all(|&b| b == 7));
             a.dealloc(again, layout(2 * big));
+            // Shrunk to less than half its capacity, a block moves, so the rest is not held.
+            let wide = a.alloc(layout(4 * big));
+            wide.write_bytes(9, big);
+            let narrow = a.realloc(wide, layout(4 * big), big);
+            assert_ne!(narrow, wide);
+            assert!(std::slice::from_raw_parts(narrow, big).iter().all(|&b| b == 9));
+            a.dealloc(narrow, layout(big));
+            // Fresh blocks are 64-aligned, and zeroed ones zero.
+            let fresh = WarmBlocks::new();
+            for n in 1..6 {
+                let z = fresh.alloc_zeroed(layout(n * big + 8));
+                assert_eq!(z as usize % 64, 0);
+                assert!(std::slice::from_raw_parts(z, n * big + 8).iter().all(|&b| b == 0));
+                fresh.dealloc(z, layout(n * big + 8));
+            }
             // Over-aligned requests go to the system untouched.
             let wide = Layout::from_size_align(big, 4096).unwrap();
             let w = a.alloc(wide);
