@@ -1,14 +1,15 @@
 //! A global allocator that hands a large block back while it is still in cache.
 //!
-//! A model's forward allocates one output per layer and frees each input as soon as the next layer has read it.
-//! With the system allocator a large output lands wherever the allocator finds room — often memory that left
-//! every cache long ago, or fresh pages from the kernel — so the kernel writing it pays a miss per line. Hand it the
-//! block freed a moment ago instead and the writes hit lines still in L2 or L3. onnxruntime gets the same from its
-//! arena allocator. [`WarmBlocks`] keeps the most recently freed large blocks (≥ [`WarmBlocks::LARGE`] bytes, at
-//! most [`WarmBlocks::SLOTS`] of them, a byte limit — 256 MB by default — and each only until [`WarmBlocks::AGE`]
-//! more large blocks have been freed after it) and returns the newest one that fits a request — within twice its
-//! size, so a small request does not take a big block — before asking the system; smaller blocks and blocks
-//! aligned beyond 64 bytes go straight to the system allocator. On most of the zoo's models it makes the forward
+//! A model's forward allocates one output per layer and frees each input as soon as the next layer has read it. With
+//! the system allocator a large output lands wherever the allocator finds room — often memory that left every cache
+//! long ago, or fresh pages from the kernel — so the kernel writing it pays a miss per line. Hand it the block freed a
+//! moment ago instead and the writes hit lines still in L2 or L3 ([`crate::limits::reuse_freed_memory`] keeps freed
+//! memory in the process, so pages are not faulted in again; this picks which of it comes back). onnxruntime gets the
+//! same from its arena allocator. [`WarmBlocks`] keeps the most recently freed large blocks (≥ [`WarmBlocks::LARGE`]
+//! bytes, at most [`WarmBlocks::SLOTS`] of them, a byte limit — 256 MB by default — and each only until
+//! [`WarmBlocks::AGE`] more large blocks have been freed after it) and returns the newest one that fits a request —
+//! within twice its size, so a small request does not take a big block — before asking the system; smaller blocks and
+//! blocks aligned beyond 64 bytes go straight to the system allocator. On most of the zoo's models it makes the forward
 //! and the forward + input gradient 2–12% faster (docs/performance.md, twenty-second round).
 //!
 //! It is opt-in, as every global allocator is: a program declares it once —
@@ -40,6 +41,24 @@ struct Cache {
     bytes: usize,
     /// Blocks cached so far: a block's age is how many were cached after it.
     clock: u64,
+}
+
+impl Cache {
+    /// Takes block `i` out, keeping the rest in order.
+    fn remove(&mut self, i: usize) -> Block {
+        let b = self.blocks[i];
+        self.blocks.copy_within(i + 1..self.len, i);
+        self.len -= 1;
+        self.bytes -= b.cap;
+        b
+    }
+
+    /// Appends a block as the newest (the caller has made room).
+    fn push(&mut self, b: Block) {
+        self.blocks[self.len] = b;
+        self.len += 1;
+        self.bytes += b.cap;
+    }
 }
 
 /// A cached block: the address given out, its capacity in bytes after the header, and the clock when it came in.
@@ -107,11 +126,7 @@ impl WarmBlocks {
         let mut cache = self.lock();
         let len = cache.len;
         let i = cache.blocks[..len].iter().rposition(|b| b.cap >= size && b.cap / 2 <= size)?;
-        let Block { addr, cap, .. } = cache.blocks[i];
-        cache.blocks.copy_within(i + 1..len, i);
-        cache.len -= 1;
-        cache.bytes -= cap;
-        Some(addr as *mut u8)
+        Some(cache.remove(i).addr as *mut u8)
     }
 
     /// A fresh block from the system, aligned to 64 by hand behind a header recording its capacity and where the
@@ -212,18 +227,11 @@ unsafe impl GlobalAlloc for WarmBlocks {
                     || cache.bytes + cap > self.limit
                     || cache.clock - cache.blocks[0].freed >= Self::AGE)
             {
-                let oldest = cache.blocks[0];
-                let len = cache.len;
-                cache.blocks.copy_within(1..len, 0);
-                cache.len -= 1;
-                cache.bytes -= oldest.cap;
-                evicted[n] = oldest;
+                evicted[n] = cache.remove(0);
                 n += 1;
             }
-            let (len, freed) = (cache.len, cache.clock);
-            cache.blocks[len] = Block { addr: block as usize, cap, freed };
-            cache.len += 1;
-            cache.bytes += cap;
+            let freed = cache.clock;
+            cache.push(Block { addr: block as usize, cap, freed });
         }
         for b in &evicted[..n] {
             Self::release(b.addr as *mut u8, b.cap);
