@@ -292,37 +292,100 @@ fn imported_residual_add_relu_and_the_legacy_fixture_fold() {
     assert_eq!(folded.len(), 2, "the stem's and the block's BatchNorm fold: {folded:?}");
 }
 
-/// A Sigmoid and the Mul of its input by it (how the exporters write EfficientNet's SiLU) run as one SiLU; a Mul
-/// by the sigmoid of another value (a squeeze-and-excitation gate) is planned the same way but runs as the two
-/// ops. Values and input gradients match the layer-by-layer run; the EfficientNet-B0 export plans its SiLUs.
+/// A Sigmoid and the Mul of its input by it (how the exporters write EfficientNet's SiLU) run as one SiLU — in the
+/// convolution's store when a convolution makes its input (the convolution's output read by the two nodes alone); a
+/// Mul by the sigmoid of another value (a squeeze-and-excitation gate) is planned the same way but runs as the two
+/// ops. Values and input gradients match the layer-by-layer run; a tap of the convolution's output or of the
+/// sigmoid ends the fused step there, and the convolution's output read elsewhere keeps the convolution apart; the
+/// EfficientNet-B0 export plans its SiLUs.
 #[test]
 fn imported_sigmoid_times_input_is_one_silu() {
     use crate::onnx::build::{attr_i, attr_ints, node, Graph};
     let w = Tensor::uniform(&[3, 1, 3, 3], -0.5, 0.5, 21).to_vec();
-    let dw = vec![attr_ints("kernel_shape", &[3, 3]), attr_ints("pads", &[1; 4]), attr_i("group", 3)];
-    let model = Graph::new(13, &[-1, 3, 6, 6])
-        .init("w", &[3, 1, 3, 3], &w)
-        .node(node("Conv", &["x", "w"], &["c"], "conv", dw))
-        .node(node("Sigmoid", &["c"], &["s"], "sig", vec![]))
-        .node(node("Mul", &["c", "s"], &["m"], "mul", vec![]))
-        .node(node("Sigmoid", &["x"], &["gx"], "gate", vec![]))
-        .node(node("Mul", &["gx", "m"], &["y"], "scale", vec![]))
-        .output("y", &[])
-        .model();
-    let fused: Vec<(Fused, Vec<String>)> =
-        model.plan().into_iter().filter(|f| f.fused != Fused::Single).map(|f| (f.fused, f.layers)).collect();
+    let dw = || vec![attr_ints("kernel_shape", &[3, 3]), attr_ints("pads", &[1; 4]), attr_i("group", 3)];
+    let graph = |extra: bool| {
+        let g = Graph::new(13, &[-1, 3, 6, 6])
+            .init("w", &[3, 1, 3, 3], &w)
+            .node(node("Conv", &["x", "w"], &["c"], "conv", dw()))
+            .node(node("Sigmoid", &["c"], &["s"], "sig", vec![]))
+            .node(node("Mul", &["c", "s"], &["m"], "mul", vec![]))
+            .node(node("Sigmoid", &["x"], &["gx"], "gate", vec![]))
+            .node(node("Mul", &["gx", "m"], &["y"], "scale", vec![]));
+        let g = if extra { g.node(node("Add", &["y", "c"], &["z"], "again", vec![])) } else { g };
+        g.output(if extra { "z" } else { "y" }, &[]).model()
+    };
+    let model = graph(false);
+    let planned = |m: &armoury::onnx::OnnxModel| -> Vec<(Fused, Vec<String>)> {
+        m.plan().into_iter().filter(|f| f.fused != Fused::Single).map(|f| (f.fused, f.layers)).collect()
+    };
     let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-    assert_eq!(fused, vec![(Fused::Silu, names(&["sig", "mul"])), (Fused::Silu, names(&["gate", "scale"]))]);
+    let conv_silu = Fused::ConvSilu { bn: false };
+    let want = vec![(conv_silu, names(&["conv", "sig", "mul"])), (Fused::Silu, names(&["gate", "scale"]))];
+    assert_eq!(planned(&model), want);
+    // The convolution's output read by a third node: the convolution runs alone, the SiLU after it.
+    let read_again = planned(&graph(true));
+    assert_eq!(read_again[0], (Fused::Silu, names(&["sig", "mul"])), "{read_again:?}");
     let x = Tensor::uniform(&[2, 3, 6, 6], -2.0, 2.0, 22);
     let every = ["c", "s", "m", "gx"];
+    let (y_layered, reference) = model.forward_taps(&x, false, &every).expect("layer by layer");
     let layered = |x: &Tensor| model.forward_taps(x, false, &every).expect("layer by layer").0;
-    close("silu", &model.forward_t(&x, false).expect("forward"), &layered(&x), 1e-6);
+    let y = model.forward_t(&x, false).expect("forward");
+    close("silu", &y, &y_layered, 1e-6);
+    // The fused SiLU is the convolution's output through `Tensor::silu`, bit for bit.
+    let (_, c) = model.forward_taps(&x, false, &["c"]).expect("the convolution");
+    let (_, m) = model.forward_taps(&x, false, &["m"]).expect("the product");
+    assert_eq!(m[0].to_vec(), c[0].silu().to_vec(), "a tap after the step: the fused op's value");
     let g = input_gradient(|x| model.forward_t(x, false).expect("forward"), &x, 23);
     close("silu input gradient", &g, &input_gradient(layered, &x, 23), 1e-5);
+    for (i, name) in every.iter().enumerate() {
+        let (out, taps) = model.forward_taps(&x, false, &[name]).expect("one tap");
+        close(name, &taps[0], &reference[i], 1e-6);
+        close(&format!("output tapping {name}"), &out, &y, 1e-6);
+    }
 
     let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture("zoo/efficientnet_b0_ts17.onnx")).expect("loads");
-    let silu = zoo.plan().into_iter().filter(|f| f.fused == Fused::Silu).count();
-    assert!(silu >= 16, "EfficientNet-B0's SiLUs are planned as one op each: {silu}");
+    let plan = zoo.plan();
+    let in_convs = plan.iter().filter(|f| matches!(f.fused, Fused::ConvSilu { .. })).count();
+    let alone = plan.iter().filter(|f| f.fused == Fused::Silu).count();
+    assert!(in_convs >= 16, "EfficientNet-B0's SiLUs run in its convolutions' stores: {in_convs} ({alone} alone)");
+}
+
+/// A native convolution, its BatchNorm and a `SiLU` run as one step in evaluation mode (the BatchNorm folded, the
+/// SiLU in the convolution's store), within rounding of the layers in values and input gradients; a tap inside
+/// the step is the layer-by-layer value; in training nothing folds and the SiLU runs on its own.
+#[test]
+fn native_conv_batchnorm_silu_is_one_step() {
+    use armoury::nn::SiLU;
+    let same = Conv2dParams { padding: (1, 1), ..Conv2dParams::default() };
+    let net = Sequential::new()
+        .add("conv", Conv2d::new(3, 5, 3, same, true, 40).expect("conv"))
+        .add("bn", batch_norm(5, 41))
+        .add("silu", SiLU)
+        .add("conv2", Conv2d::new(5, 4, 3, same, false, 42).expect("conv2"))
+        .add("silu2", SiLU);
+    let conv_silu = |bn| Fused::ConvSilu { bn };
+    assert_eq!(
+        net.plan(false),
+        vec![fusion(conv_silu(true), &["conv", "bn", "silu"]), fusion(conv_silu(false), &["conv2", "silu2"])]
+    );
+    let train = net.plan(true);
+    let alone = |name| fusion(Fused::Single, &[name]);
+    assert_eq!(train[..3], [alone("conv"), alone("bn"), alone("silu")]);
+    let x = Tensor::uniform(&[3, 3, 7, 7], -2.0, 2.0, 43);
+    let reference = net.forward_collect(&x, false).expect("layer by layer");
+    let at = |name: &str| reference.iter().find(|(n, _)| n == name).expect("a child").1.clone();
+    let y = net.forward_t(&x, false).expect("forward");
+    close("conv-bn-silu", &y, &at("silu2"), 1e-5);
+    let g = input_gradient(|x| net.forward_t(x, false).expect("forward"), &x, 44);
+    let layered = |x: &Tensor| net.forward_collect(x, false).expect("layer by layer").pop().expect("last").1;
+    close("conv-bn-silu input gradient", &g, &input_gradient(layered, &x, 44), 1e-4);
+    for name in ["conv", "bn", "silu", "conv2"] {
+        let (_, taps) = net.forward_taps(&x, false, &[name]).expect("taps");
+        close(name, &taps[0], &at(name), 1e-5);
+        if ["conv", "bn"].contains(&name) {
+            assert_eq!(taps[0].to_vec(), at(name).to_vec(), "{name} exactly");
+        }
+    }
 }
 
 /// The exact GELU as PyTorch's exporter writes it (`x / √2 → Erf → + 1 → · x → · ½`) runs as one GELU; the same

@@ -197,6 +197,8 @@ activation!(/// max(x, 0).
     ReLU, |x| x.relu(), Layer::Relu);
 activation!(/// The logistic sigmoid.
     Sigmoid, |x| x.sigmoid(), Layer::Sigmoid);
+activation!(/// SiLU (swish) `x·σ(x)`, PyTorch's `nn.SiLU`: after a convolution, fused into it in evaluation passes.
+    SiLU, |x| x.silu(), Layer::Silu);
 activation!(/// tanh.
     Tanh, |x| x.tanh(), Layer::Opaque);
 

@@ -14,7 +14,7 @@ use crate::tensor::{Array, Tensor};
 use crate::{Error, Result};
 
 pub use layers::{
-    AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, Conv2d, Dropout, Flatten, LeakyReLU, Linear, MaxPool2d, ReLU,
+    AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, Conv2d, Dropout, Flatten, LeakyReLU, Linear, MaxPool2d, ReLU, SiLU,
     Sigmoid, Softmax, Tanh,
 };
 pub use models::{cnn, mlp, ReferenceModel};

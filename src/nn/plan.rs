@@ -76,6 +76,8 @@ pub enum Layer {
     MaxPool(Pool2dParams),
     /// The logistic sigmoid ([`crate::nn::Sigmoid`], ONNX `Sigmoid`).
     Sigmoid,
+    /// SiLU `x·σ(x)` ([`crate::nn::SiLU`]).
+    Silu,
     /// `x · other` (broadcast as NumPy), `other` a second value of the graph (ONNX `Mul`): after a sigmoid of that
     /// same value, the SiLU `x·σ(x)` that EfficientNet's exporters write as two nodes.
     Mul {
@@ -130,6 +132,8 @@ pub enum Kind {
     MaxPool(Pool2dParams),
     /// [`Layer::Sigmoid`].
     Sigmoid,
+    /// [`Layer::Silu`].
+    Silu,
     /// [`Layer::Mul`].
     Mul,
     /// [`Layer::Add`].
@@ -156,6 +160,7 @@ impl Layer {
             Layer::Relu => Kind::Relu,
             Layer::MaxPool(p) => Kind::MaxPool(*p),
             Layer::Sigmoid => Kind::Sigmoid,
+            Layer::Silu => Kind::Silu,
             Layer::Mul { .. } => Kind::Mul,
             Layer::Add { .. } => Kind::Add,
             Layer::Div { .. } => Kind::Div,
@@ -214,6 +219,16 @@ pub enum Fused {
     /// one chain from the bias, so within rounding of the two ops, not bit for bit. Any other operands run as the
     /// two ops.
     MatMulBias,
+    /// A convolution, with the BatchNorm after it folded in as for [`Fused::Conv`] (`bn`), then a SiLU — a
+    /// [`Layer::Silu`], or a sigmoid and the product of its input with it (EfficientNet's Conv → Sigmoid → Mul, the
+    /// convolution's output [`Output::Twice`]): one [`Tensor::conv2d_silu`], the SiLU applied to each image's
+    /// output while it is in cache. The layers described are the convolution, the BatchNorm and the SiLU or the
+    /// sigmoid (an imported graph's Mul reads two values inside the step, so it is not described: the plan says
+    /// what it computes). The bits of the layers.
+    ConvSilu {
+        /// A BatchNorm folded in.
+        bn: bool,
+    },
     /// A sigmoid and the product of its input with it, `x·σ(x)`: one [`Tensor::silu`]. (A product with any other
     /// value — a squeeze-and-excitation gate — runs as the two ops.)
     Silu,
@@ -260,6 +275,10 @@ pub struct Fusion {
 pub enum Output {
     /// Read by the next layer alone and asked for by nobody: a step may run through it without handing it out.
     Open,
+    /// Read by the next two layers alone — the first as its data, the second as its other operand (`x·σ(x)`) — and
+    /// asked for by nobody: a step may run through both ([`Fused::ConvSilu`]); any other step ends on it, as on
+    /// [`Output::Kept`].
+    Twice,
     /// Read elsewhere too, or the result: a step must end on it and hand it out.
     Kept,
     /// Asked for by a tap: a step must end on it, and a BatchNorm's tapped output is computed by the BatchNorm
@@ -287,7 +306,12 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
                 let mut j = i + 1;
                 let bn = !train && open(i) && at(j) == Kind::BatchNorm && out(j) != Output::Tapped;
                 j += usize::from(bn);
-                if open(j - 1) && at(j) == Kind::Add {
+                if out(j - 1) == Output::Twice && at(j) == Kind::Sigmoid && open(j) && at(j + 1) == Kind::Mul {
+                    // x·σ(x) of the convolution's output, in its store.
+                    (j + 2 - i, Fused::ConvSilu { bn })
+                } else if open(j - 1) && at(j) == Kind::Silu {
+                    (j + 1 - i, Fused::ConvSilu { bn })
+                } else if open(j - 1) && at(j) == Kind::Add {
                     // A residual connection's sum (and its ReLU) in the convolution's store.
                     let relu = open(j) && at(j + 1) == Kind::Relu;
                     (j + 1 + usize::from(relu) - i, Fused::ConvAdd { bn, relu })
@@ -437,6 +461,13 @@ impl Fused {
                 } else {
                     // Not an interval (or a NaN bound): the clamp's own rule, as the Clip alone would run.
                     Ok(x.conv2d(&w, b.as_ref(), *params)?.clamp(*lo, *hi))
+                }
+            }
+            (Fused::ConvSilu { bn }, [Layer::Conv { weight, bias, params }, rest @ ..]) => {
+                let (w, b) = folded(weight, bias, rest.first().filter(|_| bn))?;
+                match rest.get(usize::from(bn)..).unwrap_or_default() {
+                    [Layer::Sigmoid | Layer::Silu] => x.conv2d_silu(&w, b.as_ref(), *params),
+                    _ => Err(mismatch(self)),
                 }
             }
             (Fused::ConvAdd { bn, relu }, [Layer::Conv { weight, bias, params }, rest @ ..]) => {
@@ -607,6 +638,43 @@ mod tests {
         let g = Tensor::uniform(&[2, 3], -1.0, 1.0, 2);
         let gated = Fused::Silu.run(&g, &[Layer::Sigmoid, Layer::Mul { other: x.clone() }]).unwrap();
         assert_eq!(gated.to_vec(), g.sigmoid().mul(&x).unwrap().to_vec());
+    }
+
+    /// A convolution whose output the next two layers alone read (`Twice`), a sigmoid of it and the product: one
+    /// step, its BatchNorm folded in evaluation mode; a native SiLU after a convolution the same. Not where the
+    /// convolution's output is read by others (`Kept`) or the sigmoid's is, nor where `Twice` is not followed by a
+    /// sigmoid and a product (it ends the step as `Kept` would). Run, the step gives `conv2d(…).silu()`'s bits.
+    #[test]
+    fn a_silu_goes_into_the_convolution() {
+        use Output::{Kept, Open, Twice};
+        let silu = |bn| Fused::ConvSilu { bn };
+        let planned = |k: &[Kind], o: &[Output], train| -> Vec<(usize, usize, Fused)> {
+            plan(k, o, train).into_iter().map(|s| (s.start, s.len, s.fused)).collect()
+        };
+        let k = [Kind::Conv, Kind::Sigmoid, Kind::Mul, Kind::Conv];
+        assert_eq!(planned(&k, &[Twice, Open, Open, Kept], false), [(0, 3, silu(false)), (3, 1, ALONE)]);
+        assert_eq!(planned(&k, &[Twice, Open, Open, Kept], true)[0], (0, 3, silu(false)), "no fold to refuse");
+        assert_eq!(planned(&k, &[Kept, Open, Open, Kept], false)[..2], [(0, 1, ALONE), (1, 2, Fused::Silu)]);
+        assert_eq!(planned(&k, &[Twice, Kept, Open, Kept], false)[..2], [(0, 1, ALONE), (1, 1, ALONE)]);
+        assert_eq!(planned(&k, &[Open, Open, Open, Kept], false)[..2], [(0, 1, ALONE), (1, 2, Fused::Silu)]);
+        let k = [Kind::Conv, Kind::BatchNorm, Kind::Sigmoid, Kind::Mul];
+        assert_eq!(planned(&k, &[Open, Twice, Open, Kept], false), [(0, 4, silu(true))]);
+        assert_eq!(planned(&k, &[Open, Twice, Open, Kept], true)[..2], [(0, 1, ALONE), (1, 1, ALONE)]);
+        let k = [Kind::Conv, Kind::Relu];
+        assert_eq!(planned(&k, &[Twice, Kept], false), [(0, 1, ALONE), (1, 1, ALONE)], "Twice is not open");
+        let k = [Kind::Conv, Kind::BatchNorm, Kind::Silu, Kind::Silu];
+        assert_eq!(steps(&k, &[], &[], false), [(0, 3, silu(true)), (3, 1, ALONE)]);
+        assert_eq!(steps(&k, &[], &[], true)[..3], [(0, 1, ALONE), (1, 1, ALONE), (2, 1, ALONE)]);
+        assert_eq!(steps(&k, &[], &[1], false)[..2], [(0, 1, ALONE), (1, 1, ALONE)], "a tapped BatchNorm");
+        let x = Tensor::uniform(&[2, 3, 5, 5], -1.0, 1.0, 1);
+        let (weight, bias) = (Tensor::uniform(&[4, 3, 3, 3], -0.5, 0.5, 2), Some(Tensor::uniform(&[4], -0.2, 0.2, 3)));
+        let params = Conv2dParams::default();
+        let want = x.conv2d(&weight, bias.as_ref(), params).unwrap().silu().to_vec();
+        let conv = Layer::Conv { weight, bias, params };
+        for last in [Layer::Sigmoid, Layer::Silu] {
+            assert_eq!(silu(false).run(&x, &[conv.clone(), last]).unwrap().to_vec(), want);
+        }
+        assert!(silu(false).run(&x, &[conv.clone(), Layer::Relu]).is_err(), "layers that do not fit the step");
     }
 
     /// The fold of constant tensors is made once and kept with the weight: the same tensors again give the same

@@ -284,6 +284,25 @@ pub(crate) fn map_into(a: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32)
     map_plain(a, out, f)
 }
 
+/// `v[i] = f(v[i])` in place, on the vector levels as [`map_into`]: the same bits as `map_into` with the same `f`
+/// (the fused activations of [`crate::ops::conv`] apply theirs to an output just written, in cache).
+#[inline]
+pub(crate) fn map_in_place(v: &mut [f32], f: &impl Fn(f32) -> f32) {
+    #[cfg(target_arch = "x86_64")]
+    match super::simd::level() {
+        // SAFETY: the level says the CPU has the instruction set.
+        Level::Avx512 => return unsafe { in_place_avx512(v, f) },
+        Level::Avx2 => return unsafe { in_place_avx2(v, f) },
+        Level::Portable => {}
+    }
+    in_place_plain(v, f)
+}
+
+/// SiLU in place ([`map_in_place`] of [`silu`]): the bits of [`crate::Tensor::silu`] on the same values.
+pub(crate) fn silu_in_place(v: &mut [f32]) {
+    map_in_place(v, &silu)
+}
+
 /// `out[i] = f(a[i], b[i], c[i])` over equal-length slices, as [`map_into`].
 #[inline]
 pub(crate) fn zip3_into(
@@ -308,6 +327,13 @@ pub(crate) fn zip3_into(
 fn map_plain(a: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32) -> f32) {
     for (o, &a) in out.iter_mut().zip(a) {
         o.write(f(a));
+    }
+}
+
+#[inline(always)]
+fn in_place_plain(v: &mut [f32], f: &impl Fn(f32) -> f32) {
+    for x in v {
+        *x = f(*x);
     }
 }
 
@@ -339,6 +365,18 @@ unsafe fn map_avx2<F: Fn(f32) -> f32>(a: &[f32], out: &mut [MaybeUninit<f32>], f
 #[target_feature(enable = "avx512f")]
 unsafe fn map_avx512<F: Fn(f32) -> f32>(a: &[f32], out: &mut [MaybeUninit<f32>], f: &F) {
     map_plain(a, out, f)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn in_place_avx2<F: Fn(f32) -> f32>(v: &mut [f32], f: &F) {
+    in_place_plain(v, f)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn in_place_avx512<F: Fn(f32) -> f32>(v: &mut [f32], f: &F) {
+    in_place_plain(v, f)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -224,7 +224,7 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
     let gt = adjoint(g, n);
     // A pointwise convolution's over a small map, transposed on the packed product (`W` packed, kept with it).
     if let Some(packed) = super::pointwise::kept(w, super::pointwise::KEY_FLIPPED, &flipped, &gt) {
-        return super::pointwise::forward(&masked, &packed, None, &gt, n, (None, None));
+        return super::pointwise::forward(&masked, &packed, None, &gt, n, (None, None, None));
     }
     // Winograd's transform of the flipped weight, kept with the weight beside the flipped one.
     let wino = super::winograd::kept(w, super::winograd::KEY_FLIPPED, &flipped, &gt);

@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use super::backward::lane_sum;
-use super::{Clamp, Geom};
+use super::{After, Clamp, Geom};
 #[cfg(target_arch = "x86_64")]
 use crate::ops::simd::depthwise as kernels;
 use crate::ops::simd::{level, Level};
@@ -70,7 +70,7 @@ const SHORT_ROW: usize = 32;
 thread_local! {
     /// Set by a test on its thread: `Some(true)` runs the lanes layout wherever it applies, `Some(false)` the plane
     /// kernels.
-    static LAYOUT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    pub(super) static LAYOUT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// The scratch an image plane is copied into: `sw` column phases, `ps` apart, of `h + 2·ph` rows `rs` apart; padded
@@ -169,7 +169,8 @@ impl GradLayout {
     }
 }
 
-/// The forward `[N, O, Ho, Wo]` of a depthwise convolution (see [`applies`]), with the fused clamp, if any.
+/// The forward `[N, O, Ho, Wo]` of a depthwise convolution (see [`applies`]), with the fused clamp, if any, and
+/// `after` applied to each plane (or band of planes) just written.
 pub(super) fn forward(
     xs: &[f32],
     ws: &[f32],
@@ -177,10 +178,11 @@ pub(super) fn forward(
     g: &Geom,
     n: usize,
     act: Option<Clamp>,
+    after: After,
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if lanes_layout(g, false) {
-        return super::depthwise_lanes::forward(xs, ws, bias, g, n, act);
+        return super::depthwise_lanes::forward(xs, ws, bias, g, n, act, after);
     }
     let (hw, in_plane, kk, mult) = (g.hw_out(), g.h * g.w, g.kh * g.kw, g.o / g.c);
     let lay = ImageLayout::new(g);
@@ -195,6 +197,10 @@ pub(super) fn forward(
             lay.fill(g, &xs[ic * in_plane..(ic + 1) * in_plane], buf);
             let w = &ws[oc * kk..(oc + 1) * kk];
             plane_forward(g, &lay, buf, w, bias.map_or(0.0, |b| b[oc]), act, dst);
+            if let Some(f) = after {
+                // SAFETY: `plane_forward` wrote every element of the plane.
+                f(unsafe { &mut *(dst as *mut [MaybeUninit<f32>] as *mut [f32]) });
+            }
         });
     // SAFETY: `plane_forward` wrote every element of every plane.
     unsafe { out.set_len(n * g.o * hw) };

@@ -14,7 +14,7 @@
 
 use rayon::prelude::*;
 
-use super::{Clamp, Geom};
+use super::{After, Clamp, Geom};
 use crate::ops::simd::depthwise_lanes as kernels;
 use crate::ops::simd::{level, transpose_strided, Level};
 
@@ -98,7 +98,8 @@ fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// Floats per cache line.
 const ALIGN: usize = 16;
 
-/// The forward `[N, C, Ho, Wo]` (see [`applies`]), with the fused clamp, if any.
+/// The forward `[N, C, Ho, Wo]` (see [`applies`]), with the fused clamp, if any, and `after` applied to each job's
+/// results before they are scattered (in cache, outside the flush-to-zero mode).
 pub(super) fn forward(
     xs: &[f32],
     ws: &[f32],
@@ -106,6 +107,7 @@ pub(super) fn forward(
     g: &Geom,
     n: usize,
     act: Option<Clamp>,
+    after: After,
 ) -> Vec<f32> {
     let level = level();
     let l = kernels::lanes(level);
@@ -129,8 +131,8 @@ pub(super) fn forward(
     (0..n * blocks * bands).into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
         |(band, res), job| {
-            // One guard for the job's kernels (see `FlushSubnormals`).
-            let _flush = crate::ops::simd::FlushSubnormals::on();
+            // One guard for the job's kernels (see `FlushSubnormals`), dropped before `after`.
+            let flush = crate::ops::simd::FlushSubnormals::on();
             let (img, b, oy0) = (job / bands / blocks, job / bands % blocks, job % bands * rows);
             let (nr, c0) = (rows.min(g.ho - oy0), b * l);
             let cn = l.min(g.c - c0);
@@ -168,31 +170,30 @@ pub(super) fn forward(
                     ocs: l,
                 };
                 // SAFETY: as for the taps below (the same reads and writes, row by row).
-                unsafe {
-                    kernels::rows(level, &t);
-                    dst.scatter(res, l, cn, (img * g.c + c0) * hw + oy0 * g.wo, hw);
-                }
-                return;
+                unsafe { kernels::rows(level, &t) };
+            } else {
+                let t = kernels::Taps {
+                    src: band.as_ptr(),
+                    taps: taps.as_ptr(),
+                    ntaps: kk,
+                    w: wl[b * kk * l..].as_ptr(),
+                    start: bl[b * l..].as_ptr(),
+                    clamp: Clamp::bounds(act),
+                    pixels: pixels.as_ptr(),
+                    count: nr * g.wo,
+                    out: res.as_mut_ptr(),
+                };
+                // SAFETY: output `(r, ox)` reads band rows `sh·r + i < sh·(nr − 1) + kh` and columns
+                // `sw·ox + j < wp`, writes `res[(r·wo + ox)·L..]`; the weights hold `kk` vectors and the bias one from
+                // the block's start; the level is not portable.
+                unsafe { kernels::taps(level, &t) };
             }
-            let t = kernels::Taps {
-                src: band.as_ptr(),
-                taps: taps.as_ptr(),
-                ntaps: kk,
-                w: wl[b * kk * l..].as_ptr(),
-                start: bl[b * l..].as_ptr(),
-                clamp: Clamp::bounds(act),
-                pixels: pixels.as_ptr(),
-                count: nr * g.wo,
-                out: res.as_mut_ptr(),
-            };
-            // SAFETY: output `(r, ox)` reads band rows `sh·r + i < sh·(nr − 1) + kh` and columns
-            // `sw·ox + j < wp`, writes `res[(r·wo + ox)·L..]`; the weights hold `kk` vectors and the bias one from
-            // the block's start; the level is not portable. The scatter writes this job's channels' rows
-            // `oy0..oy0 + nr` only.
-            unsafe {
-                kernels::taps(level, &t);
-                dst.scatter(res, l, cn, (img * g.c + c0) * hw + oy0 * g.wo, hw);
+            drop(flush);
+            if let Some(f) = after {
+                f(res);
             }
+            // SAFETY: the scatter writes this job's channels' rows `oy0..oy0 + nr` only; the level is not portable.
+            unsafe { dst.scatter(res, l, cn, (img * g.c + c0) * hw + oy0 * g.wo, hw) };
         },
     );
     // SAFETY: the jobs cover every (image, channel, row) and each wrote its whole rows.

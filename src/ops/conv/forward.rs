@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use super::plan::DirectConv;
 use super::unfold::{clamped_product, direct_unfold, im2col};
 use super::{depthwise, winograd};
-use super::{geometry, mat, mat_mut, Clamp, Conv2dParams, Geom};
+use super::{geometry, mat, mat_mut, After, Clamp, Conv2dParams, Geom};
 use crate::ops::pool::{self, Pool2dParams};
 use crate::ops::shape::standard;
 use crate::ops::simd::Start;
@@ -164,15 +164,59 @@ pub(super) fn conv2d(
     let (xs, ws, bias) = ops.slices();
     let rs = res.map(|r| standard(r.value()));
     let out = match super::pointwise::kept(w, super::pointwise::KEY, ws, &g) {
-        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, (act, rs.as_deref())),
+        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, (act, rs.as_deref(), None)),
         None => {
             let wino = winograd::kept(w, winograd::KEY, ws, &g);
-            values_adding(xs, ws, bias, &g, n, (act, rs.as_deref()), wino.as_deref())
+            values_adding(xs, ws, bias, &g, n, (act, rs.as_deref(), None), wino.as_deref())
         }
     };
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None, res: res.cloned() };
     Ok(record(value, op))
+}
+
+/// [`Tensor::conv2d_silu`]: untracked, the SiLU applied by [`values_adding`]'s `after` to each stretch of output
+/// just written; tracked, the two ops (the SiLU's backward reads the convolution's output, which the fused op
+/// never keeps).
+pub(super) fn conv2d_silu(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dParams) -> Result<Tensor> {
+    let tracked = grad_enabled() && (x.is_tracked() || w.is_tracked() || b.is_some_and(Tensor::is_tracked));
+    if tracked {
+        return Ok(conv2d(x, w, b, p, None, None)?.silu());
+    }
+    let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
+    let n = x.shape()[0];
+    let ops = Operands::new(x, w, b);
+    let (xs, ws, bias) = ops.slices();
+    let after: After = Some(crate::ops::vmath::silu_in_place);
+    let out = match super::pointwise::kept(w, super::pointwise::KEY, ws, &g) {
+        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, (None, None, after)),
+        None => {
+            let wino = winograd::kept(w, winograd::KEY, ws, &g);
+            values_adding(xs, ws, bias, &g, n, (None, None, after), wino.as_deref())
+        }
+    };
+    let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
+    // Nothing tracked: a constant, whatever the op says.
+    let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act: None, pool: None, res: None };
+    Ok(record(value, op))
+}
+
+/// `after` over a whole batch's output, across threads, where no kernel applied it image by image.
+fn after_par(out: &mut [f32], after: After) {
+    const CHUNK: usize = 1 << 14;
+    if let Some(f) = after {
+        out.par_chunks_mut(CHUNK).for_each(f);
+    }
+}
+
+/// `after` over one image's output just written: on this thread, or across threads when the image alone had them
+/// (`par`, a batch of one).
+pub(super) fn after_image(out: &mut [f32], after: After, par: bool) {
+    match after {
+        Some(_) if par => after_par(out, after),
+        Some(f) => f(out),
+        None => {}
+    }
 }
 
 /// `out = act(out + res)` element by element: a residual connection's sum (and the clamp after it) where the kernel
@@ -206,23 +250,25 @@ pub(super) fn values(
     act: Option<Clamp>,
     wino: Option<&winograd::Transform>,
 ) -> Vec<f32> {
-    values_adding(xs, ws, bias, g, n, (act, None), wino)
+    values_adding(xs, ws, bias, g, n, (act, None, None), wino)
 }
 
 /// [`values`] with the residual `res` (`[N, O, Ho, Wo]`, contiguous) added before the clamp, if given: in the
 /// unfolded product's store, else to each image's output just written by the direct kernels or Winograd (in
-/// cache), else over the batch (depthwise, small maps).
+/// cache), else over the batch (depthwise, small maps). `after` (with no clamp or residual) is applied to each
+/// image's output, or each plane, just written, else over the batch (Winograd, small maps).
 pub(super) fn values_adding(
     xs: &[f32],
     ws: &[f32],
     bias: Option<&[f32]>,
     g: &Geom,
     n: usize,
-    (act, res): (Option<Clamp>, Option<&[f32]>),
+    (act, res, after): (Option<Clamp>, Option<&[f32]>, After),
     wino: Option<&winograd::Transform>,
 ) -> Vec<f32> {
     let g = *g;
     let (in_len, out_len) = (g.c * g.h * g.w, g.o * g.hw_out());
+    debug_assert!(after.is_none() || act.is_none() && res.is_none(), "values_adding: `after` alone");
     // The clamp the kernels apply: after the sum, so not in a kernel that does not add it.
     let inner = if res.is_some() { None } else { act };
     let finish = |mut out: Vec<f32>| {
@@ -232,21 +278,24 @@ pub(super) fn values_adding(
         out
     };
     if let Some(u) = wino {
-        winograd::forward(xs, u, bias, &g, n, (act, res))
+        let mut out = winograd::forward(xs, u, bias, &g, n, (act, res));
+        after_par(&mut out, after);
+        out
     } else if depthwise::applies(&g) {
-        finish(depthwise::forward(xs, ws, bias, &g, n, inner))
+        finish(depthwise::forward(xs, ws, bias, &g, n, inner, after))
     } else if let Some(plan) = direct_plan(&g) {
         // Straight from the image, bias and ReLU applied in registers; nothing is zero-filled first. A residual is
-        // added to each image's output right after it, while it is in cache.
+        // added to each image's output right after it, while it is in cache, and so is `after` applied.
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];
         let run = |pad: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], r: Option<&[f32]>, par: bool| {
             forward_image_direct(img, ws, bias, &g, &plan, pad, o, inner, par);
+            // SAFETY: `forward_image_direct` wrote every element of `o`.
+            let o = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
             if let Some(r) = r {
-                // SAFETY: `forward_image_direct` wrote every element of `o`.
-                let o = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
                 add_residual(o, r, act);
             }
+            after_image(o, after, par);
         };
         if n == 1 {
             run(&mut Vec::new(), slots, xs, res, true);
@@ -260,13 +309,18 @@ pub(super) fn values_adding(
         unsafe { out.set_len(n * out_len) };
         out
     } else if let Some(per) = images_per_product(&g, n) {
-        finish(small_maps(xs, ws, bias, &g, n, inner, per))
+        let mut out = finish(small_maps(xs, ws, bias, &g, n, inner, per));
+        after_par(&mut out, after);
+        out
     } else {
-        // The residual and the fused clamp are applied in the product's store; nothing is zero-filled first.
+        // The residual and the fused clamp are applied in the product's store, `after` to each image's output right
+        // after it; nothing is zero-filled first.
         let mut out = Vec::with_capacity(n * out_len);
         let slots = &mut out.spare_capacity_mut()[..n * out_len];
         let run = |col: &mut Vec<f32>, o: &mut [MaybeUninit<f32>], img: &[f32], r: Option<&[f32]>, par: bool| {
             forward_image(img, ws, bias, &g, col, o, (act, r), par);
+            // SAFETY: `forward_image` wrote every element of `o`.
+            after_image(unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) }, after, par);
         };
         if n == 1 {
             run(&mut Vec::new(), slots, xs, res, true);

@@ -94,6 +94,11 @@ impl Clamp {
     }
 }
 
+/// An activation applied to each stretch of a convolution's output right after its kernel wrote it (in cache, not
+/// in a pass of its own over the output), outside the kernels' flush-to-zero mode: the bits of the activation's own
+/// op on the convolution's output ([`Tensor::conv2d_silu`]).
+pub(crate) type After = Option<fn(&mut [f32])>;
+
 /// Geometry shared by the forward and backward kernels.
 #[derive(Clone, Copy)]
 struct Geom {
@@ -272,6 +277,13 @@ impl Tensor {
         residual: &Tensor,
     ) -> Result<Tensor> {
         forward::conv2d(self, weight, bias, params, Some(Clamp::RELU), Some(residual))
+    }
+
+    /// `silu(conv2d(…))` as one op (EfficientNet's Conv → Sigmoid → Mul): the SiLU applied to each image's output
+    /// right after the convolution wrote it, while it is in cache — the bits of `conv2d(…).silu()`. A pass that
+    /// records gradients runs the two ops (the SiLU's gradient needs the convolution's output).
+    pub fn conv2d_silu(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
+        forward::conv2d_silu(self, weight, bias, params)
     }
 
     /// `max_pool2d(relu(conv2d(…)), 2×2 windows, stride 2)` as one op: the same values and gradients, with the

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
-use super::{Clamp, Geom};
+use super::{After, Clamp, Geom};
 use crate::ops::simd::{self, Level, PackedB};
 use crate::Tensor;
 
@@ -129,14 +129,15 @@ fn product_transposed(
 }
 
 /// The forward `[N, O, H, W]` from the contiguous input `xs` (`n` images) with `Wᵀ` packed ([`kept`]), the bias,
-/// the residual (`[N, O, H, W]`, added to each image's output while it is in cache) and the fused clamp.
+/// the residual (`[N, O, H, W]`, added to each image's output while it is in cache), the fused clamp and `after`
+/// (applied to each image's output just written).
 pub(super) fn forward(
     xs: &[f32],
     wt: &PackedB,
     bias: Option<&[f32]>,
     g: &Geom,
     n: usize,
-    (act, res): (Option<Clamp>, Option<&[f32]>),
+    (act, res, after): (Option<Clamp>, Option<&[f32]>, After),
 ) -> Vec<f32> {
     let (c, o, hw) = (g.c, g.o, g.hw_out());
     let mut out = vec![0.0f32; n * o * hw];
@@ -147,6 +148,7 @@ pub(super) fn forward(
             (None, Some(act)) => dst.iter_mut().for_each(|v| *v = act.apply(*v)),
             (None, None) => {}
         }
+        super::forward::after_image(dst, after, par);
     };
     if n == 1 {
         image(&mut Vec::new(), &mut out, &xs[..c * hw], res, true);

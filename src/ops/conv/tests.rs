@@ -767,3 +767,58 @@ fn fused_residual_equals_conv_then_add() {
         assert_eq!(alone, batch[i * 256..(i + 1) * 256], "image {i}");
     }
 }
+
+/// `conv2d_silu` gives the bits of `conv2d(…).silu()` on every path the forward takes — the transposed and the
+/// unfolded pointwise product, a strided 1×1, the direct kernels at strides 1 and 2, unfolding (a stride-2 3×3 over
+/// 8 channels), Winograd, small maps side by side (stride 3, a 4×4 map), depthwise planes and channels in lanes,
+/// batches of one (the SiLU across threads) — including where the SiLU of a
+/// tiny convolution output is subnormal (channel 0: zero weights, bias 1.5e-38), which the kernels' flush-to-zero
+/// mode would make 0. Tracked, it is the two ops, gradient included.
+#[test]
+fn conv_silu_gives_the_two_ops_bits_on_every_path() {
+    // (images, channels in, side, channels out, kernel, stride, padding, groups), channels in lanes
+    type Case = ((usize, usize, usize, usize), (usize, usize, usize, usize), Option<bool>);
+    let cases: &[Case] = &[
+        ((2, 256, 7, 64), (1, 1, 0, 1), None),
+        ((2, 16, 20, 24), (1, 1, 0, 1), None),
+        ((1, 16, 20, 24), (1, 1, 0, 1), None),
+        ((2, 16, 14, 8), (1, 2, 0, 1), None),
+        ((2, 8, 12, 16), (3, 1, 1, 1), None),
+        ((1, 8, 12, 16), (3, 1, 1, 1), None),
+        ((2, 32, 12, 32), (3, 1, 1, 1), None),
+        ((2, 8, 16, 16), (3, 2, 1, 1), None),
+        ((2, 64, 30, 64), (3, 2, 1, 1), None),
+        ((2, 4, 13, 6), (3, 3, 1, 1), None),
+        ((4, 16, 4, 8), (3, 1, 1, 1), None),
+        ((2, 24, 40, 24), (3, 1, 1, 24), Some(false)),
+        ((2, 24, 40, 24), (3, 1, 1, 24), Some(true)),
+        ((2, 24, 16, 24), (3, 2, 1, 24), Some(false)),
+        ((2, 24, 16, 24), (3, 2, 1, 24), Some(true)),
+    ];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (i, &((n, c, side, o), (k, s, pad, groups), lanes)) in cases.iter().enumerate() {
+        let seed = 900 + 10 * i as u64;
+        let x = Tensor::uniform(&[n, c, side, side], -2.0, 2.0, seed);
+        let mut w = Tensor::uniform(&[o, c / groups, k, k], -0.3, 0.3, seed + 1).to_vec();
+        w[..c / groups * k * k].iter_mut().for_each(|v| *v = 0.0);
+        let w = Tensor::from_vec(w, &[o, c / groups, k, k]).unwrap();
+        let mut b = Tensor::uniform(&[o], -0.5, 0.5, seed + 2).to_vec();
+        b[0] = 1.5e-38;
+        let b = Tensor::from_vec(b, &[o]).unwrap();
+        let p = Conv2dParams { stride: (s, s), padding: (pad, pad), groups, ..Default::default() };
+        depthwise::LAYOUT.with(|f| f.set(lanes));
+        let want = x.conv2d(&w, Some(&b), p).unwrap().silu().to_vec();
+        let got = x.conv2d_silu(&w, Some(&b), p).unwrap().to_vec();
+        let xv = x.variable();
+        let y2 = xv.conv2d(&w, Some(&b), p).unwrap().silu();
+        let y1 = xv.conv2d_silu(&w, Some(&b), p).unwrap();
+        let gy = Tensor::uniform(y1.shape(), -1.0, 1.0, seed + 3);
+        let g1 = y1.mul(&gy).unwrap().sum_all().grad_wrt(&[&xv]).unwrap().remove(0);
+        let g2 = y2.mul(&gy).unwrap().sum_all().grad_wrt(&[&xv]).unwrap().remove(0);
+        depthwise::LAYOUT.with(|f| f.set(None));
+        assert!(want.iter().any(|v| *v != 0.0 && v.abs() < f32::MIN_POSITIVE), "case {i}: a subnormal SiLU");
+        assert!(bits(&got) == bits(&want), "case {i}: untracked");
+        assert!(bits(&y1.to_vec()) == bits(&want), "case {i}: tracked");
+        assert!(bits(&g1.to_vec()) == bits(&g2.to_vec()), "case {i}: input gradient");
+    }
+}
