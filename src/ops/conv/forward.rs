@@ -163,16 +163,32 @@ pub(super) fn conv2d(
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
     let rs = res.map(|r| standard(r.value()));
-    let out = match super::pointwise::kept(w, super::pointwise::KEY, ws, &g) {
-        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, (act, rs.as_deref(), None)),
-        None => {
-            let wino = winograd::kept(w, winograd::KEY, ws, &g);
-            values_adding(xs, ws, bias, &g, n, (act, rs.as_deref(), None), wino.as_deref())
-        }
-    };
+    let out = computed(w, (xs, ws, bias), &g, n, (act, rs.as_deref(), None));
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None, res: res.cloned() };
     Ok(record(value, op))
+}
+
+/// The forward's values of the weight tensor `w` (its kept layouts) over the contiguous input, weight and bias, with
+/// the residual, clamp and `after`: one product over the batch for a 1×1 map, the transposed product for other small
+/// pointwise maps, else [`values_adding`] (Winograd where its transform is kept).
+fn computed(
+    w: &Tensor,
+    (xs, ws, bias): (&[f32], &[f32], Option<&[f32]>),
+    g: &Geom,
+    n: usize,
+    epilogue: (Option<Clamp>, Option<&[f32]>, After),
+) -> Vec<f32> {
+    if let Some(wt) = super::pointwise::kept_batch(w, ws, g) {
+        return super::pointwise::forward_batch(xs, &wt, bias, g, n, epilogue);
+    }
+    match super::pointwise::kept(w, super::pointwise::KEY, ws, g) {
+        Some(wt) => super::pointwise::forward(xs, &wt, bias, g, n, epilogue),
+        None => {
+            let wino = winograd::kept(w, winograd::KEY, ws, g);
+            values_adding(xs, ws, bias, g, n, epilogue, wino.as_deref())
+        }
+    }
 }
 
 /// [`Tensor::conv2d_silu`]: untracked, the SiLU applied by [`values_adding`]'s `after` to each stretch of output
@@ -188,13 +204,7 @@ pub(super) fn conv2d_silu(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dP
     let ops = Operands::new(x, w, b);
     let (xs, ws, bias) = ops.slices();
     let after: After = Some(crate::ops::vmath::silu_in_place);
-    let out = match super::pointwise::kept(w, super::pointwise::KEY, ws, &g) {
-        Some(wt) => super::pointwise::forward(xs, &wt, bias, &g, n, (None, None, after)),
-        None => {
-            let wino = winograd::kept(w, winograd::KEY, ws, &g);
-            values_adding(xs, ws, bias, &g, n, (None, None, after), wino.as_deref())
-        }
-    };
+    let out = computed(w, (xs, ws, bias), &g, n, (None, None, after));
     let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
     // Nothing tracked: a constant, whatever the op says.
     let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act: None, pool: None, res: None };
