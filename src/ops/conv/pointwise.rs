@@ -71,13 +71,13 @@ pub(super) fn batch_applies(g: &Geom) -> bool {
     simd::accelerated() && g.is_one_tap() && g.h == 1 && g.w == 1 && g.p.groups == 1
 }
 
-/// The weight's `Wᵀ` packed for [`forward_batch`] (the same packing as [`kept`]'s, kept under the same key); `None`
-/// where [`batch_applies`] does not.
-pub(super) fn kept_batch(w: &Tensor, ws: &[f32], g: &Geom) -> Option<Arc<PackedB>> {
+/// The weight's `Wᵀ` packed for [`forward_batch`] (the same packing as [`kept`]'s, kept under the same key: [`KEY`]
+/// for the forward, [`KEY_FLIPPED`] for the input gradient's flipped weight); `None` where [`batch_applies`] does not.
+pub(super) fn kept_batch(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<PackedB>> {
     if !batch_applies(g) {
         return None;
     }
-    packed_transpose(w, KEY, ws, g)
+    packed_transpose(w, key, ws, g)
 }
 
 /// The forward `[N, O, 1, 1]` of a convolution [`batch_applies`] takes: `[N, C] · Wᵀ` from the bias, each value the
@@ -263,6 +263,23 @@ mod tests {
             }
             let last = x.narrow(0, n - 1, 1).unwrap().conv2d(&w, Some(&b), p).unwrap();
             assert!(bits(&last.to_vec()) == bits(&cases[0].1[(n - 1) * o..]), "{n}×{c}→{o}: the last image alone");
+            // Both ways one fused multiply-add chain in order: from the bias over the input channels, and (the
+            // input gradient, also one product over the batch) from zero over the output channels.
+            let chain = |start: f32, terms: &mut dyn Iterator<Item = (f32, f32)>| {
+                terms.fold(start, |acc, (u, v)| u.mul_add(v, acc))
+            };
+            let forward: Vec<f32> = (0..n * o)
+                .map(|i| chain(bs[i % o], &mut (0..c).map(|k| (ws[i % o * c + k], xs[i / o * c + k]))))
+                .collect();
+            assert!(bits(&cases[0].0.to_vec()) == bits(&forward), "{n}×{c}→{o}: the forward's chains");
+            let xv = x.variable();
+            let gy = Tensor::uniform(&[n, o, 1, 1], -1.0, 1.0, 302 + 4 * seed as u64);
+            let y = xv.conv2d(&w, Some(&b), p).unwrap().mul(&gy).unwrap().sum_all();
+            let dx = y.grad_wrt(&[&xv]).unwrap().remove(0).to_vec();
+            let gs = gy.to_vec();
+            let want: Vec<f32> =
+                (0..n * c).map(|i| chain(0.0, &mut (0..o).map(|k| (ws[k * c + i % c], gs[i / c * o + k])))).collect();
+            assert!(bits(&dx) == bits(&want), "{n}×{c}→{o}: the input gradient's chains");
         }
     }
 
