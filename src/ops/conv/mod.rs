@@ -94,9 +94,10 @@ impl Clamp {
     }
 }
 
-/// An activation applied to each stretch of a convolution's output right after its kernel wrote it (in cache, not
-/// in a pass of its own over the output), outside the kernels' flush-to-zero mode: the bits of the activation's own
-/// op on the convolution's output ([`Tensor::conv2d_silu`]).
+/// An activation applied to each stretch of a convolution's output right after its kernel wrote it (an image, a
+/// depthwise plane or band: in cache, not in a pass of its own over the output — except after Winograd and the
+/// small-map path, which write the whole batch at once and get one pass over it), outside the kernels'
+/// flush-to-zero mode: the bits of the activation's own op on the convolution's output ([`Tensor::conv2d_silu`]).
 pub(crate) type After = Option<fn(&mut [f32])>;
 
 /// Geometry shared by the forward and backward kernels.
@@ -280,8 +281,9 @@ impl Tensor {
     }
 
     /// `silu(conv2d(…))` as one op (EfficientNet's Conv → Sigmoid → Mul): the SiLU applied to each image's output
-    /// right after the convolution wrote it, while it is in cache — the bits of `conv2d(…).silu()`. A pass that
-    /// records gradients runs the two ops (the SiLU's gradient needs the convolution's output).
+    /// right after the convolution wrote it, while it is in cache (over the whole batch after Winograd and the
+    /// small-map path) — the bits of `conv2d(…).silu()`. A pass that records gradients runs the two ops (the SiLU's
+    /// gradient needs the convolution's output).
     pub fn conv2d_silu(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
         forward::conv2d_silu(self, weight, bias, params)
     }
