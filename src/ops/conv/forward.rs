@@ -160,13 +160,23 @@ pub(super) fn conv2d(
             None => sum,
         });
     }
-    let ops = Operands::new(x, w, b);
-    let (xs, ws, bias) = ops.slices();
-    let rs = res.map(|r| standard(r.value()));
-    let out = computed(w, (xs, ws, bias), &g, n, (act, rs.as_deref(), None));
-    let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
+    let value = forward_value((x, w, b), &g, (act, res, None));
     let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act, pool: None, res: res.cloned() };
     Ok(record(value, op))
+}
+
+/// The forward's value `[N, O, Ho, Wo]` of `x`, `w` and the bias on the geometry `g`, with the residual (of the
+/// output's shape), clamp and `after` ([`computed`] on their contiguous values).
+fn forward_value(
+    (x, w, b): (&Tensor, &Tensor, Option<&Tensor>),
+    g: &Geom,
+    (act, res, after): (Option<Clamp>, Option<&Tensor>, After),
+) -> ndarray::ArrayD<f32> {
+    let n = x.shape()[0];
+    let ops = Operands::new(x, w, b);
+    let rs = res.map(|r| standard(r.value()));
+    let out = computed(w, ops.slices(), g, n, (act, rs.as_deref(), after));
+    Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized by the geometry").into_dyn()
 }
 
 /// The forward's values of the weight tensor `w` (its kept layouts) over the contiguous input, weight and bias, with
@@ -200,12 +210,7 @@ pub(super) fn conv2d_silu(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: Conv2dP
         return Ok(conv2d(x, w, b, p, None, None)?.silu());
     }
     let g = geometry(x.shape(), w.shape(), b.map(|b| b.shape()), p)?;
-    let n = x.shape()[0];
-    let ops = Operands::new(x, w, b);
-    let (xs, ws, bias) = ops.slices();
-    let after: After = Some(crate::ops::vmath::silu_in_place);
-    let out = computed(w, (xs, ws, bias), &g, n, (None, None, after));
-    let value = Array4::from_shape_vec((n, g.o, g.ho, g.wo), out).expect("sized above").into_dyn();
+    let value = forward_value((x, w, b), &g, (None, None, Some(crate::ops::vmath::silu_in_place)));
     // Nothing tracked: a constant, whatever the op says.
     let op = Op::Conv2d { x: x.clone(), w: w.clone(), b: b.cloned(), p, act: None, pool: None, res: None };
     Ok(record(value, op))
