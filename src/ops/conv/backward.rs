@@ -222,11 +222,8 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
         }
     };
     let gt = adjoint(g, n);
-    // Over a 1×1 map, one product over the batch, `dout[N, O] · W` (`W` packed as the flipped weight's transpose).
-    if let Some(packed) = super::pointwise::kept_batch(w, super::pointwise::KEY_FLIPPED, &flipped, &gt) {
-        return super::pointwise::forward_batch(&masked, &packed, None, &gt, n, (None, None, None));
-    }
-    // A pointwise convolution's over a small map, transposed on the packed product (`W` packed, kept with it).
+    // A pointwise convolution's over a small map, transposed on the packed product (`W` packed, kept with it); over
+    // a 1×1 map one product over the batch, `dout[N, O] · W`.
     if let Some(packed) = super::pointwise::kept(w, super::pointwise::KEY_FLIPPED, &flipped, &gt) {
         return super::pointwise::forward(&masked, &packed, None, &gt, n, (None, None, None));
     }

@@ -189,9 +189,6 @@ fn computed(
     n: usize,
     epilogue: (Option<Clamp>, Option<&[f32]>, After),
 ) -> Vec<f32> {
-    if let Some(wt) = super::pointwise::kept_batch(w, super::pointwise::KEY, ws, g) {
-        return super::pointwise::forward_batch(xs, &wt, bias, g, n, epilogue);
-    }
     match super::pointwise::kept(w, super::pointwise::KEY, ws, g) {
         Some(wt) => super::pointwise::forward(xs, &wt, bias, g, n, epilogue),
         None => {

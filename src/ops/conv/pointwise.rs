@@ -47,17 +47,13 @@ pub(super) fn applies(g: &Geom) -> bool {
         && 8 * padded > 9 * hw
 }
 
-/// The weight `ws` (`[O, C]`) transposed and packed, made once per weight tensor `w` and kept with it under `key`;
-/// `None` where [`applies`] does not.
+/// The weight `ws` (`[O, C]`) transposed and packed for [`forward`], made once per weight tensor `w` and kept with
+/// it under `key` ([`KEY`] for the forward, [`KEY_FLIPPED`] for the input gradient's flipped weight); `None` where
+/// neither [`applies`] nor [`batch_applies`] does.
 pub(super) fn kept(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<PackedB>> {
-    if !applies(g) {
+    if !applies(g) && !batch_applies(g) {
         return None;
     }
-    packed_transpose(w, key, ws, g)
-}
-
-/// `Wᵀ` packed, kept with `w` under `key`.
-fn packed_transpose(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<PackedB>> {
     let wt =
         ArrayView2::from_shape((g.o, g.c), &ws[..g.o * g.c]).expect("a pointwise weight is [O, C]").reversed_axes();
     w.memo(key, |_| simd::pack(wt).ok_or(())).ok()
@@ -67,36 +63,8 @@ fn packed_transpose(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<Pa
 /// kernels (a squeeze-and-excitation block's two convolutions) — `[N, C] · Wᵀ`, the images as the product's rows and
 /// the output channels in the lanes. Unfolded, each image was a product of one column (one lane of 16 in use):
 /// EfficientNet-B0's 32 of them took 1.7 ms of its forward.
-pub(super) fn batch_applies(g: &Geom) -> bool {
+fn batch_applies(g: &Geom) -> bool {
     simd::accelerated() && g.is_one_tap() && g.h == 1 && g.w == 1 && g.p.groups == 1
-}
-
-/// The weight's `Wᵀ` packed for [`forward_batch`] (the same packing as [`kept`]'s, kept under the same key: [`KEY`]
-/// for the forward, [`KEY_FLIPPED`] for the input gradient's flipped weight); `None` where [`batch_applies`] does not.
-pub(super) fn kept_batch(w: &Tensor, key: u64, ws: &[f32], g: &Geom) -> Option<Arc<PackedB>> {
-    if !batch_applies(g) {
-        return None;
-    }
-    packed_transpose(w, key, ws, g)
-}
-
-/// The forward `[N, O, 1, 1]` of a convolution [`batch_applies`] takes: `[N, C] · Wᵀ` from the bias, each value the
-/// unfolded product's chain (over the input channels in order from the bias, so the same bits, whatever the batch),
-/// then the residual, the clamp and `after`, as [`forward`] applies them.
-pub(super) fn forward_batch(
-    xs: &[f32],
-    wt: &PackedB,
-    bias: Option<&[f32]>,
-    g: &Geom,
-    n: usize,
-    (act, res, after): (Option<Clamp>, Option<&[f32]>, After),
-) -> Vec<f32> {
-    let mut out = vec![0.0f32; n * g.o];
-    let x = ArrayView2::from_shape((n, g.c), &xs[..n * g.c]).expect("the batch is [N, C]");
-    let y = ArrayViewMut2::from_shape((n, g.o), &mut out[..]).expect("sized above");
-    simd::gemm_prepacked(x, wt, y, false, bias, true);
-    finish(&mut out, (act, res, after), false);
-    out
 }
 
 /// The residual added and the clamp applied to an output just computed (the sum clamped when both), then `after`
@@ -183,6 +151,9 @@ fn product_transposed(
 /// The forward `[N, O, H, W]` from the contiguous input `xs` (`n` images) with `Wᵀ` packed ([`kept`]), the bias,
 /// the residual (`[N, O, H, W]`, added to each image's output while it is in cache), the fused clamp and `after`
 /// (applied to each image's output just written).
+///
+/// Over a 1×1 map ([`batch_applies`]) the batch is one product, `[N, C] · Wᵀ` from the bias: each value the
+/// unfolded product's chain (over the input channels in order from the bias, so the same bits, whatever the batch).
 pub(super) fn forward(
     xs: &[f32],
     wt: &PackedB,
@@ -192,6 +163,14 @@ pub(super) fn forward(
     (act, res, after): (Option<Clamp>, Option<&[f32]>, After),
 ) -> Vec<f32> {
     let (c, o, hw) = (g.c, g.o, g.hw_out());
+    if batch_applies(g) {
+        let mut out = vec![0.0f32; n * o];
+        let x = ArrayView2::from_shape((n, c), &xs[..n * c]).expect("the batch is [N, C]");
+        let y = ArrayViewMut2::from_shape((n, o), &mut out[..]).expect("sized above");
+        simd::gemm_prepacked(x, wt, y, false, bias, true);
+        finish(&mut out, (act, res, after), false);
+        return out;
+    }
     let mut out = vec![0.0f32; n * o * hw];
     let image = |yt: &mut Vec<f32>, dst: &mut [f32], img: &[f32], r: Option<&[f32]>, par: bool| {
         product_transposed(img, hw, wt, bias, yt, dst, par);
