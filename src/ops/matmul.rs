@@ -249,10 +249,18 @@ fn backward2(
     // `Linear` layer's weight is [out, in], so G·W qualifies): each row of its product is one fixed chain
     // of multiply-adds, so G·Bᵀ stays batch invariant without padding. A row-major weight's transpose is
     // packed once and kept with it.
+    // The output is made only for the product that fills it: a zeroed matrix made first and then dropped for the
+    // kept packing was a pass over cold memory per call (ConvNeXt-T's `784 × 384 → 1536` input gradients, whose
+    // weights are row-major).
     let ga = need[0].then(|| {
-        let mut c = Array2::zeros((g2.nrows(), b2.nrows()));
-        if super::simd::gemm_nn(g2, b2.t(), c.view_mut(), false, true) {
-            c
+        if super::simd::accelerated() && (b2.nrows() <= 1 || b2.strides()[0] == 1) {
+            // SAFETY: the vector kernel runs (accelerated, `b2ᵀ` with contiguous rows, a fresh `c`) and, not
+            // accumulating, writes every element of `c` before reading any.
+            unsafe {
+                product_array(Ix2(g2.nrows(), b2.nrows()), |c| {
+                    assert!(super::simd::gemm_nn(g2, b2.t(), c, false, true), "the kernel applies")
+                })
+            }
         } else {
             matmul2_kept(g2, b, b2.t(), KEY_PACKED_T)
         }
@@ -667,14 +675,15 @@ mod tests {
         assert_eq!(bits(y.value()), bits(x.matmul(&w).unwrap().add(&one).unwrap().value()));
     }
 
-    /// The products whose outputs are not zero-filled first ([`product_array`]: [`matmul2`], a kept packing, `matmul_bias`, [`batched`]) write every element:
-    /// run on a heap dirtied with NaN blocks of the outputs' sizes ([`crate::ops::poisoned`]), they give the bits
-    /// of the same products into zeroed matrices — the packed product (a right operand that keeps no packing),
-    /// a kept packing, `x·w + b` on it, and a batch of products.
+    /// The products whose outputs are not zero-filled first ([`product_array`]: [`matmul2`], a kept packing,
+    /// `matmul_bias`, the input gradient on the unpacked kernel, [`batched`]) write every element: run on a heap
+    /// dirtied with NaN blocks of the outputs' sizes ([`crate::ops::poisoned`]), they give the bits of the same
+    /// products into zeroed matrices — the packed product (a right operand that keeps no packing), a kept packing,
+    /// `x·w + b` on it, `g·W` for `x·Wᵀ`, and a batch of products.
     #[test]
     fn unfilled_outputs_are_written_whole() {
         use crate::ops::poisoned;
-        use crate::ops::simd::{gemm_packed, gemm_prepacked, pack};
+        use crate::ops::simd::{gemm_nn, gemm_packed, gemm_prepacked, pack};
         if !super::super::simd::accelerated() {
             return;
         }
@@ -704,6 +713,18 @@ mod tests {
         gemm_prepacked(xm.view(), &packed, want.view_mut(), false, Some(bias.to_vec().as_slice()), true);
         let got = poisoned(&[39 * 260], || x.matmul_bias(&w, &bias, false).unwrap());
         same(&bits(got.value()), &bits(&want), "x·w + b");
+
+        // The input gradient `g·W` of `x·Wᵀ` (a `Linear` layer: `W` has contiguous rows, the unpacked kernel).
+        let (x, w, r) = (
+            Tensor::uniform(&[40, 50], -1.0, 1.0, 8).variable(),
+            Tensor::uniform(&[70, 50], -1.0, 1.0, 9),
+            Tensor::uniform(&[40, 70], -1.0, 1.0, 10),
+        );
+        let loss = x.matmul_transposed(&w).unwrap().mul(&r).unwrap().sum_all();
+        let got = poisoned(&[40 * 50], || loss.grad_wrt(&[&x]).unwrap().remove(0));
+        let mut want = Array2::zeros((40, 50));
+        assert!(gemm_nn(matrix(&r).view(), matrix(&w).view(), want.view_mut(), false, true));
+        same(&bits(got.value()), &bits(&want), "input gradient g·W");
 
         let (p, q) = (Tensor::uniform(&[3, 20, 30], -1.0, 1.0, 6), Tensor::uniform(&[3, 30, 40], -1.0, 1.0, 7));
         let got = poisoned(&[3 * 20 * 40], || p.matmul(&q).unwrap());
