@@ -45,6 +45,13 @@ pub(crate) fn conv2d_backward(
     // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
     // each image's output gradient as it is used, in cache. Any other clamp (ReLU6) masks the whole gradient
     // first, in one pass (the work of a separate clamp's backward, which it replaces).
+    if let (None, [true, false, ..]) = (fused, need) {
+        if !need.get(2).copied().unwrap_or(false) {
+            if let Some(dx) = depthwise_channels_last(x, w, p, gout)? {
+                return Ok(grads(Some(dx), None, None, has_bias));
+            }
+        }
+    }
     let ys = fused.map(|(_, y)| standard(y));
     let gs = standard(gout);
     let (gs, ys) = (&gs[..], ys.as_deref());
@@ -66,6 +73,32 @@ pub(crate) fn conv2d_backward(
         }
         (_, relu) => backward(x, w, has_bias, p, &OutGrad::Dense { g: gs, relu }, need),
     }
+}
+
+/// The input gradient alone of a depthwise convolution whose output gradient is a channels-last view (`[N, C, H,
+/// W]` over `[N, H, W, C]` memory: ConvNeXt-T's block, whose output is permuted to channels-last for its LayerNorm
+/// and linear layers, hands its gradient back that way), read as it lies by the channels-in-lanes kernel — a
+/// copy to `[N, C, H, W]` first was a transposing pass over the gradient, the kernel's time again (96@56: 2.1 ms a
+/// call in the model against 1.25 alone). `None` where that does not apply: a gradient in any other layout, or
+/// the plane kernels running.
+fn depthwise_channels_last(
+    x: &Tensor,
+    w: &Tensor,
+    p: &Conv2dParams,
+    gout: &ArrayD<f32>,
+) -> Result<Option<ArrayD<f32>>> {
+    if gout.ndim() != 4 || gout.is_standard_layout() {
+        return Ok(None);
+    }
+    let nhwc = gout.view().permuted_axes(&[0, 2, 3, 1][..]);
+    let (Some(gs), true) = (nhwc.as_slice(), x.rank() == 4) else { return Ok(None) };
+    let g = geometry(x.shape(), w.shape(), None, *p)?;
+    if !depthwise::applies(&g) {
+        return Ok(None);
+    }
+    let ws = standard(w.value());
+    let dx = depthwise::input_grad_channels_last(&ws, &g, x.shape()[0], gs);
+    Ok(dx.map(|v| ArrayD::from_shape_vec(x.shape(), v).expect("input-sized")))
 }
 
 /// The backward of a convolution with a residual added (and clamped after the sum when `fused` gives the clamp with
@@ -124,7 +157,11 @@ fn backward(x: &Tensor, w: &Tensor, has_bias: bool, p: &Conv2dParams, src: &OutG
     let g = geometry(x.shape(), w.shape(), None, *p)?;
     let (need_x, need_w) = (need[0], need[1]);
     let need_b = has_bias && need.get(2).copied().unwrap_or(false);
-    let (xs, ws) = (standard(x.value()), standard(w.value()));
+    // Only the weight and bias gradients read the input: an input gradient alone (an attack's pass) does not copy
+    // an input that is a view (ConvNeXt-T's downsampling convolutions read their LayerNorm's output permuted back
+    // from channels-last: a transposing pass over it on every backward).
+    let xs = if need_w || need_b { standard(x.value()) } else { std::borrow::Cow::Borrowed(&[][..]) };
+    let ws = standard(w.value());
     let (xs, ws) = (&xs[..], &ws[..]);
     if let OutGrad::Pooled(pooled) = src {
         // An input gradient alone (an attack's pass) where Winograd runs: its dense product on the expanded

@@ -271,11 +271,23 @@ pub(super) fn backward(
     (dx, dw, db)
 }
 
+/// The input gradient `[N, C, H, W]` from a channels-last output gradient `[N, Ho, Wo, C]` (no fused clamp), where
+/// the channels-in-lanes layout runs: it reads the gradient as it lies, pixel by pixel. `None` where the plane
+/// kernels run (they read `[N, C, Ho, Wo]`).
+pub(super) fn input_grad_channels_last(ws: &[f32], g: &Geom, n: usize, gout: &[f32]) -> Option<Vec<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if lanes_layout(g, true) {
+        return Some(super::depthwise_lanes::input_grad(ws, g, n, super::depthwise_lanes::OutGrad::ChannelsLast(gout)));
+    }
+    let _ = (ws, g, n, gout);
+    None
+}
+
 /// The input gradient `[N, C, H, W]`, plane by plane: each the transposed convolution of its channel's outputs.
 fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option<&[f32]>) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if lanes_layout(g, true) {
-        return super::depthwise_lanes::input_grad(ws, g, n, gout, y);
+        return super::depthwise_lanes::input_grad(ws, g, n, super::depthwise_lanes::OutGrad::Planes(gout, y));
     }
     let (hw, in_plane, kk, mult) = (g.hw_out(), g.h * g.w, g.kh * g.kw, g.o / g.c);
     let lay = GradLayout::new(g);
@@ -538,6 +550,21 @@ mod tests {
                 let (lanes, planes) = (run(true), run(false));
                 assert!(lanes.0 == planes.0, "forward {c} {h}x{w} k{k} s{s} p{pad} act {act}");
                 assert!(lanes.1 == planes.1, "input gradient {c} {h}x{w} k{k} s{s} p{pad} act {act}");
+                if act == 0 {
+                    // The same output gradient handed back through a permute to channels-last (ConvNeXt's
+                    // block): a channels-last view, read as it lies by the lanes (or copied for the planes).
+                    for lanes in [true, false] {
+                        LAYOUT.with(|f| f.set(Some(lanes)));
+                        let y = x.conv2d(&wt, Some(&b), p).unwrap().permute(&[0, 2, 3, 1]).unwrap();
+                        let gy = Tensor::uniform(&[2, c, y.shape()[1], y.shape()[2]], -1.0, 1.0, seed + 3);
+                        let gy = Tensor::new(
+                            gy.permute(&[0, 2, 3, 1]).unwrap().to_array().as_standard_layout().into_owned(),
+                        );
+                        let dx = y.mul(&gy).unwrap().sum_all().grad_wrt(&[&x]).unwrap().remove(0);
+                        LAYOUT.with(|f| f.set(None));
+                        assert!(bits(&dx) == planes.1, "channels-last gradient {c} {h}x{w} k{k} s{s} lanes {lanes}");
+                    }
+                }
             }
         }
     }

@@ -211,14 +211,22 @@ pub(super) fn forward(
     out
 }
 
-/// The input gradient `[N, C, H, W]` from the output gradient `gout`, masked where the fused ReLU's output `y`,
-/// if any, is not positive.
+/// The output gradient the input gradient reads.
+#[derive(Clone, Copy)]
+pub(super) enum OutGrad<'a> {
+    /// `[N, C, Ho, Wo]`, masked where the fused ReLU's output (the second slice), if any, is not positive.
+    Planes(&'a [f32], Option<&'a [f32]>),
+    /// `[N, Ho, Wo, C]`: a block's `cn` channels of a pixel are one run, copied into its vector as they are.
+    ChannelsLast(&'a [f32]),
+}
+
+/// The input gradient `[N, C, H, W]` from the output gradient `gout` (see [`OutGrad`]).
 ///
 /// Image pixel `(y, x)` takes tap `(i, j)` when `y + ph − i` and `x + pw − j` are multiples of the strides: the
 /// pixels fall into `sh·sw` classes by `((y + ph) mod sh, (x + pw) mod sw)`, each with its own taps at fixed
 /// offsets. The output-gradient band holds every output row a tap of the band's rows names, zero outside the
 /// outputs (adding a zero product leaves a sum's bits as they are: a sum from zero is never −0).
-pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option<&[f32]>) -> Vec<f32> {
+pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: OutGrad) -> Vec<f32> {
     let level = level();
     let l = kernels::lanes(level);
     let (kk, blocks, hw, in_plane) = (g.kh * g.kw, g.c.div_ceil(l), g.hw_out(), g.h * g.w);
@@ -263,10 +271,16 @@ pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option
                 if !(0..g.ho as isize).contains(&oy) {
                     continue;
                 }
-                let at = ((img * g.c + c0) * g.ho + oy as usize) * g.wo;
                 let d = &mut band[(q * gw + ml) * l..];
-                match y {
-                    Some(y) => {
+                let at = ((img * g.c + c0) * g.ho + oy as usize) * g.wo;
+                match gout {
+                    OutGrad::ChannelsLast(gout) => {
+                        let at = ((img * g.ho + oy as usize) * g.wo) * g.c + c0;
+                        for (px, src) in d.chunks_exact_mut(l).zip(gout[at..].chunks(g.c)).take(g.wo) {
+                            px[..cn].copy_from_slice(&src[..cn]);
+                        }
+                    }
+                    OutGrad::Planes(gout, Some(y)) => {
                         for c in 0..cn {
                             let at = at + c * hw;
                             let masked = gout[at..at + g.wo].iter().zip(&y[at..at + g.wo]);
@@ -275,7 +289,7 @@ pub(super) fn input_grad(ws: &[f32], g: &Geom, n: usize, gout: &[f32], y: Option
                         }
                     }
                     // SAFETY: the level is not portable (checked by `applies`).
-                    None => unsafe { gather(&gout[at..], hw, cn, g.wo, d, l) },
+                    OutGrad::Planes(gout, None) => unsafe { gather(&gout[at..], hw, cn, g.wo, d, l) },
                 }
             }
             let res = results(res, nr * g.w * l);
