@@ -389,8 +389,9 @@ fn native_conv_batchnorm_silu_is_one_step() {
 }
 
 /// The exact GELU as PyTorch's exporter writes it (`x / √2 → Erf → + 1 → · x → · ½`) runs as one GELU; the same
-/// five nodes with another divisor are planned alike but run as the five ops. Values and input gradients match
-/// the layer-by-layer run; the (reduced) ConvNeXt-T export plans every block's GELU.
+/// five nodes with another divisor are planned alike but run as the five ops; with a MatMul and an Add after it,
+/// the three are one step. Values and input gradients match the layer-by-layer run; the (reduced) ConvNeXt-T
+/// export plans every block's GELU with its second linear layer.
 #[test]
 fn imported_erf_chain_is_one_gelu() {
     use crate::onnx::build::{attr_t, node, Graph};
@@ -435,9 +436,27 @@ fn imported_erf_chain_is_one_gelu() {
     let alone = chain(consts(), "x", "", "sqrt2", "y").output("y", &[]).model();
     assert_eq!(alone.forward_t(&x, false).expect("forward").to_vec(), x.gelu(false).to_vec());
 
+    // The GELU and the product with a bias that alone reads it (an MLP's second layer) are one step; its value
+    // and input gradient match the layer-by-layer run's.
+    let w = Tensor::uniform(&[5, 4], -0.5, 0.5, 33).to_vec();
+    let mlp = chain(consts(), "x", "", "sqrt2", "g")
+        .init("w", &[5, 4], &w)
+        .init("b", &[4], &[0.1, -0.2, 0.3, -0.4])
+        .node(node("MatMul", &["g", "w"], &["p"], "matmul", vec![]))
+        .node(node("Add", &["p", "b"], &["y"], "bias", vec![]))
+        .output("y", &[])
+        .model();
+    let fused: Vec<Fused> = mlp.plan().into_iter().map(|f| f.fused).filter(|f| *f != Fused::Single).collect();
+    assert_eq!(fused, vec![Fused::GeluMatMulBias]);
+    let every = ["d", "e", "a", "m", "g", "p"];
+    let layered = |x: &Tensor| mlp.forward_taps(x, false, &every).expect("layer by layer").0;
+    close("gelu, matmul, bias", &mlp.forward_t(&x, false).expect("forward"), &layered(&x), 1e-5);
+    let g = input_gradient(|x| mlp.forward_t(x, false).expect("forward"), &x, 34);
+    close("gelu, matmul, bias input gradient", &g, &input_gradient(layered, &x, 34), 1e-5);
+
     let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture("zoo/convnext_t_ts17.onnx")).expect("loads");
-    let gelu = zoo.plan().into_iter().filter(|f| f.fused == Fused::Gelu).count();
-    assert_eq!(gelu, 5, "the small ConvNeXt's five Erf nodes are each one planned GELU");
+    let gelu = zoo.plan().into_iter().filter(|f| f.fused == Fused::GeluMatMulBias).count();
+    assert_eq!(gelu, 5, "the small ConvNeXt's five Erf nodes are each one planned GELU with the product after it");
 }
 
 /// A convolution and the Clip after it (MobileNets' ReLU6, bounds as constant inputs; an absent bound is
@@ -486,12 +505,17 @@ fn imported_conv_then_clip_is_one_clamped_conv() {
 /// PyTorch exports a linear layer on more than two axes as `MatMul` then `Add(bias, product)` — the bias first.
 /// Each runs as one product starting at its bias (the importer had come to plan an Add whose first operand is a
 /// parameter as no layer at all, and these ran as two ops again): every MatMul of the (reduced) ConvNeXt-T export,
-/// and the (reduced) ViT-B/16 export's MLP layers and attention input projections.
+/// and the (reduced) ViT-B/16 export's MLP layers and attention input projections; each MLP's second layer with
+/// the GELU before it.
 #[test]
 fn imported_linear_layers_with_the_bias_first_are_one_product() {
-    for (file, want) in [("zoo/convnext_t_ts17.onnx", 10), ("zoo/vit_b_16_ts17.onnx", 6)] {
+    for (file, want, mlps) in [("zoo/convnext_t_ts17.onnx", 10, 5), ("zoo/vit_b_16_ts17.onnx", 6, 2)] {
         let zoo = armoury::onnx::OnnxModel::load(crate::common::fixture(file)).expect("loads");
-        let fused = zoo.plan().into_iter().filter(|f| f.fused == Fused::MatMulBias).count();
+        // A product after a GELU is planned with it (`GeluMatMulBias`), still one product with its bias.
+        let plan = zoo.plan();
+        let fused = plan.iter().filter(|f| matches!(f.fused, Fused::MatMulBias | Fused::GeluMatMulBias)).count();
         assert_eq!(fused, want, "{file}: linear layers planned as one product with their bias");
+        let after_gelu = plan.iter().filter(|f| f.fused == Fused::GeluMatMulBias).count();
+        assert_eq!(after_gelu, mlps, "{file}: each MLP's second layer planned with the GELU before it");
     }
 }

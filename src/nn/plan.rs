@@ -235,6 +235,10 @@ pub enum Fused {
     /// `x / √2 → erf → + 1 → · x → · ½`, the exact GELU as PyTorch exports it (opset < 20): one
     /// [`Tensor::gelu`]. With other constants, or a product with another value, it runs as the five ops.
     Gelu,
+    /// [`Fused::Gelu`] and the [`Fused::MatMulBias`] that alone reads its output (a transformer's or ConvNeXt's
+    /// MLP): one [`Tensor::gelu_matmul_bias`], whose backward applies the GELU's derivative to the product's input
+    /// gradient in cache as the product makes it. The bits of the two steps; what does not fit runs as they would.
+    GeluMatMulBias,
 }
 
 /// One step of a plan: the layers `start..start + len` of the run, computed as `fused` says.
@@ -338,7 +342,11 @@ pub fn plan(kinds: &[Kind], outputs: &[Output], train: bool) -> Vec<Step> {
                 if (i..i + 4).all(open)
                     && [Kind::Erf, Kind::Add, Kind::Mul, Kind::Mul] == [at(i + 1), at(i + 2), at(i + 3), at(i + 4)] =>
             {
-                (5, Fused::Gelu)
+                if (i + 4..i + 6).all(open) && at(i + 5) == Kind::MatMul && at(i + 6) == Kind::Add {
+                    (7, Fused::GeluMatMulBias)
+                } else {
+                    (5, Fused::Gelu)
+                }
             }
             _ => (1, Fused::Single),
         };
@@ -492,20 +500,50 @@ impl Fused {
             // The same value on both sides (one tensor, so one node of the graph): the SiLU.
             (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) if other.id() == x.id() => Ok(x.silu()),
             (Fused::Silu, [Layer::Sigmoid, Layer::Mul { other }]) => x.sigmoid().mul(other),
-            (
-                Fused::Gelu,
-                [Layer::Div { other: d }, Layer::Erf, Layer::Add { other: one }, Layer::Mul { other: m }, Layer::Mul { other: half }],
-            ) => {
-                // Constants only: a tracked divisor or coefficient keeps the five ops, so it gets its gradient.
-                let scalar = |t: &Tensor, want: f32| !t.is_tracked() && t.numel() == 1 && t.to_vec()[0] == want;
-                if m.id() == x.id() && scalar(d, std::f32::consts::SQRT_2) && scalar(one, 1.0) && scalar(half, 0.5) {
-                    return Ok(x.gelu(false));
+            (Fused::Gelu, [div, erf, add, mul, half]) => gelu(x, [div, erf, add, mul, half]),
+            (Fused::GeluMatMulBias, [div, erf, add, mul, half, Layer::MatMul { weight }, Layer::Add { other }]) => {
+                if exact_gelu(x, [div, erf, add, mul, half]) {
+                    return x.gelu_matmul_bias(weight, other, false);
                 }
-                x.div(d)?.erf().add(one)?.mul(m)?.mul(half)
+                gelu(x, [div, erf, add, mul, half])?.matmul_bias(weight, other, false)
             }
             _ => Err(mismatch(self)),
         }
     }
+}
+
+/// The divisor, the added one and the two factors of a [`Fused::Gelu`]'s five layers (`x / d → erf → + one → · m
+/// → · half`), or `None` when they are other layers.
+fn gelu_operands([div, erf, add, mul, half]: [&Layer; 5]) -> Option<[&Tensor; 4]> {
+    match (div, erf, add, mul, half) {
+        (
+            Layer::Div { other: d },
+            Layer::Erf,
+            Layer::Add { other: one },
+            Layer::Mul { other: m },
+            Layer::Mul { other: h },
+        ) => Some([d, one, m, h]),
+        _ => None,
+    }
+}
+
+/// Whether the five layers of a [`Fused::Gelu`] on `x` are the exact GELU as PyTorch exports it: `x / √2 → erf → +
+/// 1 → · x → · ½` with constants only (a tracked divisor or coefficient keeps the five ops, so it gets its
+/// gradient).
+fn exact_gelu(x: &Tensor, layers: [&Layer; 5]) -> bool {
+    let scalar = |t: &Tensor, want: f32| !t.is_tracked() && t.numel() == 1 && t.to_vec()[0] == want;
+    gelu_operands(layers).is_some_and(|[d, one, m, half]| {
+        m.id() == x.id() && scalar(d, std::f32::consts::SQRT_2) && scalar(one, 1.0) && scalar(half, 0.5)
+    })
+}
+
+/// A [`Fused::Gelu`] step on `x`: one [`Tensor::gelu`] where [`exact_gelu`], else the five ops.
+fn gelu(x: &Tensor, layers: [&Layer; 5]) -> Result<Tensor> {
+    if exact_gelu(x, layers) {
+        return Ok(x.gelu(false));
+    }
+    let [d, one, m, half] = gelu_operands(layers).ok_or_else(|| mismatch(Fused::Gelu))?;
+    x.div(d)?.erf().add(one)?.mul(m)?.mul(half)
 }
 
 #[cfg(test)]

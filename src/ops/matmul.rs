@@ -3,6 +3,7 @@
 
 use ndarray::{s, Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Ix2, Ix3};
 
+use super::simd::RowsAfter;
 use super::{record, Op};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -19,7 +20,7 @@ const PAR_GEMM_WORK: usize = 1 << 20;
 ///
 /// `product` writes every element of the view it is given before reading it (products on the vector kernels, not
 /// accumulating: each chain starts at zero or at a bias, never at `c`).
-unsafe fn product_array<D: ndarray::Dimension>(
+pub(super) unsafe fn product_array<D: ndarray::Dimension>(
     shape: D,
     product: impl FnOnce(ndarray::ArrayViewMut<f32, D>),
 ) -> ndarray::Array<f32, D> {
@@ -107,8 +108,8 @@ fn item_product(a: ArrayView2<f32>, b: ArrayView2<f32>, mut c: ArrayViewMut2<f32
 
 /// Keys of a weight's packed forms kept with it ([`Tensor::memo`]): as the `b` of `x·w`, and transposed, as the `b`
 /// of the input gradient `g·wᵀ`.
-const KEY_PACKED: u64 = 1 << 60;
-const KEY_PACKED_T: u64 = 1 << 60 | 1;
+pub(super) const KEY_PACKED: u64 = 1 << 60;
+pub(super) const KEY_PACKED_T: u64 = 1 << 60 | 1;
 
 /// A right-hand operand of at least this many floats, a leaf, keeps its packed form ([`kept_packed`]); a smaller
 /// one is packed per call (it is cheap, and a small leaf is as likely a value of the moment as a weight).
@@ -118,7 +119,7 @@ const KEEP_PACKED_MIN: usize = 1 << 16;
 /// next call (an attack's next pass) does not pack it again: ViT-B/16 packs 85 M floats of weights per forward
 /// pass and as many per input gradient. `None` (pack per call) for a computed `w` or one only this call holds
 /// ([`Tensor::is_kept_leaf`]), a small `b`, or on the portable level.
-fn kept_packed(w: &Tensor, b: ArrayView2<f32>, key: u64) -> Option<std::sync::Arc<super::simd::PackedB>> {
+pub(super) fn kept_packed(w: &Tensor, b: ArrayView2<f32>, key: u64) -> Option<std::sync::Arc<super::simd::PackedB>> {
     if !w.is_kept_leaf() || b.len() < KEEP_PACKED_MIN || !super::simd::accelerated() {
         return None;
     }
@@ -230,7 +231,7 @@ fn batched(a: ArrayView3<f32>, b: ArrayView3<f32>) -> Array3<f32> {
 }
 
 /// `x` as a `rows × cols` matrix: a view when it is in standard layout, else a copy.
-fn rows(x: ndarray::ArrayViewD<'_, f32>, rows: usize, cols: usize) -> ndarray::CowArray<'_, f32, Ix2> {
+pub(super) fn rows(x: ndarray::ArrayViewD<'_, f32>, rows: usize, cols: usize) -> ndarray::CowArray<'_, f32, Ix2> {
     if x.is_standard_layout() {
         return ndarray::CowArray::from(x.into_shape_with_order((rows, cols)).expect("rows · cols values"));
     }
@@ -239,7 +240,40 @@ fn rows(x: ndarray::ArrayViewD<'_, f32>, rows: usize, cols: usize) -> ndarray::C
 }
 
 /// ∂L/∂A = G·Bᵀ and ∂L/∂B = Aᵀ·G of a 2-D product with `b2` the value of `b`, each when `need` asks for it.
-fn backward2(
+/// `g·bᵀ`, the input gradient of a product with `b` (whose value is `b2`), then `after` on every row: in the
+/// product's blocks as each completes, in cache, on `b`'s kept packing (an attack's case), else in a pass after.
+/// The output is made only for the product that fills it: a zeroed matrix made first and then dropped for the kept
+/// packing was a pass over cold memory per call (ConvNeXt-T's `784 × 384 → 1536` input gradients, whose weights
+/// are row-major).
+pub(super) fn input_grad(
+    g2: ArrayView2<f32>,
+    (b, b2): (&Tensor, ArrayView2<f32>),
+    after: Option<RowsAfter>,
+) -> Array2<f32> {
+    let (m, n) = (g2.nrows(), b2.nrows());
+    let mut c = if super::simd::accelerated() && (n <= 1 || b2.strides()[0] == 1) {
+        // SAFETY: the vector kernel runs (accelerated, `b2ᵀ` with contiguous rows, a fresh `c`) and, not
+        // accumulating, writes every element of `c` before reading any.
+        unsafe { product_array(Ix2(m, n), |c| assert!(super::simd::gemm_nn(g2, b2.t(), c, false, true), "it applies")) }
+    } else if let Some(packed) = kept_packed(b, b2.t(), KEY_PACKED_T) {
+        // SAFETY: the product, not accumulating, writes every element of `c` before reading any.
+        return unsafe {
+            product_array(Ix2(m, n), |c| super::simd::gemm_prepacked_then(g2, &packed, c, false, None, true, after))
+        };
+    } else {
+        matmul2(g2, b2.t())
+    };
+    if let Some(f) = after {
+        use rayon::prelude::*;
+        c.axis_iter_mut(Axis(0))
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(i, mut row)| f(i, 0, row.as_slice_mut().expect("a fresh matrix's rows")));
+    }
+    c
+}
+
+pub(super) fn backward2(
     a2: ArrayView2<f32>,
     (b, b2): (&Tensor, ArrayView2<f32>),
     g2: ArrayView2<f32>,
@@ -249,22 +283,7 @@ fn backward2(
     // `Linear` layer's weight is [out, in], so G·W qualifies): each row of its product is one fixed chain
     // of multiply-adds, so G·Bᵀ stays batch invariant without padding. A row-major weight's transpose is
     // packed once and kept with it.
-    // The output is made only for the product that fills it: a zeroed matrix made first and then dropped for the
-    // kept packing was a pass over cold memory per call (ConvNeXt-T's `784 × 384 → 1536` input gradients, whose
-    // weights are row-major).
-    let ga = need[0].then(|| {
-        if super::simd::accelerated() && (b2.nrows() <= 1 || b2.strides()[0] == 1) {
-            // SAFETY: the vector kernel runs (accelerated, `b2ᵀ` with contiguous rows, a fresh `c`) and, not
-            // accumulating, writes every element of `c` before reading any.
-            unsafe {
-                product_array(Ix2(g2.nrows(), b2.nrows()), |c| {
-                    assert!(super::simd::gemm_nn(g2, b2.t(), c, false, true), "the kernel applies")
-                })
-            }
-        } else {
-            matmul2_kept(g2, b, b2.t(), KEY_PACKED_T)
-        }
-    });
+    let ga = need[0].then(|| input_grad(g2, (b, b2), None));
     let gb = need[1].then(|| {
         // A reduction over the rows: batch invariance does not apply, one GEMM over everything.
         if b2.ncols() > 1 && b2.t().is_standard_layout() {
@@ -424,49 +443,6 @@ fn matmul_broadcast(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Matrix products.
 impl Tensor {
-    /// `self · w + b` (or `self · wᵀ + b` when `transposed`) for `self` `[…, m, k]` (its rows flattened), `w` a matrix and
-    /// `b` a vector of its columns' count: one product on `w`'s kept packing whose chains start at the
-    /// bias ([`crate::nn::plan::Fused::MatMulBias`], ONNX `Gemm`), no pass of its own over the output. Each element
-    /// is one fused multiply-add chain from `b[j]`, so it rounds within an ulp or so of the product then the sum,
-    /// not bit for bit; the gradients are those of the two ops. Other operands (other ranks, a bias that
-    /// broadcasts, the portable level) run as the two ops.
-    pub(crate) fn matmul_bias(&self, w: &Tensor, b: &Tensor, transposed: bool) -> Result<Tensor> {
-        // The right operand as a tensor, made after the packing is looked up (a clone of `w` would count as a
-        // second holder: `Tensor::is_kept_leaf`).
-        let wt = || if transposed { w.t() } else { Ok(w.clone()) };
-        let (k, n) = match (w.shape(), transposed) {
-            (&[r, c], false) => (r, c),
-            (&[r, c], true) => (c, r),
-            _ => (0, 0),
-        };
-        let fits = w.rank() == 2
-            && self.rank() >= 2
-            && self.shape().last() == Some(&k)
-            && b.shape() == [n]
-            && super::simd::accelerated();
-        if !fits {
-            return self.matmul(&wt()?)?.add(b);
-        }
-        let m = self.numel() / k.max(1);
-        let a2 = rows(self.value().view(), m, k);
-        let wv = w.value().view().into_dimensionality::<Ix2>().expect("rank checked");
-        let (bv, key) = if transposed { (wv.t(), KEY_PACKED_T) } else { (wv, KEY_PACKED) };
-        let packed = match kept_packed(w, bv, key) {
-            Some(p) => p,
-            None => std::sync::Arc::new(super::simd::pack(bv).expect("the vector kernels are on")),
-        };
-        let bias = b.value().as_standard_layout();
-        let start = bias.as_slice().expect("standard layout");
-        // SAFETY: the product, not accumulating, writes every element of `c` before reading any.
-        let c = unsafe {
-            product_array(Ix2(m, n), |c| super::simd::gemm_prepacked(a2.view(), &packed, c, false, Some(start), true))
-        };
-        let mut shape = self.shape().to_vec();
-        *shape.last_mut().expect("rank 2 or more") = n;
-        let value = c.into_shape_with_order(ndarray::IxDyn(&shape)).expect("same size");
-        Ok(record(value, Op::MatMulBias(self.clone(), wt()?, b.clone())))
-    }
-
     /// `self · wᵀ` for matrices (ONNX's `Gemm` with `transB`, a `Linear` layer): [`Tensor::matmul`] of `w.t()`,
     /// the same values and gradients, but `wᵀ`'s packed form is kept with `w` itself — a transposed view made
     /// afresh on every call would keep it with the view, for that call only.
@@ -519,11 +495,11 @@ impl Tensor {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The bit patterns of values, in order.
-    fn bits<'a>(a: impl IntoIterator<Item = &'a f32>) -> Vec<u32> {
+    pub(in crate::ops) fn bits<'a>(a: impl IntoIterator<Item = &'a f32>) -> Vec<u32> {
         a.into_iter().map(|v| v.to_bits()).collect()
     }
 
@@ -626,53 +602,6 @@ mod tests {
         let small = Tensor::uniform(&[30, 26], -1.0, 1.0, 9);
         let sv = small.value().view().into_dimensionality::<Ix2>().unwrap();
         assert!(kept_packed(&small, sv, KEY_PACKED).is_none());
-    }
-
-    /// `x·w + b` as one product: each element the chain of multiply-adds started at `b[j]` — the bits of the packed
-    /// product accumulating onto `b` — on `[m, k]`, `[B, m, k]` and `[B, h, w, k]` inputs, `w` as is and transposed, pieces of the
-    /// reduction and partial slivers, `a` packed (800 columns) or read in place; the gradients those of the two
-    /// ops; a bias that broadcasts (one value) runs as the two ops.
-    #[test]
-    fn matmul_bias_starts_the_chains_at_the_bias() {
-        if !super::super::simd::accelerated() {
-            return;
-        }
-        for (n, transposed) in [(260, false), (260, true), (800, false)] {
-            let w = if transposed {
-                Tensor::uniform(&[n, 300], -1.0, 1.0, 5)
-            } else {
-                Tensor::uniform(&[300, n], -1.0, 1.0, 5)
-            };
-            let b = Tensor::uniform(&[n], -1.0, 1.0, 6);
-            let wt = if transposed { w.t().unwrap() } else { w.clone() };
-            let wv = wt.value().view().into_dimensionality::<Ix2>().unwrap();
-            for shape in [&[37, 300][..], &[3, 13, 300], &[2, 3, 5, 300]] {
-                let x = Tensor::uniform(shape, -1.0, 1.0, 7).variable();
-                let rows = shape.iter().product::<usize>() / 300;
-                let y = x.matmul_bias(&w, &b, transposed).unwrap();
-                let mut want = Array2::from_shape_fn((rows, n), |(_, j)| b.value()[[j]]);
-                let xr = Array2::from_shape_vec((rows, 300), x.to_vec()).unwrap();
-                assert!(super::super::simd::gemm_packed(xr.view(), wv, want.view_mut(), true, true));
-                assert_eq!(bits(y.value()), bits(&want), "n {n} transposed {transposed} {shape:?}");
-                let two = x.matmul(&wt).unwrap().add(&b).unwrap();
-                let worst = y.value().iter().zip(two.value().iter()).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
-                assert!(worst < 1e-4, "within rounding of the two ops: {worst}");
-                // Gradients: those of the product and the sum.
-                let r = Tensor::uniform(y.shape(), -1.0, 1.0, 8);
-                let (wv2, bv2) = (w.variable(), b.variable());
-                let loss = |y: Tensor| y.mul(&r).unwrap().sum_all();
-                let fused = loss(x.matmul_bias(&wv2, &bv2, transposed).unwrap()).grad_wrt(&[&x, &wv2, &bv2]).unwrap();
-                let wt2 = if transposed { wv2.t().unwrap() } else { wv2.clone() };
-                let apart = loss(x.matmul(&wt2).unwrap().add(&bv2).unwrap()).grad_wrt(&[&x, &wv2, &bv2]).unwrap();
-                for (f, a) in fused.iter().zip(&apart) {
-                    assert_eq!(bits(f.value()), bits(a.value()));
-                }
-            }
-        }
-        let (x, w, one) =
-            (Tensor::uniform(&[5, 30], -1.0, 1.0, 9), Tensor::uniform(&[30, 20], -1.0, 1.0, 10), Tensor::ones(&[1]));
-        let y = x.matmul_bias(&w, &one, false).unwrap();
-        assert_eq!(bits(y.value()), bits(x.matmul(&w).unwrap().add(&one).unwrap().value()));
     }
 
     /// The products whose outputs are not zero-filled first ([`product_array`]: [`matmul2`], a kept packing,

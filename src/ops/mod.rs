@@ -27,6 +27,7 @@ pub(crate) mod conv;
 pub(crate) mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod index;
+mod linear;
 pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod norm;
@@ -166,6 +167,14 @@ pub(crate) enum Op {
     MatMul(Tensor, Tensor),
     /// `a·b + bias` as one product (`Tensor::matmul_bias`): the bias a vector of `b`'s columns.
     MatMulBias(Tensor, Tensor, Tensor),
+    /// The exact GELU of `z`, then `· w + b` as one product (`Tensor::gelu_matmul_bias`): `y` the GELU's output
+    /// (the product's left operand), `w` the right operand as multiplied.
+    GeluMatMulBias {
+        z: Tensor,
+        y: Array,
+        w: Tensor,
+        b: Tensor,
+    },
     Sum {
         x: Tensor,
         axes: Vec<usize>,
@@ -243,6 +252,7 @@ impl Op {
             Op::Unary(k, _) => k.name(),
             Op::MatMul(..) => "matmul",
             Op::MatMulBias(..) => "matmul_bias",
+            Op::GeluMatMulBias { .. } => "gelu_matmul_bias",
             Op::Sum { .. } => "sum",
             Op::MaxAlong { .. } => "max",
             Op::Reshape(_) => "reshape",
@@ -274,6 +284,7 @@ impl Op {
         match self {
             Op::Binary(_, a, b) | Op::AddRelu(a, b) | Op::MatMul(a, b) | Op::Where { a, b, .. } => vec![a, b],
             Op::MatMulBias(a, b, bias) => vec![a, b, bias],
+            Op::GeluMatMulBias { z, w, b, .. } => vec![z, w, b],
             Op::Unary(_, x)
             | Op::Sum { x, .. }
             | Op::MaxAlong { x, .. }
@@ -322,6 +333,7 @@ impl Op {
                 grads.push(need[2].then(|| shape::sum_to_shape(g.clone(), bias.shape())));
                 Ok(grads)
             }
+            Op::GeluMatMulBias { z, y, w, b } => Ok(linear::gelu_matmul_bias_backward((z, y), w, b, g, need)),
             Op::Sum { x, axes, keepdim } => Ok(vec![Some(reduce::sum_backward(x.shape(), axes, *keepdim, g))]),
             Op::MaxAlong { x, axis, keepdim, index } => {
                 Ok(vec![Some(reduce::max_backward(x.shape(), *axis, *keepdim, index, g))])

@@ -323,6 +323,28 @@ pub(crate) fn zip3_into(
     zip3_plain(a, b, c, out, f)
 }
 
+/// `v[i] = f(v[i], b[i], c[i])` in place, as [`zip3_into`] with `v` as its first operand: the same bits (an
+/// elementwise backward applied to a gradient just computed, in cache).
+#[inline]
+pub(crate) fn zip3_in_place(v: &mut [f32], b: &[f32], c: &[f32], f: &impl Fn(f32, f32, f32) -> f32) {
+    assert!(b.len() == v.len() && c.len() == v.len(), "zip3_in_place: equal lengths");
+    #[cfg(target_arch = "x86_64")]
+    match super::simd::level() {
+        // SAFETY: the level says the CPU has the instruction set.
+        Level::Avx512 => return unsafe { zip3_in_place_avx512(v, b, c, f) },
+        Level::Avx2 => return unsafe { zip3_in_place_avx2(v, b, c, f) },
+        Level::Portable => {}
+    }
+    zip3_in_place_plain(v, b, c, f)
+}
+
+#[inline(always)]
+fn zip3_in_place_plain(v: &mut [f32], b: &[f32], c: &[f32], f: &impl Fn(f32, f32, f32) -> f32) {
+    for ((v, &b), &c) in v.iter_mut().zip(b).zip(c) {
+        *v = f(*v, b, c);
+    }
+}
+
 #[inline(always)]
 fn map_plain(a: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32) -> f32) {
     for (o, &a) in out.iter_mut().zip(a) {
@@ -395,6 +417,18 @@ unsafe fn zip3_avx512<F: Fn(f32, f32, f32) -> f32>(
     f: &F,
 ) {
     zip3_plain(a, b, c, out, f)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn zip3_in_place_avx2<F: Fn(f32, f32, f32) -> f32>(v: &mut [f32], b: &[f32], c: &[f32], f: &F) {
+    zip3_in_place_plain(v, b, c, f)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn zip3_in_place_avx512<F: Fn(f32, f32, f32) -> f32>(v: &mut [f32], b: &[f32], c: &[f32], f: &F) {
+    zip3_in_place_plain(v, b, c, f)
 }
 
 #[cfg(test)]

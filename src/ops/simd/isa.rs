@@ -505,6 +505,37 @@ impl Drop for FlushSubnormals {
     }
 }
 
+/// The mode as it is outside the kernels (flush-to-zero and denormals-are-zero off) while the guard lives, inside a
+/// [`FlushSubnormals`] guard: for elementwise work a kernel's job does on its results in cache that must give the
+/// bits of the same work done after the kernel, in a pass of its own. Restores the guard's mode when dropped.
+pub(crate) struct PlainFloats(Option<u32>);
+
+impl PlainFloats {
+    pub(crate) fn on() -> PlainFloats {
+        if !FLUSHING.get() {
+            return PlainFloats(None);
+        }
+        let mut csr = 0u32;
+        // SAFETY: as in `FlushSubnormals::on`: the control register read, then loaded with the flush bits cleared.
+        unsafe {
+            std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack, preserves_flags));
+            let plain = csr & !FTZ_DAZ;
+            std::arch::asm!("ldmxcsr [{}]", in(reg) &plain, options(nostack, readonly, preserves_flags));
+        }
+        FLUSHING.set(false);
+        PlainFloats(Some(csr))
+    }
+}
+
+impl Drop for PlainFloats {
+    fn drop(&mut self) {
+        let Some(csr) = self.0 else { return };
+        // SAFETY: restores the value `on` read.
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack, readonly, preserves_flags)) };
+        FLUSHING.set(true);
+    }
+}
+
 /// Entry points: each kernel compiled once per instruction set, with that set's features enabled, under the
 /// attributes (docs) written before it. The invoking module imports `Level`, `Avx2` and `Avx512`.
 macro_rules! entry_points {

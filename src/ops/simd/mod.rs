@@ -53,7 +53,7 @@ impl FlushSubnormals {
 #[cfg(target_arch = "x86_64")]
 pub(crate) use layout::transpose_strided;
 pub(crate) use layout::{col2im, im2col, transpose, Unfold};
-pub(crate) use packed::{gemm_packed, gemm_prepacked, pack, PackedB};
+pub(crate) use packed::{gemm_packed, gemm_prepacked, gemm_prepacked_then, pack, PackedB, RowsAfter};
 pub(crate) use pool::{max_pool_2x2, max_pool_2x2_backward, relu_max_pool_2x2_expand};
 pub(crate) use rows::{RowSums, Term};
 

@@ -144,25 +144,59 @@ pub(crate) fn pack(b: ArrayView2<f32>) -> Option<PackedB> {
 pub(crate) fn gemm_prepacked(
     a: ArrayView2<f32>,
     b: &PackedB,
-    mut c: ArrayViewMut2<f32>,
+    c: ArrayViewMut2<f32>,
     accumulate: bool,
     bias: Option<&[f32]>,
     parallel: bool,
 ) {
+    gemm_prepacked_then(a, b, c, accumulate, bias, parallel, None)
+}
+
+/// Work on each row of a block of `c` once the block's product is complete, while it is in cache: `(row, first
+/// column, the row's columns of the block)`. It runs in the ordinary floating-point mode (not the kernels'
+/// flush-to-zero), so it gives the bits of the same work done in a pass after the product.
+pub(crate) type RowsAfter<'a> = &'a (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
+/// [`gemm_prepacked`], then `after` on every row of `c`, block by block as each block's product completes (an
+/// elementwise backward fused into the product that makes its gradient: the gradient is not written out and read
+/// back).
+pub(crate) fn gemm_prepacked_then(
+    a: ArrayView2<f32>,
+    b: &PackedB,
+    mut c: ArrayViewMut2<f32>,
+    accumulate: bool,
+    bias: Option<&[f32]>,
+    parallel: bool,
+    after: Option<RowsAfter>,
+) {
     let (m, k) = a.dim();
+    let rows_after = |c: &mut ArrayViewMut2<f32>| {
+        if let Some(f) = after {
+            for (i, mut row) in c.rows_mut().into_iter().enumerate() {
+                match row.as_slice_mut() {
+                    Some(r) => f(i, 0, r),
+                    None => {
+                        let mut r = row.to_vec();
+                        f(i, 0, &mut r);
+                        row.assign(&ndarray::ArrayView1::from(&r));
+                    }
+                }
+            }
+        }
+    };
     assert!(k == b.k && c.dim() == (m, b.n), "gemm_prepacked: callers check shapes");
     assert!(bias.is_none_or(|v| v.len() == b.n && !accumulate), "gemm_prepacked: a bias per column, not accumulating");
     if let (0, Some(v)) = (k, bias) {
         c.rows_mut().into_iter().for_each(|mut row| row.assign(&ndarray::ArrayView1::from(v)));
-        return;
+        return rows_after(&mut c);
     }
     if super::gemm::empty_product(k, &mut c, accumulate) {
-        return;
+        return rows_after(&mut c);
     }
     #[cfg(target_arch = "x86_64")]
     {
         let level = level();
-        with_contiguous_rows(c, accumulate, |c| x86::run(level, a, &b.data, c, accumulate, bias, parallel));
+        with_contiguous_rows(c, accumulate, |c| x86::run(level, a, &b.data, c, accumulate, bias, parallel, after));
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -178,7 +212,7 @@ mod x86 {
     use ndarray::{ArrayView2, ArrayViewMut2};
 
     use super::super::gemm::x86::{reduce_prefetching, start_at_cols, tile, Prefetch, Tile};
-    use super::super::isa::{load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa};
+    use super::super::isa::{load_tile, store_tile, tile_dispatch, tile_match, Avx2, Avx512, Isa, PlainFloats};
     use super::super::{run_jobs, tile_rows, Level, BLOCK_M};
     use super::{MC, PACK_A_COLS};
 
@@ -277,12 +311,13 @@ mod x86 {
         let w = tile_cols(level);
         with_scratch(&PACKED_B, n.div_ceil(w) * k * w, |packed| {
             pack_b(w, b, packed, parallel && work >= super::super::PAR_WORK);
-            run(level, a, packed, c, accumulate, None, parallel);
+            run(level, a, packed, c, accumulate, None, parallel, None);
         });
     }
 
     /// `c (+)= a·b` with `b` packed by [`pack_b`] into `packed` (`c`'s columns wide, `a`'s columns deep), the
-    /// chains started at `bias` (one value per column) when given.
+    /// chains started at `bias` (one value per column) when given; then `after` on each job's rows of `c`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run(
         level: Level,
         a: ArrayView2<f32>,
@@ -291,6 +326,7 @@ mod x86 {
         accumulate: bool,
         bias: Option<&[f32]>,
         parallel: bool,
+        after: Option<super::RowsAfter>,
     ) {
         let ((m, k), n) = (a.dim(), c.ncols());
         let w = tile_cols(level);
@@ -310,7 +346,16 @@ mod x86 {
         };
         run_jobs(jobs(m, n, w, parallel), parallel, m * n * k, |(i, mc, j, nc)| {
             // SAFETY: jobs cover disjoint blocks of `c`; the operands are valid for the product's shape.
-            unsafe { p.block(i, mc, j, nc) }
+            unsafe { p.block(i, mc, j, nc) };
+            if let Some(f) = after {
+                let _plain = PlainFloats::on();
+                for r in i..i + mc {
+                    // SAFETY: row `r`'s columns `j..j + nc` are this job's (rows of `c` are contiguous), written
+                    // by the product just now; no other job touches them.
+                    let row = unsafe { std::slice::from_raw_parts_mut(p.c.offset(r as isize * p.rsc).add(j), nc) };
+                    f(r, j, row);
+                }
+            }
         });
     }
 
