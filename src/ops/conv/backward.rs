@@ -42,9 +42,7 @@ pub(crate) fn conv2d_backward(
     fused: Option<(Clamp, &crate::tensor::Array)>,
     need: &[bool],
 ) -> Result<Vec<Option<ArrayD<f32>>>> {
-    // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
-    // each image's output gradient as it is used, in cache. Any other clamp (ReLU6) masks the whole gradient
-    // first, in one pass (the work of a separate clamp's backward, which it replaces).
+    // The input gradient alone, of a depthwise convolution, from a channels-last gradient: read as it lies.
     if let (None, [true, false, ..]) = (fused, need) {
         if !need.get(2).copied().unwrap_or(false) {
             if let Some(dx) = depthwise_channels_last(x, w, p, gout)? {
@@ -52,6 +50,9 @@ pub(crate) fn conv2d_backward(
             }
         }
     }
+    // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
+    // each image's output gradient as it is used, in cache. Any other clamp (ReLU6) masks the whole gradient
+    // first, in one pass (the work of a separate clamp's backward, which it replaces).
     let ys = fused.map(|(_, y)| standard(y));
     let gs = standard(gout);
     let (gs, ys) = (&gs[..], ys.as_deref());
