@@ -43,11 +43,10 @@ pub(crate) fn conv2d_backward(
     need: &[bool],
 ) -> Result<Vec<Option<ArrayD<f32>>>> {
     // The input gradient alone, of a depthwise convolution, from a channels-last gradient: read as it lies.
-    if let (None, [true, false, ..]) = (fused, need) {
-        if !need.get(2).copied().unwrap_or(false) {
-            if let Some(dx) = depthwise_channels_last(x, w, p, gout)? {
-                return Ok(grads(Some(dx), None, None, has_bias));
-            }
+    let input_grad_alone = need.first() == Some(&true) && !need[1..].contains(&true);
+    if fused.is_none() && input_grad_alone {
+        if let Some(dx) = depthwise_channels_last(x, w, p, gout)? {
+            return Ok(grads(Some(dx), None, None, has_bias));
         }
     }
     // A fused ReLU: the gradient passes only where the output is positive (the ReLU's own backward), applied to
