@@ -68,7 +68,16 @@ pub(super) struct DirectConv {
     /// each vector `pair_split.1` further on in the image.
     pairs: Vec<(usize, usize, usize, usize, usize)>,
     pair_split: (usize, usize),
+    /// With a stride of 2 both ways and a plan over the image's four stride phases ([`DirectConv::plan_phased`]):
+    /// the row pitch of the grid of output positions the vectors run over (a phase's row, `⌈w/2⌉`); 0 otherwise.
+    grid: usize,
 }
+
+/// How much more of the vector lanes the grid of [`DirectConv::plan_phased`] must fill than the output rows do (or,
+/// where they do not fit, the unfolded product's vectors over all the outputs) for it to run: it costs a copy of
+/// each output across, from the grid's rows to the output's. WRN-28-10's `320 → 640` of stride 2 on 16² (64
+/// outputs: whole vectors unfolded, 64 of the grid's 72 positions) ran 36.4–36.8 ms unfolded, 43.1–43.7 on the grid.
+const GRID_GAIN: f64 = 1.03;
 
 impl DirectConv {
     /// The plan for `u`; `None` without the vector kernels or for a geometry they do not take ([`direct_fits`],
@@ -78,7 +87,7 @@ impl DirectConv {
         if !split && !direct_fits(u) {
             return None;
         }
-        Some(Self::build(u, split, false))
+        Some(Self::build(u, split, false, 0))
     }
 
     /// The plan of a convolution with a column stride of 2 (column dilation 1) on the same kernels, reading the
@@ -88,8 +97,57 @@ impl DirectConv {
     /// consecutive values (the stride phases of the image). `u` is the padded geometry with its true output size.
     /// Each output is the same multiply-add chain over the taps in order as the unfolded product's, so the bits
     /// do not change; `None` where [`direct_fits`] does not hold. Never pooled.
+    ///
+    /// With a row stride of 2 too (row dilation 1), where the output rows fill the vector lanes poorly (28 outputs a
+    /// row on 16 lanes: two vectors, one an eighth empty), the plan reads the image in its four stride phases
+    /// instead ([`unfold::quartered`](super::unfold::quartered): even or odd rows × even or odd columns, each a
+    /// plane of `⌈h/2⌉` rows of `⌈w/2⌉`). Tap `(ki, kj)` of output `(oh, ow)` then reads position
+    /// `(oh + ki/2)·⌈w/2⌉ + ow + kj/2` of its phase plane, so consecutive positions of the grid `oh·⌈w/2⌉ + ow` read
+    /// consecutive values across the rows: the vectors run over the grid whole, its `⌈w/2⌉ − wo` columns past each
+    /// row's outputs computed and dropped when each tile's rows are copied into the output (28 of every 29
+    /// positions kept, where the rows' vectors kept 28 of 32). The same chains, so the same bits.
     pub(super) fn plan_phased(u: &Unfold) -> Option<DirectConv> {
-        (u.dw == 1 && direct_fits(u)).then(|| Self::build(u, false, true))
+        if u.dw != 1 {
+            return None;
+        }
+        let rows = direct_fits(u).then(|| Self::lane_fill(u.wo, u.wo));
+        // Without the rows' plan the convolution is unfolded: one product whose vectors run over all the outputs.
+        let other = rows.unwrap_or_else(|| Self::lane_fill(u.ho * u.wo, u.ho * u.wo));
+        let grid = Self::grid_fits(u).then(|| Self::lane_fill(u.ho * u.wo, u.ho * u.w.div_ceil(2)));
+        if grid.is_some_and(|g| g > other * GRID_GAIN) {
+            Some(Self::build(u, false, true, u.w.div_ceil(2)))
+        } else {
+            rows.map(|_| Self::build(u, false, true, 0))
+        }
+    }
+
+    /// The share of the vector lanes holding outputs when `used` of `positions` consecutive positions are outputs.
+    fn lane_fill(used: usize, positions: usize) -> f64 {
+        let lanes = if level() == Level::Avx512 { 16 } else { 8 };
+        used as f64 / (positions.div_ceil(lanes) * lanes) as f64
+    }
+
+    /// Whether the grid over the four stride phases ([`DirectConv::plan_phased`]) takes `u`: the vector kernels
+    /// present, a stride of 2 both ways with no dilation (the column stride is the caller's), unpadded (the caller
+    /// pads), the taps inside the image, and at least 3/4 of the lanes holding outputs.
+    fn grid_fits(u: &Unfold) -> bool {
+        level() != Level::Portable
+            && u.sh == 2
+            && u.dh == 1
+            && u.ph == 0
+            && u.pw == 0
+            && u.ho > 0
+            && u.wo > 0
+            && u.h >= 2 * (u.ho - 1) + u.kh
+            && u.w >= 2 * (u.wo - 1) + u.kw
+            && u.kw / 2 <= super::unfold::QUARTER_SLACK
+            && 4.0 * Self::lane_fill(u.ho * u.wo, u.ho * u.w.div_ceil(2)) >= 3.0
+    }
+
+    /// Whether the plan runs over the grid of the four stride phases ([`DirectConv::plan_phased`]).
+    #[cfg(test)]
+    pub(super) fn on_grid(&self) -> bool {
+        self.grid > 0
     }
 
     /// A row of the image as the kernels read it: `w` values, or the two phases of `⌈w/2⌉`.
@@ -103,33 +161,52 @@ impl DirectConv {
 
     /// The values of one channel of the image the kernels read (see [`DirectConv::image`]).
     pub(super) fn plane_len(&self) -> usize {
-        self.u.h * Self::row_len(&self.u, self.phased)
+        if self.grid > 0 {
+            4 * self.u.h.div_ceil(2) * self.grid
+        } else {
+            self.u.h * Self::row_len(&self.u, self.phased)
+        }
     }
 
     /// The image the kernels read: `img` zero-padded ([`padded`](super::unfold::padded)), and in its stride
-    /// phases when the plan reads them ([`DirectConv::plan_phased`]), in `scratch` unless `img` serves as it is.
+    /// phases when the plan reads them ([`DirectConv::plan_phased`]: two, or four for the grid), in `scratch`
+    /// unless `img` serves as it is.
     pub(super) fn image<'a>(&self, img: &'a [f32], g: &super::Geom, scratch: &'a mut Vec<f32>) -> &'a [f32] {
-        if self.phased {
+        if self.grid > 0 {
+            super::unfold::quartered(img, g, scratch)
+        } else if self.phased {
             super::unfold::phased(img, g, scratch)
         } else {
             super::unfold::padded(img, g, scratch)
         }
     }
 
-    fn build(u: &Unfold, split: bool, phased: bool) -> DirectConv {
+    fn build(u: &Unfold, split: bool, phased: bool, grid: usize) -> DirectConv {
         let level = level();
         let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
         // Pooled, rows of a whole number of vectors and a half (8 or 24 on 16 lanes): the halves are split vectors.
         let pool_split = !phased && u.wo % lanes == lanes / 2;
         let (rw, half) = (Self::row_len(u, phased), u.w.div_ceil(2));
         let col = |kj: usize| if phased { kj % 2 * half + kj / 2 } else { kj * u.dw };
+        let quarter = u.h.div_ceil(2) * grid;
         let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
         for c in 0..u.cg {
             for ki in 0..u.kh {
                 for kj in 0..u.kw {
-                    koff.push((c * u.h * rw + ki * u.dh * rw + col(kj)) as isize);
+                    koff.push(if grid > 0 {
+                        // Phase (ki % 2, kj % 2), `ki / 2` rows and `kj / 2` columns in.
+                        (c * 4 * quarter + (ki % 2 * 2 + kj % 2) * quarter + ki / 2 * grid + kj / 2) as isize
+                    } else {
+                        (c * u.h * rw + ki * u.dh * rw + col(kj)) as isize
+                    });
                 }
             }
+        }
+        if grid > 0 {
+            // The grid's positions in vectors, wherever the rows break: position `p` of the grid reads `p` on.
+            let vecs = (0..u.ho * grid).step_by(lanes).map(|p| (p, p, (u.ho * grid - p).min(lanes))).collect();
+            let (pairs, pair_split, split) = (Vec::new(), (0, 0), (0, 0));
+            return DirectConv { u: *u, phased, level, lanes, max_vecs, koff, vecs, split, pairs, pair_split, grid };
         }
         let row = u.sh * rw;
         // Split vectors hold output rows `oh, oh + 1`, whose outputs are contiguous; an odd last row is plain.
@@ -166,7 +243,7 @@ impl DirectConv {
         if phased {
             pairs.clear();
         }
-        DirectConv { u: *u, phased, level, lanes, max_vecs, koff, vecs, split: split_vecs, pairs, pair_split }
+        DirectConv { u: *u, phased, level, lanes, max_vecs, koff, vecs, split: split_vecs, pairs, pair_split, grid: 0 }
     }
 
     /// Tiles' worth of `list` (at most `per` entries each) with their gap: the first `split.0` entries split, with
@@ -288,7 +365,7 @@ impl DirectConv {
                 && wt.len() >= og * k
                 && out.len() >= og * hw
                 && bias.is_none_or(|b| b.len() >= og)
-                && img.len() >= u.cg * self.plane_len(),
+                && img.len() >= u.cg * self.plane_len() + if self.grid > 0 { u.kw / 2 } else { 0 },
             "conv_direct: sizes"
         );
         // Each tile of output channels owns its output rows.
@@ -302,7 +379,14 @@ impl DirectConv {
             .collect();
         let run = |(i, mr, rows): (usize, usize, &mut [MaybeUninit<f32>])| {
             let bias_rows = tile_bias(bias, i, mr);
-            let dst = rows.as_mut_ptr().cast::<f32>();
+            // On the grid the tiles write their rows of the grid, copied into the output's rows after.
+            let mut on_grid = Vec::<f32>::new();
+            let (dst, rsc) = if self.grid > 0 {
+                on_grid.reserve_exact(mr * u.ho * self.grid);
+                (on_grid.as_mut_ptr(), u.ho * self.grid)
+            } else {
+                (rows.as_mut_ptr().cast::<f32>(), hw)
+            };
             for (group, gap) in Self::groups(&self.vecs, self.split, self.max_vecs) {
                 let mut t = Direct {
                     k,
@@ -312,7 +396,7 @@ impl DirectConv {
                     src: [img.as_ptr(); 4],
                     dst: [dst; 4],
                     lanes: [0; 4],
-                    rsc: hw,
+                    rsc,
                     gap,
                     bias: bias_rows,
                     clamp: Clamp::bounds(act),
@@ -333,10 +417,24 @@ impl DirectConv {
                     t.dst[v] = dst.wrapping_add(out_at);
                     t.lanes[v] = n;
                 }
-                // SAFETY: the level's instructions are present; loads stay inside `img` and stores inside `rows`
-                // (masked lanes never touch memory).
+                // SAFETY: the level's instructions are present; loads stay inside `img` (on the grid, the positions
+                // past a row's outputs read at most `kw / 2` values past the last plane: checked above) and stores
+                // inside `rows` or the grid's rows (masked lanes never touch memory).
                 unsafe {
                     kernels::direct(self.level, &t, mr, group.len());
+                }
+            }
+            if self.grid > 0 {
+                let out = rows.as_mut_ptr().cast::<f32>();
+                for r in 0..mr {
+                    for oh in 0..u.ho {
+                        // SAFETY: the tiles wrote every position of the grid's `mr` rows of `ho·grid`; output row `oh`
+                        // of channel `r` is the first `wo` positions of the grid's row `oh`, inside `rows`.
+                        unsafe {
+                            let from = on_grid.as_ptr().add(r * rsc + oh * self.grid);
+                            std::ptr::copy_nonoverlapping(from, out.add(r * hw + oh * u.wo), u.wo);
+                        }
+                    }
                 }
             }
         };

@@ -102,12 +102,26 @@ fn direct_forward_equals_unfolded_product() {
         // The stem's 7×7/2 with 64 outputs on a map whose position vectors (30 rows of 44 outputs: three, the last
         // partial) are more than one block of the phased input gradient's (64 on AVX-512, 128 on AVX2).
         (1, 3, 60, 87, 64, 7, 7, Conv2dParams { stride: (2, 2), padding: (3, 3), ..Default::default() }),
+        // A stride of 2 both ways on the grid of the four stride phases (and case 9 above): rows of 28 outputs
+        // from an odd padded width, a 5×5 (two positions past each row's 36 outputs), grouped with rows of 12
+        // outputs from an odd padded height. Then 48 outputs on 60 positions of the grid, 5×5: not the grid.
+        (1, 5, 20, 55, 7, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
+        (2, 3, 9, 72, 5, 5, 5, Conv2dParams { stride: (2, 2), padding: (2, 2), ..Default::default() }),
+        (2, 4, 19, 26, 6, 3, 3, Conv2dParams { stride: (2, 2), groups: 2, ..Default::default() }),
+        (1, 3, 12, 16, 4, 5, 5, Conv2dParams { stride: (2, 2), padding: (2, 2), ..Default::default() }),
     ];
+    // The cases whose rows fill the lanes less well than the grid does (the grid at least 3% more).
+    let on_grid = [9, 14, 15, 16];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         if p.stride.1 == 2 && crate::ops::simd::accelerated() {
             let g = geometry(&[n, c, h, w], &[o, c / p.groups, kh, kw], None, p).unwrap();
-            let direct = super::forward::direct_plan(&g).is_some();
-            assert_eq!(direct, kh > 1, "case {seed}: the phased direct path, or a strided 1×1 as a product");
+            let plan = super::forward::direct_plan(&g);
+            // Case 17's rows of 8 outputs fit 8 lanes (AVX2), not 16: unfolded there.
+            let wide = crate::ops::simd::level() == crate::ops::simd::Level::Avx512;
+            let unfolded = kh == 1 || seed == 17 && wide;
+            assert_eq!(plan.is_some(), !unfolded, "case {seed}: the phased direct path, or unfolded");
+            let grid = plan.is_some_and(|plan| plan.on_grid());
+            assert_eq!(grid, on_grid.contains(&seed), "case {seed}: the grid of the four stride phases, or not");
         }
         let seed = seed as u64;
         let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);

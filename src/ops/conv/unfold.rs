@@ -236,6 +236,47 @@ pub(super) fn phased<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f
     pad
 }
 
+/// `img` zero-padded and split into its four stride phases, the image [`DirectConv::plan_phased`]'s grid reads
+/// (`super::plan::DirectConv`): each channel as four planes of `⌈hp/2⌉` rows of `⌈wp/2⌉` (`hp × wp` the padded size),
+/// padded position `(y, x)` in plane `2·(y % 2) + x % 2` at row `y / 2`, column `x / 2`; zeros elsewhere, and
+/// [`QUARTER_SLACK`] zeros after the last channel (what the grid's positions past a row's outputs read). The
+/// buffer is zeroed when its length changes and otherwise holds the zeros of the last image of the same geometry
+/// (the same positions are written), as the callers' per-call scratch does.
+///
+/// [`DirectConv::plan_phased`]: super::plan::DirectConv::plan_phased
+pub(super) fn quartered<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
+    let (ph, pw) = g.p.padding;
+    let (half, quarter) = ((g.w + 2 * pw).div_ceil(2), (g.h + 2 * ph).div_ceil(2) * (g.w + 2 * pw).div_ceil(2));
+    let len = g.c * 4 * quarter + QUARTER_SLACK;
+    if pad.len() != len {
+        pad.clear();
+        pad.resize(len, 0.0);
+    }
+    let (n, m) = (g.w.div_ceil(2), g.w / 2);
+    for (dst, plane) in pad.chunks_exact_mut(4 * quarter).zip(img.chunks_exact(g.h * g.w)) {
+        for (y, src) in plane.chunks_exact(g.w).enumerate() {
+            // Padded row `y + ph`: its phase's two planes, row `(y + ph) / 2`. Column `x` goes to column phase
+            // `(x + pw) % 2`, at `(x + pw) / 2`: the even columns and the odd ones de-interleaved pair by pair.
+            let (rp, at) = ((y + ph) % 2, (y + ph) / 2 * half);
+            let (p0, p1) = dst[2 * rp * quarter..(2 * rp + 2) * quarter].split_at_mut(quarter);
+            let (even, odd) = if pw % 2 == 0 { (p0, p1) } else { (p1, p0) };
+            let even = &mut even[at + pw / 2..][..n];
+            let odd = &mut odd[at + pw.div_ceil(2)..][..m];
+            for ((pair, e), o) in src.chunks_exact(2).zip(even.iter_mut()).zip(odd.iter_mut()) {
+                *e = pair[0];
+                *o = pair[1];
+            }
+            if n > m {
+                even[n - 1] = src[g.w - 1];
+            }
+        }
+    }
+    pad
+}
+
+/// Zeros after the last channel of [`quartered`]'s layout: at least the `kw / 2` values the grid reads past it.
+pub(super) const QUARTER_SLACK: usize = 16;
+
 /// The inverse of [`phased`] for a gradient: `dimg[C, H, W]` from the padded image gradient `pad` laid out in stride
 /// phases, its margins dropped.
 pub(super) fn unphased(pad: &[f32], g: &Geom, dimg: &mut [f32]) {
