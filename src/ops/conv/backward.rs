@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::depthwise;
 use super::forward::for_each_pooling_plane;
 use super::plan::{InputGrad, WeightGrad};
-use super::unfold::{col2im, direct_unfold, im2col, product, unphased};
+use super::unfold::{col2im, direct_unfold, im2col, product, unphased, unquartered};
 use super::{geometry, mat, mat_mut, sparse, sum_in_order, Clamp, Conv2dParams, Geom, WGRAD_CHUNK};
 use crate::ops::matmul::gemm;
 use crate::ops::shape::standard;
@@ -494,7 +494,7 @@ fn weight_grad_plan(g: &Geom, images: usize) -> Option<WeightGrad> {
 
 /// Input gradient of one image on the direct kernels (see [`input_grad_plan`]): `dimg[C, H, W]` (zeroed) from the
 /// masked output gradient `gimg[O, Ho·Wo]`, group by group, through a zero-padded scratch image `pad` when the
-/// geometry has padding or a column stride of 2 (then in stride phases, [`InputGrad::plan_phased`]).
+/// geometry has padding or a column stride of 2 (then in stride phases, two or four: [`InputGrad::plan_phased`]).
 fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut Vec<f32>, dimg: &mut [f32], par: bool) {
     let (og, hw) = (g.og(), g.hw_out());
     let u = direct_unfold(g);
@@ -510,7 +510,9 @@ fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut V
         let planes = &mut target[grp * g.cg() * plane..(grp + 1) * g.cg() * plane];
         plan.run(grp, &gimg[grp * og * hw..(grp + 1) * og * hw], planes, par);
     }
-    if plan.phased() {
+    if plan.on_grid() {
+        unquartered(pad, g, dimg);
+    } else if plan.phased() {
         unphased(pad, g, dimg);
     } else if padded {
         for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(u.h * u.w)) {

@@ -110,14 +110,23 @@ impl DirectConv {
         if u.dw != 1 {
             return None;
         }
+        match Self::grid_pitch(u) {
+            0 => direct_fits(u).then(|| Self::build(u, false, true, 0)),
+            grid => Some(Self::build(u, false, true, grid)),
+        }
+    }
+
+    /// The grid's row pitch `⌈w/2⌉` where a convolution of column stride 2 runs over the grid of the four stride
+    /// phases (see [`DirectConv::plan_phased`]; its input gradient too, [`InputGrad::plan_phased`]), else 0.
+    fn grid_pitch(u: &Unfold) -> usize {
         let rows = direct_fits(u).then(|| Self::lane_fill(u.wo, u.wo));
         // Without the rows' plan the convolution is unfolded: one product whose vectors run over all the outputs.
         let other = rows.unwrap_or_else(|| Self::lane_fill(u.ho * u.wo, u.ho * u.wo));
         let grid = Self::grid_fits(u).then(|| Self::lane_fill(u.ho * u.wo, u.ho * u.w.div_ceil(2)));
         if grid.is_some_and(|g| g > other * GRID_GAIN) {
-            Some(Self::build(u, false, true, u.w.div_ceil(2)))
+            u.w.div_ceil(2)
         } else {
-            rows.map(|_| Self::build(u, false, true, 0))
+            0
         }
     }
 
@@ -140,7 +149,7 @@ impl DirectConv {
             && u.wo > 0
             && u.h >= 2 * (u.ho - 1) + u.kh
             && u.w >= 2 * (u.wo - 1) + u.kw
-            && u.kw / 2 <= super::unfold::QUARTER_SLACK
+            && 15 + u.kw / 2 <= super::unfold::QUARTER_SLACK
             && 4.0 * Self::lane_fill(u.ho * u.wo, u.ho * u.w.div_ceil(2)) >= 3.0
     }
 
@@ -161,10 +170,16 @@ impl DirectConv {
 
     /// The values of one channel of the image the kernels read (see [`DirectConv::image`]).
     pub(super) fn plane_len(&self) -> usize {
-        if self.grid > 0 {
-            4 * self.u.h.div_ceil(2) * self.grid
+        Self::channel_len(&self.u, self.phased, self.grid)
+    }
+
+    /// One channel of the image as the kernels read it: rows of [`DirectConv::row_len`], or on the grid four phase
+    /// planes of `⌈h/2⌉` rows of `grid` and the slack after them ([`unfold::quarter_len`](super::unfold::quarter_len)).
+    fn channel_len(u: &Unfold, phased: bool, grid: usize) -> usize {
+        if grid > 0 {
+            4 * u.h.div_ceil(2) * grid + super::unfold::QUARTER_SLACK
         } else {
-            self.u.h * Self::row_len(&self.u, self.phased)
+            u.h * Self::row_len(u, phased)
         }
     }
 
@@ -181,24 +196,31 @@ impl DirectConv {
         }
     }
 
+    /// Where tap `(ki, kj)` of the first output is in a channel of the image as the kernels read it: row `ki`
+    /// (dilated), column `kj` (in its column phase when phased), or on the grid `ki / 2` rows and `kj / 2` columns
+    /// into phase plane `(ki % 2, kj % 2)`.
+    fn tap(u: &Unfold, phased: bool, grid: usize, ki: usize, kj: usize) -> usize {
+        if grid > 0 {
+            (ki % 2 * 2 + kj % 2) * u.h.div_ceil(2) * grid + ki / 2 * grid + kj / 2
+        } else if phased {
+            ki * u.dh * Self::row_len(u, true) + kj % 2 * u.w.div_ceil(2) + kj / 2
+        } else {
+            ki * u.dh * u.w + kj * u.dw
+        }
+    }
+
     fn build(u: &Unfold, split: bool, phased: bool, grid: usize) -> DirectConv {
         let level = level();
         let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
         // Pooled, rows of a whole number of vectors and a half (8 or 24 on 16 lanes): the halves are split vectors.
         let pool_split = !phased && u.wo % lanes == lanes / 2;
-        let (rw, half) = (Self::row_len(u, phased), u.w.div_ceil(2));
-        let col = |kj: usize| if phased { kj % 2 * half + kj / 2 } else { kj * u.dw };
-        let quarter = u.h.div_ceil(2) * grid;
+        let rw = Self::row_len(u, phased);
+        let plane = Self::channel_len(u, phased, grid);
         let mut koff = Vec::with_capacity(u.cg * u.kh * u.kw);
         for c in 0..u.cg {
             for ki in 0..u.kh {
                 for kj in 0..u.kw {
-                    koff.push(if grid > 0 {
-                        // Phase (ki % 2, kj % 2), `ki / 2` rows and `kj / 2` columns in.
-                        (c * 4 * quarter + (ki % 2 * 2 + kj % 2) * quarter + ki / 2 * grid + kj / 2) as isize
-                    } else {
-                        (c * u.h * rw + ki * u.dh * rw + col(kj)) as isize
-                    });
+                    koff.push((c * plane + Self::tap(u, phased, grid, ki, kj)) as isize);
                 }
             }
         }
@@ -365,7 +387,7 @@ impl DirectConv {
                 && wt.len() >= og * k
                 && out.len() >= og * hw
                 && bias.is_none_or(|b| b.len() >= og)
-                && img.len() >= u.cg * self.plane_len() + if self.grid > 0 { u.kw / 2 } else { 0 },
+                && img.len() >= u.cg * self.plane_len(),
             "conv_direct: sizes"
         );
         // Each tile of output channels owns its output rows.
@@ -418,8 +440,8 @@ impl DirectConv {
                     t.lanes[v] = n;
                 }
                 // SAFETY: the level's instructions are present; loads stay inside `img` (on the grid, the positions
-                // past a row's outputs read at most `kw / 2` values past the last plane: checked above) and stores
-                // inside `rows` or the grid's rows (masked lanes never touch memory).
+                // past a row's outputs read at most `kw / 2` values past a channel's planes, into its slack) and
+                // stores inside `rows` or the grid's rows (masked lanes never touch memory).
                 unsafe {
                     kernels::direct(self.level, &t, mr, group.len());
                 }
@@ -592,6 +614,8 @@ pub(super) struct InputGrad {
     masked: bool,
     /// A column stride of 2: the image gradient is laid out in its stride phases ([`InputGrad::plan_phased`]).
     phased: bool,
+    /// On the grid of the four stride phases: its row pitch (as [`DirectConv`]'s), else 0.
+    grid: usize,
     /// Per piece: its channel count and its tiles.
     pieces: Vec<(usize, Vec<TileRows>)>,
 }
@@ -609,6 +633,12 @@ impl InputGrad {
     /// columns, then its odd ones, each half `⌈w/2⌉` long): tap `kj` of output column `ow` adds into column
     /// `2·ow + kj`, which is `ow + kj/2` of the half of `kj`'s parity, so every tap's run of output positions adds
     /// into consecutive values. The caller turns the phases back into rows ([`unphased`](super::unfold::unphased)).
+    ///
+    /// Where the forward runs over the grid of the four stride phases ([`DirectConv::plan_phased`]), so does this:
+    /// the output gradient copied onto the grid with zeros past each row's outputs and up to a whole last vector
+    /// ([`InputGrad::on_grid`]), every vector whole, adding into the image gradient laid out as
+    /// [`quartered`](super::unfold::quartered) lays out the image (zeros added past the outputs, into the next
+    /// phase row or the channel's slack), turned back into rows by [`unquartered`](super::unfold::unquartered).
     pub(super) fn plan_phased(u: &Unfold, og: usize, w: &[f32]) -> Option<InputGrad> {
         if u.dw == 1 {
             Self::build(u, og, w, true)
@@ -622,32 +652,50 @@ impl InputGrad {
         self.phased
     }
 
+    /// Whether the image gradient is laid out in the four stride phases of the grid ([`InputGrad::plan_phased`]).
+    pub(super) fn on_grid(&self) -> bool {
+        self.grid > 0
+    }
+
     /// The values of one channel of the image gradient the kernels add into.
     pub(super) fn plane_len(&self) -> usize {
-        self.u.h * DirectConv::row_len(&self.u, self.phased)
+        DirectConv::channel_len(&self.u, self.phased, self.grid)
+    }
+
+    /// Positions of one channel of the output gradient as the kernels read it: `Ho·Wo`, or on the grid its rows of
+    /// `grid` up to a whole last vector.
+    fn grid_len(&self) -> usize {
+        let lanes = if self.level == Level::Avx512 { 16 } else { 8 };
+        (self.u.ho * self.grid).next_multiple_of(lanes)
     }
 
     fn build(u: &Unfold, og: usize, w: &[f32], phased: bool) -> Option<InputGrad> {
         let level = level();
         let k = u.cg * u.kh * u.kw;
-        if level == Level::Portable || !direct_fits(u) || og == 0 {
+        let grid = if phased && level != Level::Portable { DirectConv::grid_pitch(u) } else { 0 };
+        if level == Level::Portable || grid == 0 && !direct_fits(u) || og == 0 {
             return None;
         }
-        let (rw, half) = (DirectConv::row_len(u, phased), u.w.div_ceil(2));
-        let col = |kj: usize| if phased { kj % 2 * half + kj / 2 } else { kj * u.dw };
+        let rw = DirectConv::row_len(u, phased);
         let mut wt_t = vec![0.0f32; w.len()];
         for (wg, packed) in w.chunks_exact(og * k).zip(wt_t.chunks_exact_mut(og * k)) {
             pack_input_grad(wg, og, k, packed);
         }
         let (lanes, max_vecs) = if level == Level::Avx512 { (16, 4) } else { (8, 2) };
         let mut pos = Vec::with_capacity(u.ho * u.wo.div_ceil(lanes));
-        for oh in 0..u.ho {
-            for ow in (0..u.wo).step_by(lanes) {
-                pos.push(Pos { src: oh * u.wo + ow, dst: oh * u.sh * rw + ow, lanes: (u.wo - ow).min(lanes) });
+        if grid > 0 {
+            // Whole vectors over the grid, read from the output gradient copied onto it.
+            let len = (u.ho * grid).next_multiple_of(lanes);
+            pos.extend((0..len).step_by(lanes).map(|p| Pos { src: p, dst: p, lanes }));
+        } else {
+            for oh in 0..u.ho {
+                for ow in (0..u.wo).step_by(lanes) {
+                    pos.push(Pos { src: oh * u.wo + ow, dst: oh * u.sh * rw + ow, lanes: (u.wo - ow).min(lanes) });
+                }
             }
         }
         let masked = pos.iter().any(|p| p.lanes < lanes);
-        let plane = u.h * rw;
+        let plane = DirectConv::channel_len(u, phased, grid);
         let mut pieces = Vec::new();
         for c0 in (0..u.cg).step_by(INPUT_GRAD_CHANNELS) {
             let cn = (u.cg - c0).min(INPUT_GRAD_CHANNELS);
@@ -656,7 +704,7 @@ impl InputGrad {
                 for ki in 0..u.kh {
                     for c in 0..cn {
                         let r = ((c0 + c) * u.kh + ki) * u.kw + kj;
-                        rows.push((r, (c * plane + ki * u.dh * rw + col(kj)) as isize));
+                        rows.push((r, (c * plane + DirectConv::tap(u, phased, grid, ki, kj)) as isize));
                     }
                 }
             }
@@ -671,7 +719,7 @@ impl InputGrad {
                 .collect();
             pieces.push((cn, list));
         }
-        Some(InputGrad { u: *u, og, wt_t, level, max_vecs, pos, masked, phased, pieces })
+        Some(InputGrad { u: *u, og, wt_t, level, max_vecs, pos, masked, phased, grid, pieces })
     }
 
     /// `dx[Cg, H, W] +=` the input gradient of image group `grp` from its output gradient `gout[Og, Ho·Wo]` (each
@@ -682,6 +730,20 @@ impl InputGrad {
         let (hw, plane, k) = (u.ho * u.wo, self.plane_len(), u.cg * u.kh * u.kw);
         let wt_t = &self.wt_t[grp * og * k..(grp + 1) * og * k];
         assert!(gout.len() >= og * hw && dx.len() >= u.cg * plane, "InputGrad::run: sizes");
+        // On the grid: the output gradient's rows `grid` apart, zeros past each row's outputs and to a whole vector.
+        let (on_grid, rsb) = if self.grid > 0 {
+            let len = self.grid_len();
+            let mut on_grid = vec![0.0f32; og * len];
+            for (dst, src) in on_grid.chunks_exact_mut(len).zip(gout[..og * hw].chunks_exact(hw)) {
+                for (d, s) in dst.chunks_mut(self.grid).zip(src.chunks_exact(u.wo)) {
+                    d[..u.wo].copy_from_slice(s);
+                }
+            }
+            (on_grid, len)
+        } else {
+            (Vec::new(), hw)
+        };
+        let gout = if self.grid > 0 { &on_grid[..] } else { gout };
         let full = self.pos.len() / self.max_vecs * self.max_vecs;
         // Position vectors per block: every tile passes over a block's output gradient (`og` values a lane) while
         // it stays in L2, instead of over the whole image's (the stem's 64 × 112² took each tile's pass from
@@ -698,7 +760,7 @@ impl InputGrad {
                         a: [wt_t.as_ptr(); BLOCK_M],
                         roff: tr.roff,
                         gout: gout.as_ptr(),
-                        rsb: hw,
+                        rsb,
                         dx: dst.as_mut_ptr(),
                         pos: self.pos[b0..].as_ptr(),
                         groups: b1.saturating_sub(b0) / self.max_vecs,

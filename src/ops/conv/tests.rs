@@ -226,7 +226,15 @@ fn backward_matches_direct_adjoint() {
         // The stem's 7×7/2 with 64 outputs on a map whose position vectors (30 rows of 44 outputs: three, the last
         // partial) are more than one block of the phased input gradient's (64 on AVX-512, 128 on AVX2).
         (1, 3, 60, 87, 64, 7, 7, Conv2dParams { stride: (2, 2), padding: (3, 3), ..Default::default() }),
+        // A stride of 2 both ways, added into the grid of the four stride phases (and case 6 above, whose 14
+        // channels are two pieces): rows of 28 outputs from an odd padded width, a 5×5, grouped with an odd padded
+        // height, and 64 outputs over more than one block of position vectors.
+        (1, 5, 20, 55, 7, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
+        (2, 3, 9, 72, 5, 5, 5, Conv2dParams { stride: (2, 2), padding: (2, 2), ..Default::default() }),
+        (2, 4, 19, 26, 6, 3, 3, Conv2dParams { stride: (2, 2), groups: 2, ..Default::default() }),
+        (1, 3, 80, 56, 64, 3, 3, Conv2dParams { stride: (2, 2), padding: (1, 1), ..Default::default() }),
     ];
+    let on_grid = [6, 11, 12, 13, 14];
     for (seed, &(n, c, h, w, o, kh, kw, p)) in cases.iter().enumerate() {
         let seed = seed as u64;
         let x = Tensor::uniform(&[n, c, h, w], -1.0, 1.0, seed);
@@ -234,8 +242,10 @@ fn backward_matches_direct_adjoint() {
         let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
         assert_eq!(super::backward::transposed_fits(&g), seed == 1, "case {seed}: the input gradient's path");
         if seed >= 5 && crate::ops::simd::accelerated() {
-            let phased = super::backward::input_grad_plan(&g, &wt.to_vec()).is_some_and(|plan| plan.phased());
-            assert_eq!(phased, kh > 1, "case {seed}: the phased direct input gradient");
+            let plan = super::backward::input_grad_plan(&g, &wt.to_vec());
+            assert_eq!(plan.as_ref().is_some_and(|plan| plan.phased()), kh > 1, "case {seed}: the phased direct path");
+            let grid = plan.is_some_and(|plan| plan.on_grid());
+            assert_eq!(grid, on_grid.contains(&seed), "case {seed}: the grid of the four stride phases, or not");
         }
         let gout = Tensor::uniform(&[n, o, g.ho, g.wo], -1.0, 1.0, 20 + seed).to_array();
         let grads = conv2d_backward(&x, &wt, true, &p, &gout, None, &[true, true, true]).unwrap();
@@ -280,7 +290,8 @@ fn backward_matches_direct_adjoint() {
 /// The input gradient of an image is the same bits whether the image is alone (its pieces of input channels
 /// split across threads) or one of a batch (each image on one thread): the direct kernel's order of additions
 /// into the image gradient depends on the geometry only. Large enough for the split (two and three pieces,
-/// one padded, one in stride phases), and the one-channel case.
+/// one padded, one in stride phases, one on the grid of the four stride phases, whose positions past the outputs
+/// add into each channel's own slack), and the one-channel case.
 #[test]
 fn input_gradient_does_not_depend_on_the_batch_or_threads() {
     let padded = Conv2dParams { padding: (2, 1), ..Default::default() };
@@ -290,10 +301,15 @@ fn input_gradient_does_not_depend_on_the_batch_or_threads() {
         (1, 120, 16, Conv2dParams::default()),
         (30, 20, 8, padded),
         (30, 60, 8, phased),
+        (30, 56, 8, phased),
     ] {
         let x = Tensor::uniform(&[3, c, hw, hw], -1.0, 1.0, 1);
         let wt = Tensor::uniform(&[o, c, 5, 5], -1.0, 1.0, 2);
         let g = geometry(x.shape(), wt.shape(), None, p).unwrap();
+        if crate::ops::simd::accelerated() && p.stride.1 == 2 {
+            let grid = super::backward::input_grad_plan(&g, &wt.to_vec()).is_some_and(|plan| plan.on_grid());
+            assert_eq!(grid, hw == 56, "{hw}²: 27 outputs a row of 29 grid positions, or 29 of 31");
+        }
         let gout = Tensor::uniform(&[3, o, g.ho, g.wo], -1.0, 1.0, 3).to_array();
         let batch = conv2d_backward(&x, &wt, false, &p, &gout, None, &[true, false]).unwrap()[0].clone().unwrap();
         for i in 0..3 {

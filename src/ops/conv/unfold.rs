@@ -236,24 +236,24 @@ pub(super) fn phased<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f
     pad
 }
 
-/// `img` zero-padded and split into its four stride phases, the image [`DirectConv::plan_phased`]'s grid reads
-/// (`super::plan::DirectConv`): each channel as four planes of `⌈hp/2⌉` rows of `⌈wp/2⌉` (`hp × wp` the padded size),
-/// padded position `(y, x)` in plane `2·(y % 2) + x % 2` at row `y / 2`, column `x / 2`; zeros elsewhere, and
-/// [`QUARTER_SLACK`] zeros after the last channel (what the grid's positions past a row's outputs read). The
-/// buffer is zeroed when its length changes and otherwise holds the zeros of the last image of the same geometry
-/// (the same positions are written), as the callers' per-call scratch does.
+/// `img` zero-padded and split into its four stride phases, the image [`DirectConv::plan_phased`]'s grid reads:
+/// each channel [`quarter_len`] floats, four planes of `⌈hp/2⌉` rows of `⌈wp/2⌉` (`hp × wp` the padded size), padded
+/// position `(y, x)` in plane `2·(y % 2) + x % 2` at row `y / 2`, column `x / 2`, then [`QUARTER_SLACK`] floats (what
+/// the grid's positions past a row's outputs reach); zeros wherever no position lands. The buffer is zeroed when its
+/// length changes and otherwise holds the zeros of the last image of the same geometry (the same positions are
+/// written), as the callers' per-call scratch does.
 ///
 /// [`DirectConv::plan_phased`]: super::plan::DirectConv::plan_phased
 pub(super) fn quartered<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a [f32] {
     let (ph, pw) = g.p.padding;
-    let (half, quarter) = ((g.w + 2 * pw).div_ceil(2), (g.h + 2 * ph).div_ceil(2) * (g.w + 2 * pw).div_ceil(2));
-    let len = g.c * 4 * quarter + QUARTER_SLACK;
+    let (half, quarter) = quarter_dims(g);
+    let len = g.c * quarter_len(g);
     if pad.len() != len {
         pad.clear();
         pad.resize(len, 0.0);
     }
     let (n, m) = (g.w.div_ceil(2), g.w / 2);
-    for (dst, plane) in pad.chunks_exact_mut(4 * quarter).zip(img.chunks_exact(g.h * g.w)) {
+    for (dst, plane) in pad.chunks_exact_mut(quarter_len(g)).zip(img.chunks_exact(g.h * g.w)) {
         for (y, src) in plane.chunks_exact(g.w).enumerate() {
             // Padded row `y + ph`: its phase's two planes, row `(y + ph) / 2`. Column `x` goes to column phase
             // `(x + pw) % 2`, at `(x + pw) / 2`: the even columns and the odd ones de-interleaved pair by pair.
@@ -274,8 +274,42 @@ pub(super) fn quartered<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a
     pad
 }
 
-/// Zeros after the last channel of [`quartered`]'s layout: at least the `kw / 2` values the grid reads past it.
-pub(super) const QUARTER_SLACK: usize = 16;
+/// The inverse of [`quartered`] for a gradient: `dimg[C, H, W]` from the image gradient `pad` laid out in the four
+/// stride phases, its margins and slack dropped.
+pub(super) fn unquartered(pad: &[f32], g: &Geom, dimg: &mut [f32]) {
+    let (ph, pw) = g.p.padding;
+    let (half, quarter) = quarter_dims(g);
+    for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(quarter_len(g))) {
+        for (y, drow) in plane.chunks_exact_mut(g.w).enumerate() {
+            let (rp, at) = ((y + ph) % 2, (y + ph) / 2 * half);
+            let (p0, p1) = src[2 * rp * quarter..(2 * rp + 2) * quarter].split_at(quarter);
+            let (even, odd) = if pw % 2 == 0 { (p0, p1) } else { (p1, p0) };
+            let (even, odd) = (&even[at + pw / 2..], &odd[at + pw.div_ceil(2)..]);
+            for (j, pair) in drow.chunks_mut(2).enumerate() {
+                pair[0] = even[j];
+                if let Some(o) = pair.get_mut(1) {
+                    *o = odd[j];
+                }
+            }
+        }
+    }
+}
+
+/// A phase row's length `⌈wp/2⌉` and a phase plane's `⌈hp/2⌉·⌈wp/2⌉` in [`quartered`]'s layout.
+fn quarter_dims(g: &Geom) -> (usize, usize) {
+    let (ph, pw) = g.p.padding;
+    let half = (g.w + 2 * pw).div_ceil(2);
+    (half, (g.h + 2 * ph).div_ceil(2) * half)
+}
+
+/// One channel of [`quartered`]'s layout: four phase planes and [`QUARTER_SLACK`].
+pub(super) fn quarter_len(g: &Geom) -> usize {
+    4 * quarter_dims(g).1 + QUARTER_SLACK
+}
+
+/// Floats after each channel of [`quartered`]'s layout: at least what the grid's last vector of positions (whole, up
+/// to a vector past the last position) reaches past the channel's last plane with its widest tap, `15 + kw / 2`.
+pub(super) const QUARTER_SLACK: usize = 32;
 
 /// The inverse of [`phased`] for a gradient: `dimg[C, H, W]` from the padded image gradient `pad` laid out in stride
 /// phases, its margins dropped.
