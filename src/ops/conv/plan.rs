@@ -672,8 +672,11 @@ impl InputGrad {
     fn build(u: &Unfold, og: usize, w: &[f32], phased: bool) -> Option<InputGrad> {
         let level = level();
         let k = u.cg * u.kh * u.kw;
-        let grid = if phased && level != Level::Portable { DirectConv::grid_pitch(u) } else { 0 };
-        if level == Level::Portable || grid == 0 && !direct_fits(u) || og == 0 {
+        if level == Level::Portable || og == 0 {
+            return None;
+        }
+        let grid = if phased { DirectConv::grid_pitch(u) } else { 0 };
+        if grid == 0 && !direct_fits(u) {
             return None;
         }
         let rw = DirectConv::row_len(u, phased);
