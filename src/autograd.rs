@@ -109,6 +109,26 @@ fn run(root: &Tensor, is_target: impl Fn(&Tensor) -> bool) -> Result<Gradients> 
         }
         let Some(op) = &t.0.op else { continue };
         crate::ops::warm::poke(g.len());
+        if let Some((x, axis, start)) = op.narrowed() {
+            // Into its slice of the input's gradient, in place: a transformer's q, k and v are three narrows of one
+            // projection, and an input-sized zero-filled gradient per narrow, then their sums, were 3% of ViT-B/16's
+            // forward + ∂x.
+            if needed.contains(&x.id()) {
+                let describe = || ("narrow".to_string(), x.shape().to_vec());
+                crate::profile::time(
+                    crate::profile::Phase::Backward,
+                    describe,
+                    |_| t.shape().to_vec(),
+                    || match grads.get_mut(&x.id()) {
+                        Some(acc) => crate::ops::shape::narrow_add_into(acc, axis, start, &g),
+                        None => {
+                            grads.insert(x.id(), crate::ops::shape::narrow_backward(x.shape(), axis, start, &g));
+                        }
+                    },
+                );
+            }
+            continue;
+        }
         let inputs = op.inputs();
         let need: Vec<bool> = inputs.iter().map(|i| needed.contains(&i.id())).collect();
         let input_grads = crate::profile::time(

@@ -172,6 +172,14 @@ fn shape_ops() {
     check("permute", &[x.clone()], &|t| t[0].permute(&[2, 0, 1])?.mul(&Tensor::ones(&[4, 2, 3])));
     check("transpose_then_matmul", &[x.clone()], &|t| t[0].transpose(1, 2)?.reshape(&[8, 3]));
     check("narrow", &[x.clone()], &|t| t[0].narrow(2, 1, 2));
+    // Several narrows of one input (the backward adds each into its slice of the input's gradient in place): a
+    // transformer's q, k and v (contiguous slices along the first axis), overlapping slices along the last, and
+    // the input read whole too.
+    check("narrows_of_one_input", &[uniform(&[3, 2, 4], -1.0, 1.0, 14)], &|t| {
+        let (q, k, v) = (t[0].narrow(0, 0, 1)?, t[0].narrow(0, 1, 1)?, t[0].narrow(0, 2, 1)?);
+        let overlapping = t[0].narrow(2, 0, 3)?.mul(&t[0].narrow(2, 1, 3)?)?.sum(&[2], true)?;
+        q.mul(&k)?.add(&v)?.add(&overlapping)?.mul(&t[0])
+    });
     check("pad", &[x.clone()], &|t| t[0].pad(&[(0, 0), (1, 2), (2, 0)], 0.5));
     check("broadcast_to", &[uniform(&[3, 1], -1.0, 1.0, 1)], &|t| t[0].broadcast_to(&[2, 3, 4]));
     check("unsqueeze_squeeze", &[x.clone()], &|t| t[0].unsqueeze(1)?.squeeze(1));

@@ -57,12 +57,20 @@ fn flat1(a: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
 pub(crate) fn add_into(acc: &mut ArrayD<f32>, x: &ArrayD<f32>) {
     debug_assert_eq!(acc.shape(), x.shape());
     match (acc.as_slice_mut(), x.as_slice()) {
-        (Some(a), Some(b)) if a.len() >= PAR_THRESHOLD && a.len() == b.len() => {
-            a.par_chunks_mut(FLAT_CHUNK).zip(b.par_chunks(FLAT_CHUNK)).for_each(|(a, b)| {
-                a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
-            });
-        }
+        (Some(a), Some(b)) if a.len() == b.len() => add_slices(a, b),
         _ => *acc += x,
+    }
+}
+
+/// `a += b` (equal lengths), split across threads when long.
+pub(crate) fn add_slices(a: &mut [f32], b: &[f32]) {
+    debug_assert_eq!(a.len(), b.len());
+    if a.len() >= PAR_THRESHOLD {
+        a.par_chunks_mut(FLAT_CHUNK).zip(b.par_chunks(FLAT_CHUNK)).for_each(|(a, b)| {
+            a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
+        });
+    } else {
+        a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
     }
 }
 

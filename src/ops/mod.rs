@@ -279,6 +279,15 @@ impl Op {
         }
     }
 
+    /// A narrow's input, axis and start (its gradient is added into its slice of the input's in place by the
+    /// backward, not made input-sized by [`Op::backward`]); `None` for any other op.
+    pub(crate) fn narrowed(&self) -> Option<(&Tensor, usize, usize)> {
+        match self {
+            Op::Narrow { x, axis, start } => Some((x, *axis, *start)),
+            _ => None,
+        }
+    }
+
     /// The tensors this op read, in the order `backward` returns their gradients.
     pub(crate) fn inputs(&self) -> Vec<&Tensor> {
         match self {

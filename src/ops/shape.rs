@@ -197,6 +197,17 @@ pub(crate) fn narrow_backward(shape: &[usize], axis: usize, start: usize, g: &Ar
     out
 }
 
+/// `acc[start..start + len along axis] += g`: a narrow's gradient added into the input's gradient already held
+/// (the backward's sum over the input's readers, without an input-sized gradient of the narrow's own).
+pub(crate) fn narrow_add_into(acc: &mut ArrayD<f32>, axis: usize, start: usize, g: &ArrayD<f32>) {
+    let len = g.shape()[axis];
+    let mut part = acc.slice_axis_mut(Axis(axis), Slice::from(start..start + len));
+    match (part.as_slice_mut(), g.as_slice()) {
+        (Some(a), Some(b)) => super::elementwise::add_slices(a, b),
+        _ => part += g,
+    }
+}
+
 pub(crate) fn pad_backward(shape: &[usize], pads: &[(usize, usize)], g: &ArrayD<f32>) -> ArrayD<f32> {
     let mut v = g.view();
     for (ax, (&(before, _), &d)) in pads.iter().zip(shape).enumerate() {
