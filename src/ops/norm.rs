@@ -13,6 +13,7 @@ use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
 use super::shape::{standard, sum_to_shape};
+use super::vmath::lane_sum;
 use super::{record, Op, PAR_THRESHOLD};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -32,32 +33,6 @@ pub(crate) struct LayerNormSaved {
     /// `x`'s values in row-major order when the forward had to copy them (a permuted view: ConvNeXt's channels-last
     /// transpose), so the backward does not copy them again.
     pub(crate) contiguous: Option<Vec<f32>>,
-}
-
-/// Σ f(a[i], b[i]) over two equal-length slices with 16 independent accumulators (vectorised), summed in a
-/// fixed order.
-#[inline]
-fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (ca, cb) in ca.zip(cb) {
-        for ((acc, &a), &b) in acc.iter_mut().zip(ca).zip(cb) {
-            *acc += f(a, b);
-        }
-    }
-    for ((acc, &a), &b) in acc.iter_mut().zip(ta).zip(tb) {
-        *acc += f(a, b);
-    }
-    // A fixed pairwise tree over the accumulators.
-    let mut w = 16;
-    while w > 1 {
-        w /= 2;
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-    }
-    acc[0]
 }
 
 /// `f(first row, outputs)` over blocks of [`ROWS_PER_BLOCK`] rows of `d` values, in parallel when there is enough

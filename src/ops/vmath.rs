@@ -269,6 +269,50 @@ pub(crate) fn erf_derivative(x: f32) -> f32 {
     std::f32::consts::FRAC_2_SQRT_PI * exp_nonpositive(-x * x)
 }
 
+/// Σ f(a[i], b[i]) over two equal-length slices with 16 independent accumulators (vectorised), summed in a
+/// fixed order.
+#[inline]
+pub(crate) fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (ca, cb) in ca.zip(cb) {
+        for ((acc, &a), &b) in acc.iter_mut().zip(ca).zip(cb) {
+            *acc += f(a, b);
+        }
+    }
+    for ((acc, &a), &b) in acc.iter_mut().zip(ta).zip(tb) {
+        *acc += f(a, b);
+    }
+    // A fixed pairwise tree over the accumulators.
+    let mut w = 16;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+    }
+    acc[0]
+}
+
+/// The largest value of `a` as `f32::max` folds it (a NaN is never the maximum; `−∞` for an empty slice), with 16
+/// independent lanes (vectorised) reduced at the end: `max` is exact, so any order gives the same value.
+#[inline]
+pub(crate) fn lane_max(a: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let chunks = a.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (acc, &v) in acc.iter_mut().zip(c) {
+            *acc = acc.max(v);
+        }
+    }
+    for (acc, &v) in acc.iter_mut().zip(tail) {
+        *acc = acc.max(v);
+    }
+    acc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
+
 /// `out[i] = f(a[i])` over equal-length slices, on 512-bit vectors with AVX-512 and 256-bit with AVX2 (as the
 /// kernel level, `ARMOURY_SIMD`, allows). Same bits either way.
 #[inline]
