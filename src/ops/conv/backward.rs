@@ -10,6 +10,8 @@
 //! chunks whose weight and bias partial sums are added chunk after chunk, so the results do not depend on the
 //! thread count.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{Array1, ArrayD};
 use rayon::prelude::*;
 
@@ -217,7 +219,7 @@ fn input_grad_flipped(w: &Tensor, g: &Geom, n: usize, src: &OutGrad) -> Vec<f32>
         let ws = ws.as_slice().expect("standard layout");
         // Row by row of the result (`og` flipped kernels of one input channel), in parallel when large: a weight
         // being trained is flipped again after every update (a CIFAR ResNet-18's: 45 MB a training step).
-        let row = |(r, to): (usize, &mut [std::mem::MaybeUninit<f32>])| {
+        let row = |(r, to): (usize, &mut [MaybeUninit<f32>])| {
             let (grp, c) = (r / cg, r % cg);
             for (o, to) in to.chunks_exact_mut(taps).enumerate() {
                 let from = &ws[((grp * og + o) * cg + c) * taps..][..taps];
@@ -368,14 +370,25 @@ impl<'a> Dense<'a> {
     /// path, which [`wgrad`] runs apart) weight partial sums.
     fn run(&self) -> (Vec<f32>, Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let (n, in_len) = (self.n, self.g.c * self.g.h * self.g.w);
-        let mut dx = if self.need_x { vec![0.0f32; n * in_len] } else { Vec::new() };
-        let parts: Vec<(Vec<f32>, Vec<f32>)> = if n == 1 {
-            // Outside rayon's pool, so the kernels may split the one image across threads.
-            vec![self.chunk(0, self.need_x.then_some(&mut dx[..]))]
-        } else if self.need_x {
-            dx.par_chunks_mut(self.chunk * in_len).enumerate().map(|(ci, d)| self.chunk(ci, Some(d))).collect()
+        let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        let mut run = |slots: Option<&mut [MaybeUninit<f32>]>| {
+            parts = if n == 1 {
+                // Outside rayon's pool, so the kernels may split the one image across threads.
+                vec![self.chunk(0, slots)]
+            } else if let Some(slots) = slots {
+                slots.par_chunks_mut(self.chunk * in_len).enumerate().map(|(ci, d)| self.chunk(ci, Some(d))).collect()
+            } else {
+                (0..n.div_ceil(self.chunk)).into_par_iter().map(|ci| self.chunk(ci, None)).collect()
+            };
+        };
+        let dx = if self.need_x {
+            // Not zero-filled first: each image's gradient is written whole, or zeroed by its chunk, in cache, where
+            // its path adds into it ([`Dense::input_grad`]).
+            // SAFETY: every chunk writes each of its images' gradients whole.
+            unsafe { crate::ops::written(n * in_len, |slots| run(Some(slots))) }
         } else {
-            (0..n.div_ceil(self.chunk)).into_par_iter().map(|ci| self.chunk(ci, None)).collect()
+            run(None);
+            Vec::new()
         };
         let (dws, dbs) = parts.into_iter().unzip();
         (dx, dws, dbs)
@@ -384,7 +397,7 @@ impl<'a> Dense<'a> {
     /// Chunk `ci`: its images' input gradients into `dx` (when asked for), and its bias and (off the transposed
     /// path) weight partial sums. Each image's output gradient is masked (or expanded from the pooling) once, in
     /// cache, for all three.
-    fn chunk(&self, ci: usize, mut dx: Option<&mut [f32]>) -> (Vec<f32>, Vec<f32>) {
+    fn chunk(&self, ci: usize, mut dx: Option<&mut [MaybeUninit<f32>]>) -> (Vec<f32>, Vec<f32>) {
         let g = &self.g;
         let (k, hw, in_len) = (g.k(), g.hw_out(), g.c * g.h * g.w);
         let gemm_w = self.need_w && !self.transposed;
@@ -412,9 +425,9 @@ impl<'a> Dense<'a> {
         (acc, bacc)
     }
 
-    /// One image's input gradient `dimg` (zeroed) from its output gradient `graw` and the fused ReLU's output
-    /// `yimg`, if any.
-    fn input_grad(&self, graw: &[f32], yimg: Option<&[f32]>, dimg: &mut [f32], s: &mut Scratch) {
+    /// One image's input gradient `dimg` (written whole) from its output gradient `graw` and the fused ReLU's
+    /// output `yimg`, if any.
+    fn input_grad(&self, graw: &[f32], yimg: Option<&[f32]>, dimg: &mut [MaybeUninit<f32>], s: &mut Scratch) {
         let g = &self.g;
         let (og, k, hw) = (g.og(), g.k(), g.hw_out());
         let gimg = relu_masked(graw, yimg, &mut s.gm);
@@ -422,6 +435,8 @@ impl<'a> Dense<'a> {
             input_grad_image_direct(gimg, plan, g, &mut s.pad, dimg, self.par_inside);
             return;
         }
+        // The paths below add into it.
+        let dimg = zeroed(dimg);
         if let Some(wp) = &self.one_tap {
             super::pointwise::strided_input_grad(gimg, wp, g, &mut s.pad, &mut s.col, dimg, self.par_inside);
             return;
@@ -495,7 +510,14 @@ fn weight_grad_plan(g: &Geom, images: usize) -> Option<WeightGrad> {
 /// Input gradient of one image on the direct kernels (see [`input_grad_plan`]): `dimg[C, H, W]` (zeroed) from the
 /// masked output gradient `gimg[O, Ho·Wo]`, group by group, through a zero-padded scratch image `pad` when the
 /// geometry has padding or a column stride of 2 (then in stride phases, two or four: [`InputGrad::plan_phased`]).
-fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut Vec<f32>, dimg: &mut [f32], par: bool) {
+fn input_grad_image_direct(
+    gimg: &[f32],
+    plan: &InputGrad,
+    g: &Geom,
+    pad: &mut Vec<f32>,
+    dimg: &mut [MaybeUninit<f32>],
+    par: bool,
+) {
     let (og, hw) = (g.og(), g.hw_out());
     let u = direct_unfold(g);
     let (ph, pw) = g.p.padding;
@@ -505,7 +527,8 @@ fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut V
         pad.clear();
         pad.resize(g.c * plane, 0.0);
     }
-    let target: &mut [f32] = if padded { pad } else { dimg };
+    // Unpadded, the kernels add straight into the image gradient; padded, into `pad`, copied across after.
+    let target: &mut [f32] = if padded { pad } else { zeroed(dimg) };
     for grp in 0..g.p.groups {
         let planes = &mut target[grp * g.cg() * plane..(grp + 1) * g.cg() * plane];
         plan.run(grp, &gimg[grp * og * hw..(grp + 1) * og * hw], planes, par);
@@ -517,10 +540,19 @@ fn input_grad_image_direct(gimg: &[f32], plan: &InputGrad, g: &Geom, pad: &mut V
     } else if padded {
         for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(u.h * u.w)) {
             for (drow, srow) in plane.chunks_exact_mut(g.w).zip(src[ph * u.w..].chunks_exact(u.w)) {
-                drow.copy_from_slice(&srow[pw..pw + g.w]);
+                for (d, &v) in drow.iter_mut().zip(&srow[pw..pw + g.w]) {
+                    d.write(v);
+                }
             }
         }
     }
+}
+
+/// `d` filled with zeros, as floats.
+fn zeroed(d: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    d.fill(MaybeUninit::new(0.0));
+    // SAFETY: every element was just written, and `f32` and `MaybeUninit<f32>` share their layout.
+    unsafe { &mut *(d as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 /// `g` where the fused ReLU's output `y` is positive and 0 elsewhere, written into `buf` (or `g` itself when
@@ -529,12 +561,12 @@ fn relu_masked<'a>(g: &'a [f32], y: Option<&[f32]>, buf: &'a mut Vec<f32>) -> &'
     let Some(y) = y else { return g };
     buf.resize(g.len(), 0.0);
     // SAFETY: `f32` and `MaybeUninit<f32>` share their layout, and `relu_mask_into` writes only values.
-    relu_mask_into(g, y, unsafe { &mut *(buf.as_mut_slice() as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) });
+    relu_mask_into(g, y, unsafe { &mut *(buf.as_mut_slice() as *mut [f32] as *mut [MaybeUninit<f32>]) });
     buf
 }
 
 /// `dst[i] = g[i]` where the fused ReLU's output `y[i]` is positive, else 0 (a NaN output passes nothing).
-fn relu_mask_into(g: &[f32], y: &[f32], dst: &mut [std::mem::MaybeUninit<f32>]) {
+fn relu_mask_into(g: &[f32], y: &[f32], dst: &mut [MaybeUninit<f32>]) {
     for ((d, &g), &y) in dst.iter_mut().zip(g).zip(y) {
         d.write(if y > 0.0 { g } else { 0.0 });
     }

@@ -5,6 +5,8 @@
 //! Dispatch: each function tries `simd` first (`false`: no vector kernels or a layout they do not take) and falls
 //! back to its own loop or to `gemm`.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{ArrayView2, ArrayViewMut2};
 
 use super::{Clamp, Geom};
@@ -265,7 +267,7 @@ pub(super) fn quartered<'a>(img: &[f32], g: &Geom, pad: &'a mut Vec<f32>) -> &'a
 
 /// The inverse of [`quartered`] for a gradient: `dimg[C, H, W]` from the image gradient `pad` laid out in the four
 /// stride phases, its margins and slack dropped.
-pub(super) fn unquartered(pad: &[f32], g: &Geom, dimg: &mut [f32]) {
+pub(super) fn unquartered(pad: &[f32], g: &Geom, dimg: &mut [MaybeUninit<f32>]) {
     let (ph, pw) = g.p.padding;
     let (half, quarter) = quarter_dims(g);
     for (plane, src) in dimg.chunks_exact_mut(g.h * g.w).zip(pad.chunks_exact(quarter_len(g))) {
@@ -295,7 +297,7 @@ pub(super) const QUARTER_SLACK: usize = 32;
 
 /// The inverse of [`phased`] for a gradient: `dimg[C, H, W]` from the padded image gradient `pad` laid out in stride
 /// phases, its margins dropped.
-pub(super) fn unphased(pad: &[f32], g: &Geom, dimg: &mut [f32]) {
+pub(super) fn unphased(pad: &[f32], g: &Geom, dimg: &mut [MaybeUninit<f32>]) {
     let (ph, pw) = g.p.padding;
     let (hp, wp) = (g.h + 2 * ph, g.w + 2 * pw);
     let half = wp.div_ceil(2);
@@ -327,16 +329,16 @@ fn deinterleave(src: &[f32], p0: &mut [f32], p1: &mut [f32], pw: usize) {
 /// `pw` dropped: column `x` is padded column `x + pw`, at `(x + pw) / 2` of its parity's half. Pair by pair
 /// (vectorised as shuffles; element by element, with a parity test each, it was a tenth of a stride-2 3×3's input
 /// gradient), an odd width's last column from the even ones.
-fn interleave(p0: &[f32], p1: &[f32], pw: usize, drow: &mut [f32]) {
+fn interleave(p0: &[f32], p1: &[f32], pw: usize, drow: &mut [MaybeUninit<f32>]) {
     let (even, odd) = if pw.is_multiple_of(2) { (p0, p1) } else { (p1, p0) };
     let (even, odd) = (&even[pw / 2..], &odd[pw.div_ceil(2)..]);
     let w = drow.len();
     let (pairs, last) = drow.split_at_mut(w / 2 * 2);
     for ((pair, &e), &o) in pairs.chunks_exact_mut(2).zip(even).zip(odd) {
-        pair[0] = e;
-        pair[1] = o;
+        pair[0].write(e);
+        pair[1].write(o);
     }
     if let Some(v) = last.first_mut() {
-        *v = even[w / 2];
+        v.write(even[w / 2]);
     }
 }
