@@ -18,17 +18,17 @@ const SOFTMAX_ROWS: usize = 64;
 /// each block written whole by `f`; the `len` outputs, with no zero-fill before (a pass over 7 MB a call for
 /// ViT-B/16's attention).
 fn softmax_blocks(len: usize, d: usize, f: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send) -> Vec<f32> {
-    let mut out = Vec::with_capacity(len);
-    let slots = &mut out.spare_capacity_mut()[..len];
     let block = SOFTMAX_ROWS * d;
-    if len >= PAR_THRESHOLD {
-        slots.par_chunks_mut(block).enumerate().for_each(|(i, o)| f(i * SOFTMAX_ROWS, o));
-    } else {
-        slots.chunks_mut(block).enumerate().for_each(|(i, o)| f(i * SOFTMAX_ROWS, o));
+    // SAFETY: `f` writes every block whole (its callers write each row of theirs).
+    unsafe {
+        super::written(len, |slots| {
+            if len >= PAR_THRESHOLD {
+                slots.par_chunks_mut(block).enumerate().for_each(|(i, o)| f(i * SOFTMAX_ROWS, o));
+            } else {
+                slots.chunks_mut(block).enumerate().for_each(|(i, o)| f(i * SOFTMAX_ROWS, o));
+            }
+        })
     }
-    // SAFETY: every block was written whole by `f`.
-    unsafe { out.set_len(len) };
-    out
 }
 
 /// The fused softmax along the last axis (see [`Tensor::softmax`]): per row the maximum `m`, `e = exp(x − m)` on

@@ -507,8 +507,8 @@ fn weight_grad_plan(g: &Geom, images: usize) -> Option<WeightGrad> {
     }
 }
 
-/// Input gradient of one image on the direct kernels (see [`input_grad_plan`]): `dimg[C, H, W]` (zeroed) from the
-/// masked output gradient `gimg[O, Ho·Wo]`, group by group, through a zero-padded scratch image `pad` when the
+/// Input gradient of one image on the direct kernels (see [`input_grad_plan`]): `dimg[C, H, W]` (written whole) from
+/// the masked output gradient `gimg[O, Ho·Wo]`, group by group, through a zero-padded scratch image `pad` when the
 /// geometry has padding or a column stride of 2 (then in stride phases, two or four: [`InputGrad::plan_phased`]).
 fn input_grad_image_direct(
     gimg: &[f32],
