@@ -279,8 +279,8 @@ impl Op {
         }
     }
 
-    /// A narrow's input, axis and start (its gradient is added into its slice of the input's in place by the
-    /// backward, not made input-sized by [`Op::backward`]); `None` for any other op.
+    /// A narrow's input, axis and start: the backward (`autograd::run`) adds its gradient into its slice of the
+    /// input's in place and never asks [`Op::backward`] for it; `None` for any other op.
     pub(crate) fn narrowed(&self) -> Option<(&Tensor, usize, usize)> {
         match self {
             Op::Narrow { x, axis, start } => Some((x, *axis, *start)),
@@ -349,7 +349,7 @@ impl Op {
             }
             // The shape ops keep the gradient they are given.
             Op::Reshape(_) | Op::Permute(..) | Op::BroadcastTo(_) => self.backward(out, g.clone(), need),
-            Op::Narrow { x, axis, start } => Ok(vec![Some(shape::narrow_backward(x.shape(), *axis, *start, g))]),
+            Op::Narrow { .. } => unreachable!("a narrow's gradient is added into its input's by the backward itself"),
             Op::Pad { x, pads } => Ok(vec![Some(shape::pad_backward(x.shape(), pads, g))]),
             Op::Concat { xs, axis } => Ok(shape::concat_backward(xs, *axis, g, need)),
             Op::IndexSelect { x, axis, index } => {
